@@ -1,0 +1,16 @@
+//! LeanStream: a fixed-memory LLM inference engine for NVIDIA Jetson boards.
+//!
+//! One subsystem per folder:
+//! - `board`: the board's build-time consts (from `board-configs/*.toml`, made by `build.rs`).
+//! - `boot`: the arenas allocated once at boot, and the check that a model fits them.
+//! - `model`: file formats (GGUF, llama2.c checkpoints) and GGML tensor types.
+//! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
+//! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
+//! - `engine`: the forward pass, KV cache and sampling.
+
+pub mod backend;
+pub mod board;
+pub mod boot;
+pub mod engine;
+pub mod model;
+pub mod tokenizer;
