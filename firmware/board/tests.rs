@@ -1,0 +1,161 @@
+//! The board config validator: every shipped board passes, every kind of mistake names its field.
+
+use super::config::{parse_board, parse_size};
+
+const HOST: &str = include_str!("../../board-configs/host.toml");
+
+fn with(find: &str, replace: &str) -> String {
+    assert!(
+        HOST.contains(find),
+        "fixture text '{find}' not in host.toml"
+    );
+    HOST.replacen(find, replace, 1)
+}
+
+fn field_of(text: &str) -> String {
+    parse_board(text)
+        .expect_err("config should be refused")
+        .field
+}
+
+#[test]
+fn every_shipped_board_is_valid() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/board-configs");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let board = parse_board(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(path.file_stem().unwrap().to_str().unwrap(), board.name);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 5, "host, three Jetsons and the H200 stand-in");
+}
+
+#[test]
+fn generated_consts_match_host_board() {
+    // The build uses host.toml unless LEANSTREAM_BOARD says otherwise.
+    if super::NAME == "host" {
+        assert_eq!(super::DENSE_WEIGHTS_BYTES, 1 << 30);
+        assert_eq!(super::FLAGS_BYTES, 64 << 10);
+        assert_eq!(super::GPU_ARCH, super::GpuArch::None);
+        assert_eq!(super::ALLOWED_UIDS, &[0, 1000]);
+    }
+}
+
+#[test]
+fn sizes_parse_with_units() {
+    assert_eq!(parse_size("f", "4096").unwrap(), 4096);
+    assert_eq!(parse_size("f", "64 KiB").unwrap(), 64 << 10);
+    assert_eq!(parse_size("f", "512 MiB").unwrap(), 512 << 20);
+    assert_eq!(parse_size("f", "2GiB").unwrap(), 2 << 30);
+    assert!(parse_size("f", "12 TB").is_err());
+    assert!(parse_size("f", "MiB").is_err());
+    assert!(parse_size("f", "99999999999999999999 GiB").is_err());
+}
+
+#[test]
+fn zero_or_negative_sizes_name_their_field() {
+    assert_eq!(
+        field_of(&with("kv = \"512 MiB\"", "kv = \"0 MiB\"")),
+        "budget.kv"
+    );
+    assert_eq!(
+        field_of(&with("cpu_threads = 2", "cpu_threads = 0")),
+        "board.cpu_threads"
+    );
+    assert_eq!(
+        field_of(&with("max_context = 4096", "max_context = -1")),
+        "limits.max_context"
+    );
+    assert_eq!(field_of(&with("lanes = 4", "lanes = 0")), "io.lanes");
+}
+
+#[test]
+fn misaligned_budget_is_refused() {
+    let e = parse_board(&with("flags = \"64 KiB\"", "flags = \"1000\"")).unwrap_err();
+    assert_eq!(e.field, "budget.flags");
+    assert!(e.message.contains("4096"), "{e}");
+}
+
+#[test]
+fn budgets_must_fit_the_board() {
+    let e = parse_board(&with(
+        "usable_memory = \"8 GiB\"",
+        "usable_memory = \"2 GiB\"",
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "budget");
+    assert!(e.message.contains("usable_memory"), "{e}");
+}
+
+#[test]
+fn request_buffers_must_hold_every_client() {
+    let text = with(
+        "request_buffers = \"4 MiB\"",
+        "request_buffers = \"64 KiB\"",
+    );
+    assert_eq!(field_of(&text), "budget.request_buffers");
+}
+
+#[test]
+fn enums_and_their_pairing_are_checked() {
+    assert_eq!(
+        field_of(&with("gpu_arch = \"none\"", "gpu_arch = \"sm_99\"")),
+        "board.gpu_arch"
+    );
+    assert_eq!(
+        field_of(&with("memory_model = \"none\"", "memory_model = \"fast\"")),
+        "board.memory_model"
+    );
+    assert_eq!(
+        field_of(&with("gpu_arch = \"none\"", "gpu_arch = \"sm_87\"")),
+        "board.memory_model"
+    );
+}
+
+#[test]
+fn socket_rules() {
+    assert_eq!(
+        field_of(&with(
+            "path = \"/tmp/leanstream.sock\"",
+            "path = \"rel.sock\""
+        )),
+        "socket.path"
+    );
+    let long = format!("path = \"/{}\"", "x".repeat(200));
+    assert_eq!(
+        field_of(&with("path = \"/tmp/leanstream.sock\"", &long)),
+        "socket.path"
+    );
+    assert_eq!(
+        field_of(&with("mode = 0o660", "mode = 0o666")),
+        "socket.mode"
+    );
+    assert_eq!(
+        field_of(&with("allowed_uids = [0, 1000]", "allowed_uids = [-5]")),
+        "socket.allowed_uids"
+    );
+    let none = with("allowed_uids = [0, 1000]", "allowed_uids = []").replacen(
+        "allowed_gids = [0, 1000]",
+        "allowed_gids = []",
+        1,
+    );
+    assert_eq!(field_of(&none), "socket.allowed_uids");
+}
+
+#[test]
+fn io_alignment_is_a_power_of_two() {
+    assert_eq!(
+        field_of(&with("block_align = 4096", "block_align = 3000")),
+        "io.block_align"
+    );
+}
+
+#[test]
+fn unknown_or_missing_fields_are_refused() {
+    assert_eq!(field_of(&with("[io]", "[io]\nspeed = 3")), "toml");
+    assert_eq!(field_of(&with("lanes = 4", "# lanes = 4")), "toml");
+}
