@@ -159,3 +159,24 @@ fn unknown_or_missing_fields_are_refused() {
     assert_eq!(field_of(&with("[io]", "[io]\nspeed = 3")), "toml");
     assert_eq!(field_of(&with("lanes = 4", "# lanes = 4")), "toml");
 }
+
+#[test]
+fn emitted_consts_cover_every_budget() {
+    let v = parse_board(HOST).unwrap();
+    let src = super::config::emit_consts(&v);
+    for name in [
+        "DENSE_WEIGHTS",
+        "FFN_CACHE",
+        "KV",
+        "ACTIVATION_SCRATCH",
+        "IO_STAGING",
+        "FLAGS",
+        "REQUEST_BUFFERS",
+    ] {
+        assert!(
+            src.contains(&format!("pub const {name}_BYTES: usize = ")),
+            "{name} missing"
+        );
+    }
+    assert!(src.contains("pub const SOCKET_MODE: u32 = 0o660;"));
+}
