@@ -1,1 +1,272 @@
-//! boot
+//! Boot: the arenas every large buffer lives in, each allocated once from the board's budget, and
+//! the check that a model fits them before any decoding starts.
+//!
+//! One anonymous mapping per arena (pages are only backed once touched, so a budget larger than
+//! the model costs address space, not memory). Boot carves each arena into typed slices; nothing
+//! is allocated from them afterwards, so the hot paths never touch the heap.
+
+use crate::board;
+use memmap2::MmapMut;
+use std::fmt;
+
+/// Alignment of every slice carved from an arena: a cache line, and enough for any SIMD load.
+pub const SLICE_ALIGN: usize = 64;
+
+/// Which budget an arena draws from; the names match `[budget]` in the board config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArenaKind {
+    DenseWeights,
+    FfnCache,
+    Kv,
+    ActivationScratch,
+}
+
+impl ArenaKind {
+    pub fn field(self) -> &'static str {
+        match self {
+            ArenaKind::DenseWeights => "budget.dense_weights",
+            ArenaKind::FfnCache => "budget.ffn_cache",
+            ArenaKind::Kv => "budget.kv",
+            ArenaKind::ActivationScratch => "budget.activation_scratch",
+        }
+    }
+
+    /// The board's budget for this arena.
+    pub fn board_budget(self) -> usize {
+        match self {
+            ArenaKind::DenseWeights => board::DENSE_WEIGHTS_BYTES,
+            ArenaKind::FfnCache => board::FFN_CACHE_BYTES,
+            ArenaKind::Kv => board::KV_BYTES,
+            ArenaKind::ActivationScratch => board::ACTIVATION_SCRATCH_BYTES,
+        }
+    }
+}
+
+/// Boot refused to go on: what is missing, in bytes.
+#[derive(Debug)]
+pub enum BootError {
+    /// The model needs more of an arena than the board budgets.
+    DoesNotFit {
+        arena: ArenaKind,
+        needed: usize,
+        available: usize,
+        what: String,
+    },
+    /// The operating system would not map the arena.
+    Map {
+        arena: ArenaKind,
+        bytes: usize,
+        source: std::io::Error,
+    },
+}
+
+impl fmt::Display for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BootError::DoesNotFit { arena, needed, available, what } => write!(
+                f,
+                "the model does not fit board '{}': {what} needs {needed} bytes ({:.1} MiB) but {} is {available} bytes ({:.1} MiB)",
+                board::NAME,
+                *needed as f64 / 1048576.0,
+                arena.field(),
+                *available as f64 / 1048576.0
+            ),
+            BootError::Map { arena, bytes, source } => {
+                write!(f, "cannot map {} ({bytes} bytes): {source}", arena.field())
+            }
+        }
+    }
+}
+
+impl std::error::Error for BootError {}
+
+/// Bytes a slice of `n` values of `T` takes in an arena, padding included.
+pub const fn slice_bytes<T>(n: usize) -> usize {
+    (n * std::mem::size_of::<T>()).div_ceil(SLICE_ALIGN) * SLICE_ALIGN
+}
+
+/// Adds up what a set of slices will take, so boot can refuse before it maps anything.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Plan {
+    pub bytes: usize,
+}
+
+impl Plan {
+    pub fn add<T>(&mut self, n: usize) {
+        self.bytes += slice_bytes::<T>(n);
+    }
+    pub fn add_bytes(&mut self, n: usize) {
+        self.bytes += n.div_ceil(SLICE_ALIGN) * SLICE_ALIGN;
+    }
+    /// Refuses when the plan is larger than `available` bytes of `arena`.
+    pub fn check(&self, arena: ArenaKind, available: usize, what: &str) -> Result<(), BootError> {
+        if self.bytes > available {
+            return Err(BootError::DoesNotFit {
+                arena,
+                needed: self.bytes,
+                available,
+                what: what.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One arena: a single anonymous mapping of the size the board budgets (or less, when the
+/// model needs less: the plan is checked against the budget first).
+pub struct Arena {
+    kind: ArenaKind,
+    map: MmapMut,
+}
+
+/// Values that may be carved from an arena: plain numbers, valid for any bit pattern (a fresh
+/// mapping is zeroed, and zero is a valid value of each).
+pub trait ArenaValue: Copy + 'static {}
+impl ArenaValue for u8 {}
+impl ArenaValue for i8 {}
+impl ArenaValue for u16 {}
+impl ArenaValue for u32 {}
+impl ArenaValue for i32 {}
+impl ArenaValue for f32 {}
+
+impl Arena {
+    /// Maps `bytes` (rounded up to a page) for `kind`. Never more than the board's budget.
+    pub fn map(kind: ArenaKind, bytes: usize) -> Result<Arena, BootError> {
+        let budget = kind.board_budget();
+        if bytes > budget {
+            return Err(BootError::DoesNotFit {
+                arena: kind,
+                needed: bytes,
+                available: budget,
+                what: "the plan".to_string(),
+            });
+        }
+        let len = bytes.max(1).div_ceil(4096) * 4096;
+        let map = MmapMut::map_anon(len).map_err(|source| BootError::Map {
+            arena: kind,
+            bytes: len,
+            source,
+        })?;
+        Ok(Arena { kind, map })
+    }
+
+    pub fn kind(&self) -> ArenaKind {
+        self.kind
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Starts handing out slices; each arena is carved once.
+    pub fn carver(&mut self) -> Carver<'_> {
+        let kind = self.kind;
+        Carver {
+            kind,
+            rest: &mut self.map[..],
+            used: 0,
+        }
+    }
+}
+
+/// Hands out disjoint, aligned slices of one arena, front to back.
+pub struct Carver<'a> {
+    kind: ArenaKind,
+    rest: &'a mut [u8],
+    used: usize,
+}
+
+impl<'a> Carver<'a> {
+    /// The next `n` values of `T`, zeroed (fresh mapping) or as left by an earlier carve.
+    pub fn take<T: ArenaValue>(&mut self, n: usize) -> Result<&'a mut [T], BootError> {
+        let bytes = slice_bytes::<T>(n);
+        if bytes > self.rest.len() {
+            return Err(BootError::DoesNotFit {
+                arena: self.kind,
+                needed: self.used + bytes,
+                available: self.used + self.rest.len(),
+                what: "carving".to_string(),
+            });
+        }
+        let rest = std::mem::take(&mut self.rest);
+        let (head, tail) = rest.split_at_mut(bytes);
+        self.rest = tail;
+        self.used += bytes;
+        // SAFETY: `head` is exclusively borrowed for 'a, starts SLICE_ALIGN-aligned (the mapping is
+        // page-aligned and every carve is a multiple of SLICE_ALIGN), holds at least
+        // n * size_of::<T>() bytes, and T is a plain number type valid for any bit pattern.
+        let typed = unsafe { std::slice::from_raw_parts_mut(head.as_mut_ptr().cast::<T>(), n) };
+        debug_assert_eq!(head.as_ptr() as usize % SLICE_ALIGN, 0);
+        Ok(typed)
+    }
+
+    /// Copies `src` into the next slice of bytes.
+    pub fn copy_bytes(&mut self, src: &[u8]) -> Result<&'a [u8], BootError> {
+        let dst = self.take::<u8>(src.len())?;
+        dst.copy_from_slice(src);
+        Ok(dst)
+    }
+
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carves_aligned_disjoint_slices() {
+        let mut arena = Arena::map(ArenaKind::ActivationScratch, 1 << 16).unwrap();
+        let mut c = arena.carver();
+        let a = c.take::<f32>(3).unwrap();
+        let b = c.take::<u8>(1).unwrap();
+        let d = c.take::<i32>(100).unwrap();
+        assert_eq!(a.as_ptr() as usize % SLICE_ALIGN, 0);
+        assert_eq!(b.as_ptr() as usize % SLICE_ALIGN, 0);
+        assert_eq!(d.as_ptr() as usize % SLICE_ALIGN, 0);
+        a[2] = 1.5;
+        b[0] = 7;
+        d[99] = -3;
+        assert_eq!((a[2], b[0], d[99]), (1.5, 7, -3));
+        assert_eq!(c.used(), 64 + 64 + 448);
+    }
+
+    #[test]
+    fn carving_past_the_end_names_the_arena() {
+        let mut arena = Arena::map(ArenaKind::Kv, 4096).unwrap();
+        let mut c = arena.carver();
+        c.take::<f32>(1000).unwrap();
+        let e = c.take::<f32>(100).unwrap_err();
+        assert!(e.to_string().contains("budget.kv"), "{e}");
+    }
+
+    #[test]
+    fn plan_over_budget_is_refused_with_bytes() {
+        let mut p = Plan::default();
+        p.add::<f32>(1 << 20);
+        let e = p
+            .check(ArenaKind::DenseWeights, 1 << 20, "the dense weights")
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("4194304 bytes") && msg.contains("1048576 bytes"),
+            "{msg}"
+        );
+        assert!(msg.contains("budget.dense_weights"), "{msg}");
+    }
+
+    #[test]
+    fn arena_larger_than_budget_is_refused() {
+        assert!(Arena::map(
+            ArenaKind::ActivationScratch,
+            board::ACTIVATION_SCRATCH_BYTES + 1
+        )
+        .is_err());
+    }
+}
