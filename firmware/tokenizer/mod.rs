@@ -125,6 +125,9 @@ pub struct Tokenizer {
     eog: Vec<u32>,
     add_bos: bool,
     add_space_prefix: bool,
+    /// SPM / llama2.c: the word separator at which text may be cut before merging (see
+    /// `score_merge`), if the vocabulary allows it.
+    word_sep: Option<Box<[u8]>>,
 }
 
 impl fmt::Debug for Tokenizer {
@@ -345,8 +348,27 @@ impl Tokenizer {
         }
     }
 
-    /// Score-driven BPE (SentencePiece, llama2.c) over the chars of `text`.
+    /// Score-driven BPE (SentencePiece, llama2.c) over the chars of `text`. When no token holds the
+    /// word separator (`▁`, or ' ' for llama2.c) after another char, no merge can cross the start
+    /// of a word, so each word is merged on its own (same result, a small heap per word).
     fn score_merge(&self, text: &[u8], out: &mut Vec<u32>) {
+        let Some(sep) = self.word_sep.as_deref() else {
+            return self.score_merge_span(text, out);
+        };
+        let mut start = 0;
+        let mut at = 0;
+        while let Some(p) = find(&text[at..], sep) {
+            let pos = at + p;
+            if pos > start && !text[..pos].ends_with(sep) {
+                self.score_merge_span(&text[start..pos], out);
+                start = pos;
+            }
+            at = pos + sep.len();
+        }
+        self.score_merge_span(&text[start..], out);
+    }
+
+    fn score_merge_span(&self, text: &[u8], out: &mut Vec<u32>) {
         if text.is_empty() {
             return;
         }

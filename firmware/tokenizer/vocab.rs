@@ -38,7 +38,12 @@ impl Hasher for FxHasher {
         self.write_u64(i as u64)
     }
     fn finish(&self) -> u64 {
-        self.0
+        // A final avalanche (splitmix64's), so that the low bits the table indexes with depend on
+        // every input byte.
+        let mut h = self.0;
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^ (h >> 31)
     }
 }
 
@@ -314,7 +319,27 @@ pub(super) fn build(spec: VocabSpec) -> Result<Tokenizer, TokenizerError> {
         eog,
         add_bos,
         add_space_prefix: spec.add_space_prefix.unwrap_or(true),
+        word_sep: if algo == Algo::Spm {
+            word_separator(spec.tokens.iter().map(|t| t.as_bytes()), "▁")
+        } else {
+            None
+        },
     })
+}
+
+/// `sep` if no token holds it right after a char other than `sep` (so no merge crosses a word start).
+fn word_separator<'a>(tokens: impl Iterator<Item = &'a [u8]>, sep: &str) -> Option<Box<[u8]>> {
+    let sep = sep.as_bytes();
+    for t in tokens {
+        let mut at = 1;
+        while at + sep.len() <= t.len() {
+            if t[at..].starts_with(sep) && !t[..at].ends_with(sep) {
+                return None;
+            }
+            at += 1;
+        }
+    }
+    Some(sep.into())
 }
 
 /// Control, user-defined and unknown tokens, longest text first.
@@ -433,5 +458,6 @@ pub(super) fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer, 
         eog,
         add_bos: true,
         add_space_prefix: true,
+        word_sep: word_separator(tokens.iter().map(Vec::as_slice), " "),
     })
 }
