@@ -1,0 +1,191 @@
+//! Chat prompt formats, detected from the GGUF `tokenizer.chat_template` (Jinja) text by its markers
+//! and rendered by hand (no Jinja engine). The renderings reproduce what the templates of the
+//! supported models produce, including the default system prompt some of them inject.
+
+use super::TokenizerError;
+
+/// One chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChatMessage<'a> {
+    /// `system`, `user`, `assistant` (or `tool` for ChatML).
+    pub role: &'a str,
+    pub content: &'a str,
+}
+
+/// A supported chat prompt format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatFormat {
+    /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message; generation prompt
+    /// `<|im_start|>assistant\n`. `default_system` is injected as a first system message when the
+    /// conversation does not start with one (Qwen2.5: "You are Qwen, created by Alibaba Cloud. You
+    /// are a helpful assistant."; SmolLM2: "You are a helpful AI assistant named SmolLM, trained by
+    /// Hugging Face").
+    ChatMl { default_system: Option<String> },
+    /// Llama 2: `[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant}</s><s>[INST] ...`
+    /// (BOS of the first turn left to the tokenizer), as llama.cpp's `llama2-sys-bos`.
+    Llama2,
+    /// Llama 3: `<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>` per message
+    /// (BOS left to the tokenizer).
+    Llama3,
+}
+
+impl ChatFormat {
+    /// Detects the format of a `tokenizer.chat_template`. No template (`None`) means ChatML without a
+    /// default system prompt, llama.cpp's fallback.
+    pub fn detect(template: Option<&str>) -> Result<ChatFormat, TokenizerError> {
+        let Some(t) = template else {
+            return Ok(ChatFormat::ChatMl {
+                default_system: None,
+            });
+        };
+        if t.contains("<|im_start|>") {
+            Ok(ChatFormat::ChatMl {
+                default_system: default_chatml_system(t),
+            })
+        } else if t.contains("<|start_header_id|>") && t.contains("<|eot_id|>") {
+            Ok(ChatFormat::Llama3)
+        } else if t.contains("[INST]") && t.contains("<<SYS>>") {
+            Ok(ChatFormat::Llama2)
+        } else {
+            let mut head: String = t.chars().take(80).collect();
+            if head.len() < t.len() {
+                head.push_str("...");
+            }
+            Err(TokenizerError::UnsupportedChatTemplate(
+                head.escape_debug().to_string(),
+            ))
+        }
+    }
+
+    /// Renders `messages` as a prompt; with `add_generation_prompt`, ends with the assistant's turn
+    /// opening so the model writes the reply.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+        let mut s = String::new();
+        match self {
+            ChatFormat::ChatMl { default_system } => {
+                if let (Some(sys), Some(first)) = (default_system, messages.first()) {
+                    if first.role != "system" {
+                        push_chatml(&mut s, "system", sys);
+                    }
+                }
+                let mut i = 0;
+                while i < messages.len() {
+                    let m = messages[i];
+                    if m.role == "tool" && default_system.is_some() {
+                        // Qwen2.5: consecutive tool results form one user turn.
+                        s.push_str("<|im_start|>user");
+                        while i < messages.len() && messages[i].role == "tool" {
+                            s.push_str("\n<tool_response>\n");
+                            s.push_str(messages[i].content);
+                            s.push_str("\n</tool_response>");
+                            i += 1;
+                        }
+                        s.push_str("<|im_end|>\n");
+                        continue;
+                    }
+                    push_chatml(&mut s, m.role, m.content);
+                    i += 1;
+                }
+                if add_generation_prompt {
+                    s.push_str("<|im_start|>assistant\n");
+                }
+            }
+            ChatFormat::Llama2 => {
+                let mut inside_turn = true;
+                s.push_str("[INST] ");
+                for m in messages {
+                    let content = m.content.trim();
+                    if !inside_turn {
+                        inside_turn = true;
+                        s.push_str("<s>[INST] ");
+                    }
+                    match m.role {
+                        "system" => {
+                            s.push_str("<<SYS>>\n");
+                            s.push_str(content);
+                            s.push_str("\n<</SYS>>\n\n");
+                        }
+                        "user" => {
+                            s.push_str(content);
+                            s.push_str(" [/INST]");
+                        }
+                        _ => {
+                            s.push_str(content);
+                            s.push_str("</s>");
+                            inside_turn = false;
+                        }
+                    }
+                }
+            }
+            ChatFormat::Llama3 => {
+                for m in messages {
+                    s.push_str("<|start_header_id|>");
+                    s.push_str(m.role);
+                    s.push_str("<|end_header_id|>\n\n");
+                    s.push_str(m.content.trim());
+                    s.push_str("<|eot_id|>");
+                }
+                if add_generation_prompt {
+                    s.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                }
+            }
+        }
+        s
+    }
+}
+
+fn push_chatml(s: &mut String, role: &str, content: &str) {
+    s.push_str("<|im_start|>");
+    s.push_str(role);
+    s.push('\n');
+    s.push_str(content);
+    s.push_str("<|im_end|>\n");
+}
+
+/// The literal default system prompt of a ChatML template: the text of a string literal
+/// `<|im_start|>system\n...<|im_end|>` (newline as a real char or as the escape `\n`) that holds no
+/// template expression.
+fn default_chatml_system(t: &str) -> Option<String> {
+    const OPEN: &str = "<|im_start|>system";
+    let mut from = 0;
+    while let Some(p) = t[from..].find(OPEN) {
+        let after = from + p + OPEN.len();
+        from = after;
+        let rest = &t[after..];
+        let body = if let Some(r) = rest.strip_prefix("\\n") {
+            r
+        } else if let Some(r) = rest.strip_prefix('\n') {
+            r
+        } else {
+            continue;
+        };
+        let Some(end) = body.find("<|im_end|>") else {
+            continue;
+        };
+        let text = &body[..end];
+        if text.is_empty() || text.contains(['\'', '"', '{', '}']) {
+            continue;
+        }
+        return Some(unescape(text));
+    }
+    None
+}
+
+/// Undoes the escapes of a Jinja string literal (`\n`, `\t`, `\\`, `\'`, `\"`).
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some(o) => out.push(o),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
