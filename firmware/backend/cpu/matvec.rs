@@ -13,7 +13,7 @@
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
 use super::pool::WorkerPool;
-use crate::model::ggml::{GgmlType, QK, QK_K};
+use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A row-major weight matrix in its GGML type: each of `rows` rows holds `cols` values in
@@ -360,78 +360,10 @@ fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-/// IEEE half to f32.
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = (h >> 10) & 0x1f;
-    let man = (h & 0x3ff) as u32;
-    match exp {
-        0 => sign * man as f32 * (1.0 / 16_777_216.0),
-        31 if man == 0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => f32::from_bits(((h as u32 & 0x8000) << 16) | ((exp as u32 + 112) << 23) | (man << 13)),
-    }
-}
-
-fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
-/// Q4_K scale and min indices `j` (0..8) from the 12 packed scale bytes.
+/// Dequantizes one K-quant super-block (the generic path: ggml's reference dequantization).
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
-
-/// Dequantizes one Q4_K super-block (144 bytes) into 256 values.
-#[inline(always)]
-fn dequant_q4_k(blk: &[u8], y: &mut [f32; QK_K]) {
-    let d = f16_to_f32(le16(blk, 0));
-    let dmin = f16_to_f32(le16(blk, 2));
-    let scales = &blk[4..16];
-    let qs = &blk[16..144];
-    for j in 0..4 {
-        let (sc1, m1) = scale_min_k4(2 * j, scales);
-        let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
-        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-        let q = &qs[32 * j..32 * j + 32];
-        let yo = &mut y[64 * j..64 * j + 64];
-        for l in 0..32 {
-            yo[l] = d1 * (q[l] & 0xF) as f32 - m1;
-            yo[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
-        }
-    }
-}
-
-/// Dequantizes one Q6_K super-block (210 bytes) into 256 values.
-#[inline(always)]
-fn dequant_q6_k(blk: &[u8], y: &mut [f32; QK_K]) {
-    let d = f16_to_f32(le16(blk, 208));
-    for n in 0..2 {
-        let ql = &blk[64 * n..64 * n + 64];
-        let qh = &blk[128 + 32 * n..128 + 32 * n + 32];
-        let sc = &blk[192 + 8 * n..192 + 8 * n + 8];
-        let yo = &mut y[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            yo[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-            yo[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-            yo[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-            yo[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
-        }
-    }
+fn dequant_block(ty: GgmlType, blk: &[u8], y: &mut [f32; QK_K]) {
+    dequantize_row(ty, blk, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -585,7 +517,7 @@ mod scalar {
             let mut y = [0f32; QK_K];
             let mut acc = 0f32;
             for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
-                dequant_q4_k(blk, &mut y);
+                dequant_block(GgmlType::Q4_K, blk, &mut y);
                 acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
             }
             acc
@@ -598,7 +530,7 @@ mod scalar {
             let mut y = [0f32; QK_K];
             let mut acc = 0f32;
             for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
-                dequant_q6_k(blk, &mut y);
+                dequant_block(GgmlType::Q6_K, blk, &mut y);
                 acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
             }
             acc
@@ -850,7 +782,7 @@ mod x86 {
         let mut y = [0f32; QK_K];
         let mut acc = 0f32;
         for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
-            dequant_q4_k(blk, &mut y);
+            dequant_block(GgmlType::Q4_K, blk, &mut y);
             acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
         }
         acc
@@ -862,7 +794,7 @@ mod x86 {
         let mut y = [0f32; QK_K];
         let mut acc = 0f32;
         for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
-            dequant_q6_k(blk, &mut y);
+            dequant_block(GgmlType::Q6_K, blk, &mut y);
             acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
         }
         acc

@@ -1,4 +1,5 @@
 use super::*;
+use crate::model::ggml::dequantize_row;
 
 /// Tiny seeded generator (xorshift64*).
 struct Rng(u64);
@@ -94,64 +95,6 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     data
 }
 
-/// Reference dequantization of one row, written straight from the ggml definitions.
-fn ref_dequant(ty: GgmlType, row: &[u8], y: &mut [f32]) {
-    let h = |b: &[u8], at: usize| f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
-    let nib = |qs: &[u8], j: usize| if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
-    match ty {
-        GgmlType::F32 => {
-            for (v, w) in y.iter_mut().zip(row.chunks_exact(4)) {
-                *v = f32::from_le_bytes(w.try_into().unwrap());
-            }
-        }
-        GgmlType::F16 => {
-            for (v, w) in y.iter_mut().zip(row.chunks_exact(2)) {
-                *v = h(w, 0);
-            }
-        }
-        GgmlType::BF16 => {
-            for (v, w) in y.iter_mut().zip(row.chunks_exact(2)) {
-                *v = f32::from_bits((u16::from_le_bytes([w[0], w[1]]) as u32) << 16);
-            }
-        }
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-            for (yb, b) in y
-                .chunks_exact_mut(32)
-                .zip(row.chunks_exact(ty.block_bytes()))
-            {
-                let d = h(b, 0);
-                for (j, v) in yb.iter_mut().enumerate() {
-                    *v = match ty {
-                        GgmlType::Q4_0 => d * (nib(&b[2..], j) as i32 - 8) as f32,
-                        GgmlType::Q4_1 => d * nib(&b[4..], j) as f32 + h(b, 2),
-                        GgmlType::Q5_0 => {
-                            let qh = u32::from_le_bytes(b[2..6].try_into().unwrap());
-                            let q = nib(&b[6..], j) as u32 | ((qh >> j) & 1) << 4;
-                            d * (q as i32 - 16) as f32
-                        }
-                        GgmlType::Q5_1 => {
-                            let qh = u32::from_le_bytes(b[4..8].try_into().unwrap());
-                            let q = nib(&b[8..], j) as u32 | ((qh >> j) & 1) << 4;
-                            d * q as f32 + h(b, 2)
-                        }
-                        _ => d * b[2 + j] as i8 as f32,
-                    };
-                }
-            }
-        }
-        GgmlType::Q4_K => {
-            for (yb, b) in y.chunks_exact_mut(256).zip(row.chunks_exact(144)) {
-                dequant_q4_k(b, yb.try_into().unwrap());
-            }
-        }
-        GgmlType::Q6_K => {
-            for (yb, b) in y.chunks_exact_mut(256).zip(row.chunks_exact(210)) {
-                dequant_q6_k(b, yb.try_into().unwrap());
-            }
-        }
-    }
-}
-
 /// Reference products in f64 and the sum of |terms| (for the tolerance). Classic types dot the
 /// same int8-quantized activations the kernels use; the others dot `x`.
 fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> {
@@ -167,7 +110,7 @@ fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> 
     let mut y = vec![0f32; cols];
     (0..rows)
         .map(|r| {
-            ref_dequant(ty, &w[r * rb..(r + 1) * rb], &mut y);
+            dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut y);
             y.iter().zip(&xa).fold((0f64, 0f64), |(s, a), (&w, &x)| {
                 let t = w as f64 * x as f64;
                 (s + t, a + t.abs())
@@ -343,16 +286,4 @@ fn matvec_many_equals_separate() {
             assert_eq!(outs, separate, "{k:?} threads {threads}");
         }
     }
-}
-
-#[test]
-fn f16_conversion() {
-    assert_eq!(f16_to_f32(0x3C00), 1.0);
-    assert_eq!(f16_to_f32(0xC000), -2.0);
-    assert_eq!(f16_to_f32(0x3800), 0.5);
-    assert_eq!(f16_to_f32(0x7BFF), 65504.0);
-    assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
-    assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
-    assert_eq!(f16_to_f32(0x7C00), f32::INFINITY);
-    assert!(f16_to_f32(0x7E00).is_nan());
 }
