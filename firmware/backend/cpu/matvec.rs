@@ -1,0 +1,870 @@
+//! Matrix-vector products over weights stored in their GGML type.
+//!
+//! Classic quant types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) use the llama.cpp approach: the input
+//! vector is quantized once per call to int8 blocks of 32 (Q8_1-style: `d = amax / 127`, plus
+//! `s = d * sum(q)` for the `_1` types' offset term), and each weight block is dotted in
+//! integers (int8 x int8 -> int32) and scaled by `d_w * d_x`. Float types (F32, F16, BF16) and
+//! K-quants (Q4_K, Q6_K) are dequantized a block at a time and dotted in f32 with `x` directly.
+//!
+//! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; classic types),
+//! and a portable scalar fallback that is always compiled. [`set_kernel`] forces one (tests and
+//! benches use [`matvec_with`] to pick per call instead).
+//!
+//! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
+
+use super::pool::WorkerPool;
+use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A row-major weight matrix in its GGML type: each of `rows` rows holds `cols` values in
+/// `ty.row_bytes(cols)` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl Matrix<'_> {
+    /// Bytes per row. Panics when `cols` is not a whole number of blocks or `data` is short.
+    pub fn row_bytes(&self) -> usize {
+        let rb = self.ty.row_bytes(self.cols).unwrap_or_else(|| {
+            panic!(
+                "{} row of {} values is not whole blocks",
+                self.ty.name(),
+                self.cols
+            )
+        });
+        assert!(
+            self.data.len() >= rb * self.rows,
+            "{} matrix {}x{}: {} bytes, need {}",
+            self.ty.name(),
+            self.rows,
+            self.cols,
+            self.data.len(),
+            rb * self.rows
+        );
+        rb
+    }
+}
+
+/// Which implementation the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+    /// aarch64 NEON (classic quant types; the others run the scalar code).
+    Neon,
+}
+
+const K_UNSET: u8 = 0;
+static KERNEL: AtomicU8 = AtomicU8::new(K_UNSET);
+
+fn encode(k: Kernel) -> u8 {
+    match k {
+        Kernel::Scalar => 1,
+        Kernel::Avx2 => 2,
+        Kernel::Neon => 3,
+    }
+}
+
+/// The fastest kernel this CPU supports.
+pub fn best_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Kernel::Avx2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Kernel::Neon;
+        }
+    }
+    Kernel::Scalar
+}
+
+/// Whether this CPU can run `k`.
+pub fn kernel_supported(k: Kernel) -> bool {
+    k == Kernel::Scalar || k == best_kernel()
+}
+
+/// The kernel `matvec` uses: the one set with [`set_kernel`], else [`best_kernel`] (detected
+/// once).
+pub fn kernel() -> Kernel {
+    match KERNEL.load(Ordering::Relaxed) {
+        1 => Kernel::Scalar,
+        2 => Kernel::Avx2,
+        3 => Kernel::Neon,
+        _ => {
+            let k = best_kernel();
+            KERNEL.store(encode(k), Ordering::Relaxed);
+            k
+        }
+    }
+}
+
+/// Forces the kernel `matvec` uses. Panics if this CPU cannot run it.
+pub fn set_kernel(k: Kernel) {
+    assert!(
+        kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
+    KERNEL.store(encode(k), Ordering::Relaxed);
+}
+
+/// Scratch for the int8-quantized input vector, allocated once for the widest input.
+pub struct ActScratch {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl ActScratch {
+    /// Room for inputs of up to `max_cols` values (rounded up to whole blocks of 32).
+    pub fn new(max_cols: usize) -> ActScratch {
+        let nb = max_cols.div_ceil(QK);
+        ActScratch {
+            qs: vec![0; nb * QK],
+            d: vec![0.0; nb],
+            s: vec![0.0; nb],
+        }
+    }
+
+    pub fn max_cols(&self) -> usize {
+        self.qs.len()
+    }
+
+    /// Quantizes `x` (a whole number of blocks of 32) and returns the view kernels read.
+    fn quantize<'a>(&'a mut self, x: &'a [f32]) -> Act<'a> {
+        assert!(
+            x.len() % QK == 0,
+            "input of {} values is not whole blocks of 32",
+            x.len()
+        );
+        assert!(
+            x.len() <= self.qs.len(),
+            "input of {} values is wider than ActScratch ({})",
+            x.len(),
+            self.qs.len()
+        );
+        let nb = x.len() / QK;
+        quantize_q8(
+            x,
+            &mut self.qs[..x.len()],
+            &mut self.d[..nb],
+            &mut self.s[..nb],
+        );
+        Act {
+            x,
+            qs: &self.qs[..x.len()],
+            d: &self.d[..nb],
+            s: &self.s[..nb],
+        }
+    }
+}
+
+/// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
+/// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
+#[derive(Clone, Copy)]
+struct Act<'a> {
+    x: &'a [f32],
+    qs: &'a [i8],
+    d: &'a [f32],
+    s: &'a [f32],
+}
+
+/// Q8_1-style quantization of `x` into blocks of 32 (round half away from zero).
+fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), db), sb) in x
+        .chunks_exact(QK)
+        .zip(qs.chunks_exact_mut(QK))
+        .zip(d.iter_mut())
+        .zip(s.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dd = amax / 127.0;
+        let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        *db = dd;
+        *sb = dd * sum as f32;
+    }
+}
+
+fn uses_q8(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+    )
+}
+
+/// `out[r] = sum_c w[r, c] * x[c]`.
+pub fn matvec(pool: &WorkerPool, w: &Matrix, x: &[f32], act: &mut ActScratch, out: &mut [f32]) {
+    matvec_with(kernel(), pool, w, x, act, out)
+}
+
+/// Several matrices sharing the input `x` (q/k/v; gate/up), in one pool dispatch.
+pub fn matvec_many(
+    pool: &WorkerPool,
+    jobs: &mut [(&Matrix, &mut [f32])],
+    x: &[f32],
+    act: &mut ActScratch,
+) {
+    matvec_many_with(kernel(), pool, jobs, x, act)
+}
+
+/// `matvec` with the kernel chosen by the caller (panics if unsupported here).
+pub fn matvec_with(
+    k: Kernel,
+    pool: &WorkerPool,
+    w: &Matrix,
+    x: &[f32],
+    act: &mut ActScratch,
+    out: &mut [f32],
+) {
+    matvec_many_with(k, pool, &mut [(w, out)], x, act)
+}
+
+/// Most matrices one `matvec_many` call takes.
+pub const MAX_JOBS: usize = 8;
+
+/// `matvec_many` with the kernel chosen by the caller (panics if unsupported here).
+pub fn matvec_many_with(
+    k: Kernel,
+    pool: &WorkerPool,
+    jobs: &mut [(&Matrix, &mut [f32])],
+    x: &[f32],
+    act: &mut ActScratch,
+) {
+    assert!(
+        kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
+    assert!(
+        jobs.len() <= MAX_JOBS,
+        "matvec_many takes at most {MAX_JOBS} matrices"
+    );
+    let need_q8 = jobs.iter().any(|(w, _)| uses_q8(w.ty));
+    let a = if need_q8 {
+        act.quantize(x)
+    } else {
+        Act {
+            x,
+            qs: &[],
+            d: &[],
+            s: &[],
+        }
+    };
+    let n = pool.n_threads();
+    let mut parts: [Option<Part>; MAX_JOBS] = Default::default();
+    let mut n_tasks = 0;
+    for (slot, (w, out)) in parts.iter_mut().zip(jobs.iter_mut()) {
+        assert_eq!(
+            w.cols,
+            x.len(),
+            "matrix has {} cols, input {} values",
+            w.cols,
+            x.len()
+        );
+        assert_eq!(
+            out.len(),
+            w.rows,
+            "matrix has {} rows, output {} values",
+            w.rows,
+            out.len()
+        );
+        let row_bytes = w.row_bytes();
+        let chunk = (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4);
+        let tasks = w.rows.div_ceil(chunk);
+        *slot = Some(Part {
+            data: w.data,
+            rows: w.rows,
+            row_bytes,
+            chunk,
+            first_task: n_tasks,
+            f: chunk_fn(w.ty, k),
+            out: OutPtr(out.as_mut_ptr()),
+        });
+        n_tasks += tasks;
+    }
+    let parts = &parts[..jobs.len()];
+    pool.run(n_tasks, &|t| {
+        let p = parts
+            .iter()
+            .rev()
+            .flatten()
+            .find(|p| p.first_task <= t)
+            .expect("task index in range");
+        let r0 = (t - p.first_task) * p.chunk;
+        let r1 = (r0 + p.chunk).min(p.rows);
+        let data = &p.data[r0 * p.row_bytes..r1 * p.row_bytes];
+        // SAFETY: tasks of one part cover disjoint row ranges, parts write distinct `out`
+        // slices (borrowed mutably by `jobs` for the whole run), and r1 <= rows = out.len().
+        let out = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(r0), r1 - r0) };
+        // SAFETY: `chunk_fn` returned this function for a kernel checked above to be supported,
+        // `data` is whole rows of `row_bytes`, and `a` covers `cols` values (asserted above).
+        unsafe { (p.f)(data, p.row_bytes, &a, out) };
+    });
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used to hand disjoint row ranges of one `&mut [f32]` to pool tasks.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+struct Part<'a> {
+    data: &'a [u8],
+    rows: usize,
+    row_bytes: usize,
+    chunk: usize,
+    first_task: usize,
+    f: ChunkFn,
+    out: OutPtr,
+}
+
+/// Computes `out[i]` for the rows of `data` (`out.len()` rows of `row_bytes`). Unsafe: the
+/// kernel's CPU features must be present, and `act` must cover the rows' columns.
+type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
+
+fn chunk_fn(ty: GgmlType, k: Kernel) -> ChunkFn {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 {
+        return x86::chunk_fn(ty);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if k == Kernel::Neon {
+        if let Some(f) = neon::chunk_fn(ty) {
+            return f;
+        }
+    }
+    let _ = k;
+    scalar::chunk_fn(ty)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block decoding shared by all kernels.
+
+#[inline(always)]
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Dequantizes one K-quant super-block (the generic path: ggml's reference dequantization).
+#[inline(always)]
+fn dequant_block(ty: GgmlType, blk: &[u8], y: &mut [f32; QK_K]) {
+    dequantize_row(ty, blk, y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar kernels: the portable fallback, and the definition the SIMD kernels mirror.
+
+mod scalar {
+    use super::*;
+
+    pub(super) fn chunk_fn(ty: GgmlType) -> ChunkFn {
+        match ty {
+            GgmlType::Q4_0 => chunk::<Q4_0>,
+            GgmlType::Q4_1 => chunk::<Q4_1>,
+            GgmlType::Q5_0 => chunk::<Q5_0>,
+            GgmlType::Q5_1 => chunk::<Q5_1>,
+            GgmlType::Q8_0 => chunk::<Q8_0>,
+            GgmlType::F32 => chunk::<F32>,
+            GgmlType::F16 => chunk::<F16>,
+            GgmlType::BF16 => chunk::<Bf16>,
+            GgmlType::Q4_K => chunk::<Q4K>,
+            GgmlType::Q6_K => chunk::<Q6K>,
+        }
+    }
+
+    pub(super) trait RowDot {
+        fn dot(row: &[u8], a: &Act) -> f32;
+    }
+
+    fn chunk<T: RowDot>(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+        for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
+            *o = T::dot(row, a);
+        }
+    }
+
+    /// Integer dot of one classic block: weights `w(j)` for j in 0..32 with activations `qa`.
+    #[inline(always)]
+    fn idot(qa: &[i8], w: impl Fn(usize) -> i32) -> i32 {
+        (0..QK).map(|j| w(j) * qa[j] as i32).sum()
+    }
+
+    pub(super) struct Q4_0;
+    impl RowDot for Q4_0 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(18).enumerate() {
+                let qs = &blk[2..18];
+                let i = idot(&a.qs[b * QK..], |j| {
+                    (qs[j % 16] >> (4 * (j / 16)) & 0xF) as i32 - 8
+                });
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32;
+            }
+            acc
+        }
+    }
+
+    pub(super) struct Q4_1;
+    impl RowDot for Q4_1 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(20).enumerate() {
+                let qs = &blk[4..20];
+                let i = idot(&a.qs[b * QK..], |j| {
+                    (qs[j % 16] >> (4 * (j / 16)) & 0xF) as i32
+                });
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32
+                    + f16_to_f32(le16(blk, 2)) * a.s[b];
+            }
+            acc
+        }
+    }
+
+    pub(super) struct Q5_0;
+    impl RowDot for Q5_0 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(22).enumerate() {
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                let qs = &blk[6..22];
+                let i = idot(&a.qs[b * QK..], |j| {
+                    let lo = (qs[j % 16] >> (4 * (j / 16))) & 0xF;
+                    (lo as u32 | ((qh >> j) & 1) << 4) as i32 - 16
+                });
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32;
+            }
+            acc
+        }
+    }
+
+    pub(super) struct Q5_1;
+    impl RowDot for Q5_1 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(24).enumerate() {
+                let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                let qs = &blk[8..24];
+                let i = idot(&a.qs[b * QK..], |j| {
+                    let lo = (qs[j % 16] >> (4 * (j / 16))) & 0xF;
+                    (lo as u32 | ((qh >> j) & 1) << 4) as i32
+                });
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32
+                    + f16_to_f32(le16(blk, 2)) * a.s[b];
+            }
+            acc
+        }
+    }
+
+    pub(super) struct Q8_0;
+    impl RowDot for Q8_0 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(34).enumerate() {
+                let i = idot(&a.qs[b * QK..], |j| blk[2 + j] as i8 as i32);
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32;
+            }
+            acc
+        }
+    }
+
+    pub(super) struct F32;
+    impl RowDot for F32 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            row.chunks_exact(4)
+                .zip(a.x)
+                .map(|(w, x)| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * x)
+                .sum()
+        }
+    }
+
+    pub(super) struct F16;
+    impl RowDot for F16 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            row.chunks_exact(2)
+                .zip(a.x)
+                .map(|(w, x)| f16_to_f32(le16(w, 0)) * x)
+                .sum()
+        }
+    }
+
+    pub(super) struct Bf16;
+    impl RowDot for Bf16 {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            row.chunks_exact(2)
+                .zip(a.x)
+                .map(|(w, x)| bf16_to_f32(le16(w, 0)) * x)
+                .sum()
+        }
+    }
+
+    pub(super) struct Q4K;
+    impl RowDot for Q4K {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut y = [0f32; QK_K];
+            let mut acc = 0f32;
+            for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
+                dequant_block(GgmlType::Q4_K, blk, &mut y);
+                acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
+            }
+            acc
+        }
+    }
+
+    pub(super) struct Q6K;
+    impl RowDot for Q6K {
+        fn dot(row: &[u8], a: &Act) -> f32 {
+            let mut y = [0f32; QK_K];
+            let mut acc = 0f32;
+            for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
+                dequant_block(GgmlType::Q6_K, blk, &mut y);
+                acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
+            }
+            acc
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C kernels (ggml's `ggml_vec_dot_*_q8_*` approach).
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    pub(super) fn chunk_fn(ty: GgmlType) -> ChunkFn {
+        match ty {
+            GgmlType::Q4_0 => chunk_q4_0,
+            GgmlType::Q4_1 => chunk_q4_1,
+            GgmlType::Q5_0 => chunk_q5_0,
+            GgmlType::Q5_1 => chunk_q5_1,
+            GgmlType::Q8_0 => chunk_q8_0,
+            GgmlType::F32 => chunk_f32,
+            GgmlType::F16 => chunk_f16,
+            GgmlType::BF16 => chunk_bf16,
+            GgmlType::Q4_K => chunk_q4_k,
+            GgmlType::Q6_K => chunk_q6_k,
+        }
+    }
+
+    macro_rules! chunk {
+        ($name:ident, $dot:ident) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+                for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
+                    *o = $dot(row, a);
+                }
+            }
+        };
+    }
+    chunk!(chunk_q4_0, dot_q4_0);
+    chunk!(chunk_q4_1, dot_q4_1);
+    chunk!(chunk_q5_0, dot_q5_0);
+    chunk!(chunk_q5_1, dot_q5_1);
+    chunk!(chunk_q8_0, dot_q8_0);
+    chunk!(chunk_f32, dot_f32);
+    chunk!(chunk_f16, dot_f16);
+    chunk!(chunk_bf16, dot_bf16);
+    chunk!(chunk_q4_k, dot_q4_k);
+    chunk!(chunk_q6_k, dot_q6_k);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// The f16 at `p` (unaligned) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// 16 bytes of packed nibbles to 32 bytes: low nibbles (elements 0..16), then high.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let t = _mm_loadu_si128(p.cast());
+        let hi = _mm_srli_epi16(t, 4);
+        _mm256_and_si256(_mm256_set_m128i(hi, t), _mm256_set1_epi8(0x0F))
+    }
+
+    /// 32 bits at `p` to 32 bytes, 0xFF where the bit is set.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bits(p: *const u8) -> __m256i {
+        let x = p.cast::<i32>().read_unaligned();
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0x0000000000000000,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    /// Unsigned bytes `ux` times signed bytes `y`, summed in groups of 4, as 8 floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul_sum_us8(ux: __m256i, y: __m256i) -> __m256 {
+        let dot = _mm256_maddubs_epi16(ux, y);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+    }
+
+    /// Signed bytes times signed bytes, summed in groups of 4, as 8 floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+        mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_qa(a: &Act, b: usize) -> __m256i {
+        debug_assert!(a.qs.len() >= (b + 1) * QK);
+        _mm256_loadu_si256(a.qs.as_ptr().add(b * QK).cast())
+    }
+
+    /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, `signed`
+    /// says whether they are signed (else unsigned, 0..31), `has_min` adds `m * s`.
+    macro_rules! classic_dot {
+        ($name:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name(row: &[u8], a: &Act) -> f32 {
+                let nb = row.len() / $bytes;
+                debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
+                let mut acc0 = _mm256_setzero_ps();
+                let mut acc1 = _mm256_setzero_ps();
+                let mut summs = 0f32;
+                let blocks = row.as_ptr();
+                let one = |b: usize, acc: __m256, summs: &mut f32| -> __m256 {
+                    let $p = blocks.add(b * $bytes);
+                    let w: __m256i = $w;
+                    let y = load_qa(a, b);
+                    let xy = if $signed {
+                        mul_sum_i8(w, y)
+                    } else {
+                        mul_sum_us8(w, y)
+                    };
+                    if $has_min {
+                        *summs += f16_at($p.add(2)) * *a.s.get_unchecked(b);
+                    }
+                    let d = f16_at($p) * *a.d.get_unchecked(b);
+                    _mm256_fmadd_ps(_mm256_set1_ps(d), xy, acc)
+                };
+                let mut b = 0;
+                while b + 2 <= nb {
+                    acc0 = one(b, acc0, &mut summs);
+                    acc1 = one(b + 1, acc1, &mut summs);
+                    b += 2;
+                }
+                if b < nb {
+                    acc0 = one(b, acc0, &mut summs);
+                }
+                hsum(_mm256_add_ps(acc0, acc1)) + summs
+            }
+        };
+    }
+
+    classic_dot!(dot_q4_0, 18, false, true, |p| _mm256_sub_epi8(
+        nibbles(p.add(2)),
+        _mm256_set1_epi8(8)
+    ));
+    classic_dot!(dot_q4_1, 20, true, false, |p| nibbles(p.add(4)));
+    classic_dot!(dot_q5_0, 22, false, true, |p| _mm256_or_si256(
+        nibbles(p.add(6)),
+        _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8))
+    ));
+    classic_dot!(dot_q5_1, 24, true, false, |p| _mm256_or_si256(
+        nibbles(p.add(8)),
+        _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10))
+    ));
+    classic_dot!(dot_q8_0, 34, false, true, |p| _mm256_loadu_si256(
+        p.add(2).cast()
+    ));
+
+    /// f32 dot of `n` weights produced 8 at a time by `load(i)` (i = 0, 8, 16, ...) with `x`,
+    /// the tail (n % 8) by `tail(i)`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot8(
+        x: &[f32],
+        n: usize,
+        load: impl Fn(usize) -> __m256,
+        tail: impl Fn(usize) -> f32,
+    ) -> f32 {
+        debug_assert!(x.len() >= n);
+        let xp = x.as_ptr();
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            acc0 = _mm256_fmadd_ps(load(i), _mm256_loadu_ps(xp.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(load(i + 8), _mm256_loadu_ps(xp.add(i + 8)), acc1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            acc0 = _mm256_fmadd_ps(load(i), _mm256_loadu_ps(xp.add(i)), acc0);
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            s += tail(i) * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f32(row: &[u8], a: &Act) -> f32 {
+        let p = row.as_ptr();
+        dot8(
+            a.x,
+            row.len() / 4,
+            |i| _mm256_loadu_ps(p.add(4 * i).cast()),
+            |i| f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().unwrap()),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f16(row: &[u8], a: &Act) -> f32 {
+        let p = row.as_ptr();
+        dot8(
+            a.x,
+            row.len() / 2,
+            |i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())),
+            |i| f16_to_f32(le16(row, 2 * i)),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_bf16(row: &[u8], a: &Act) -> f32 {
+        let p = row.as_ptr();
+        dot8(
+            a.x,
+            row.len() / 2,
+            |i| {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i).cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            },
+            |i| bf16_to_f32(le16(row, 2 * i)),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q4_k(row: &[u8], a: &Act) -> f32 {
+        let mut y = [0f32; QK_K];
+        let mut acc = 0f32;
+        for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
+            dequant_block(GgmlType::Q4_K, blk, &mut y);
+            acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
+        }
+        acc
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
+        let mut y = [0f32; QK_K];
+        let mut acc = 0f32;
+        for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
+            dequant_block(GgmlType::Q6_K, blk, &mut y);
+            acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
+        }
+        acc
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEON kernels (aarch64), classic types only; the scalar code is their definition. They use
+// vmull_s8 + vpadalq_s16 (baseline NEON); `vdotq_s32` would be faster on cores with dotprod.
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::*;
+    use std::arch::aarch64::*;
+
+    pub(super) fn chunk_fn(ty: GgmlType) -> Option<ChunkFn> {
+        Some(match ty {
+            GgmlType::Q4_0 => chunk::<18, 2, false, true>,
+            GgmlType::Q4_1 => chunk::<20, 4, true, false>,
+            GgmlType::Q8_0 => chunk::<34, 2, false, false>,
+            _ => return None,
+        })
+    }
+
+    /// Sum of the products of 16 signed bytes, as 4 lanes of i32 added to `acc`.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn mul_acc(acc: int32x4_t, w: int8x16_t, y: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(y));
+        let hi = vmull_s8(vget_high_s8(w), vget_high_s8(y));
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
+
+    /// Blocks of `BYTES` with the f16 scale at 0, quants at `QS`; `MIN`: f16 min at 2 (Q4_1);
+    /// `NIB`: 16 bytes of nibbles (offset 8 unless MIN), else 32 signed bytes (Q8_0).
+    #[target_feature(enable = "neon")]
+    unsafe fn chunk<const BYTES: usize, const QS: usize, const MIN: bool, const NIB: bool>(
+        data: &[u8],
+        row_bytes: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
+            let mut acc = 0f32;
+            for (b, blk) in row.chunks_exact(BYTES).enumerate() {
+                let p = blk.as_ptr().add(QS);
+                let (w0, w1) = if NIB {
+                    let v = vld1q_u8(p);
+                    let lo = vandq_u8(v, vdupq_n_u8(0x0F));
+                    let hi = vshrq_n_u8(v, 4);
+                    let off = vdupq_n_s8(if MIN { 0 } else { 8 });
+                    (
+                        vsubq_s8(vreinterpretq_s8_u8(lo), off),
+                        vsubq_s8(vreinterpretq_s8_u8(hi), off),
+                    )
+                } else {
+                    (vld1q_s8(p.cast()), vld1q_s8(p.add(16).cast()))
+                };
+                let y = a.qs.as_ptr().add(b * QK);
+                let i = mul_acc(vdupq_n_s32(0), w0, vld1q_s8(y));
+                let i = vaddvq_s32(mul_acc(i, w1, vld1q_s8(y.add(16))));
+                acc += f16_to_f32(le16(blk, 0)) * a.d[b] * i as f32;
+                if MIN {
+                    acc += f16_to_f32(le16(blk, 2)) * a.s[b];
+                }
+            }
+            *o = acc;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

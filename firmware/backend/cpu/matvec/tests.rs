@@ -1,0 +1,289 @@
+use super::*;
+use crate::model::ggml::dequantize_row;
+
+/// Tiny seeded generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// A random normal-range f16 of magnitude about 2^-10 .. 2^-3, either sign.
+    fn f16_small(&mut self) -> u16 {
+        let exp = 5 + (self.next() % 8) as u16; // 2^(exp-15)
+        let man = (self.next() % 1024) as u16;
+        let sign = (self.next() & 1) as u16;
+        (sign << 15) | (exp << 10) | man
+    }
+}
+
+fn kernels() -> Vec<Kernel> {
+    let mut k = vec![Kernel::Scalar];
+    if best_kernel() != Kernel::Scalar {
+        k.push(best_kernel());
+    }
+    k
+}
+
+const ALL: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// Random weights: random quant bytes, sane scale fields.
+fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut data: Vec<u8> = (0..rb * rows).map(|_| rng.byte()).collect();
+    let put = |d: &mut [u8], at: usize, h: u16| d[at..at + 2].copy_from_slice(&h.to_le_bytes());
+    match ty {
+        GgmlType::F32 => {
+            for w in data.chunks_exact_mut(4) {
+                w.copy_from_slice(&rng.f().to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for w in data.chunks_exact_mut(2) {
+                put(w, 0, rng.f16_small() + (3 << 10));
+            }
+        }
+        GgmlType::BF16 => {
+            for w in data.chunks_exact_mut(2) {
+                put(w, 0, (rng.f().to_bits() >> 16) as u16);
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            for b in data.chunks_exact_mut(ty.block_bytes()) {
+                put(b, 0, rng.f16_small());
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            for b in data.chunks_exact_mut(ty.block_bytes()) {
+                put(b, 0, rng.f16_small() & 0x7fff);
+                put(b, 2, rng.f16_small());
+            }
+        }
+        GgmlType::Q4_K => {
+            for b in data.chunks_exact_mut(ty.block_bytes()) {
+                put(b, 0, rng.f16_small() & 0x7fff);
+                put(b, 2, rng.f16_small() & 0x7fff);
+            }
+        }
+        GgmlType::Q6_K => {
+            for b in data.chunks_exact_mut(ty.block_bytes()) {
+                put(b, 208, rng.f16_small() & 0x7fff);
+            }
+        }
+    }
+    data
+}
+
+/// Reference products in f64 and the sum of |terms| (for the tolerance). Classic types dot the
+/// same int8-quantized activations the kernels use; the others dot `x`.
+fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> {
+    let cols = x.len();
+    let xa: Vec<f32> = if uses_q8(ty) {
+        let mut s = ActScratch::new(cols);
+        let a = s.quantize(x);
+        (0..cols).map(|c| a.d[c / 32] * a.qs[c] as f32).collect()
+    } else {
+        x.to_vec()
+    };
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut y = vec![0f32; cols];
+    (0..rows)
+        .map(|r| {
+            dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut y);
+            y.iter().zip(&xa).fold((0f64, 0f64), |(s, a), (&w, &x)| {
+                let t = w as f64 * x as f64;
+                (s + t, a + t.abs())
+            })
+        })
+        .collect()
+}
+
+fn check(ty: GgmlType, rows: usize, cols: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let w = random_matrix(&mut rng, ty, rows, cols);
+    let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+    let want = reference(ty, &w, rows, &x);
+    let m = Matrix {
+        ty,
+        rows,
+        cols,
+        data: &w,
+    };
+    let mut act = ActScratch::new(cols.next_multiple_of(32));
+    for threads in [1, 3] {
+        let pool = WorkerPool::new(threads);
+        for k in kernels() {
+            let mut out = vec![f32::NAN; rows];
+            matvec_with(k, &pool, &m, &x, &mut act, &mut out);
+            for (r, (&got, &(v, mag))) in out.iter().zip(&want).enumerate() {
+                let tol = 1e-5 * mag + 1e-6;
+                assert!(
+                    (got as f64 - v).abs() <= tol,
+                    "{} {k:?} {rows}x{cols} row {r}: got {got}, want {v} (tol {tol})",
+                    ty.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn classic_types_match_reference() {
+    for ty in &ALL[..5] {
+        for (i, &cols) in [32, 64, 576, 1536, 4864].iter().enumerate() {
+            for rows in [1, 7, 33, 100] {
+                check(*ty, rows, cols, 1 + i as u64 * 100 + rows as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn float_types_match_reference() {
+    for ty in &ALL[5..8] {
+        for (i, &cols) in [1, 7, 32, 576, 1537].iter().enumerate() {
+            for rows in [1, 7, 65] {
+                check(*ty, rows, cols, 7 + i as u64 * 100 + rows as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn k_types_match_reference() {
+    for ty in &ALL[8..] {
+        for (i, &cols) in [256, 768, 1536].iter().enumerate() {
+            for rows in [1, 7, 65] {
+                check(*ty, rows, cols, 11 + i as u64 * 100 + rows as u64);
+            }
+        }
+    }
+}
+
+/// With integer inputs whose block maxima are 127 the activation scale is exactly 1, and with
+/// weight scales 1/2 (and min -3) every product and partial sum is exact in f32, so all kernels
+/// must equal the integer reference exactly.
+#[test]
+fn classic_integer_dots_exact() {
+    for ty in &ALL[..5] {
+        for cols in [32, 576, 4864] {
+            let rows = 9;
+            let mut rng = Rng(99 + cols as u64);
+            let mut w = random_matrix(&mut rng, ty.to_owned(), rows, cols);
+            for b in w.chunks_exact_mut(ty.block_bytes()) {
+                b[0..2].copy_from_slice(&0x3800u16.to_le_bytes()); // 0.5
+                if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                    b[2..4].copy_from_slice(&0xC200u16.to_le_bytes()); // -3.0
+                }
+            }
+            let mut x: Vec<f32> = (0..cols)
+                .map(|_| (rng.next() % 255) as f32 - 127.0)
+                .collect();
+            for xb in x.chunks_exact_mut(32) {
+                xb[(rng.next() % 32) as usize] = if rng.next() & 1 == 0 { 127.0 } else { -127.0 };
+            }
+            let want = reference(*ty, &w, rows, &x);
+            let m = Matrix {
+                ty: *ty,
+                rows,
+                cols,
+                data: &w,
+            };
+            let mut act = ActScratch::new(cols);
+            let pool = WorkerPool::new(2);
+            for k in kernels() {
+                let mut out = vec![0f32; rows];
+                matvec_with(k, &pool, &m, &x, &mut act, &mut out);
+                for (got, (v, _)) in out.iter().zip(&want) {
+                    assert_eq!(*got as f64, *v, "{} {k:?} cols {cols}", ty.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_is_close() {
+    let mut rng = Rng(5);
+    let x: Vec<f32> = (0..1536).map(|_| rng.f() * 3.0).collect();
+    let mut s = ActScratch::new(1536);
+    let a = s.quantize(&x);
+    for (c, &v) in x.iter().enumerate() {
+        let d = a.d[c / 32];
+        assert!((v - d * a.qs[c] as f32).abs() <= d * 0.5 + 1e-7);
+    }
+    for b in 0..48 {
+        let sum: i32 = a.qs[b * 32..b * 32 + 32].iter().map(|&q| q as i32).sum();
+        assert_eq!(a.s[b], a.d[b] * sum as f32);
+    }
+}
+
+#[test]
+fn matvec_many_equals_separate() {
+    let mut rng = Rng(42);
+    let cols = 576;
+    let shapes = [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q8_0, 192),
+        (GgmlType::F16, 193),
+        (GgmlType::Q4_0, 1),
+    ];
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, cols))
+        .collect();
+    let mats: Vec<Matrix> = shapes
+        .iter()
+        .zip(&data)
+        .map(|(&(ty, rows), d)| Matrix {
+            ty,
+            rows,
+            cols,
+            data: d,
+        })
+        .collect();
+    let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+    let mut act = ActScratch::new(1536);
+    for threads in [1, 2, 4] {
+        let pool = WorkerPool::new(threads);
+        for k in kernels() {
+            let separate: Vec<Vec<f32>> = mats
+                .iter()
+                .map(|m| {
+                    let mut o = vec![0f32; m.rows];
+                    matvec_with(k, &pool, m, &x, &mut act, &mut o);
+                    o
+                })
+                .collect();
+            let mut outs: Vec<Vec<f32>> = mats.iter().map(|m| vec![f32::NAN; m.rows]).collect();
+            let mut jobs: Vec<(&Matrix, &mut [f32])> = mats
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(m, o)| (m, &mut o[..]))
+                .collect();
+            matvec_many_with(k, &pool, &mut jobs, &x, &mut act);
+            assert_eq!(outs, separate, "{k:?} threads {threads}");
+        }
+    }
+}
