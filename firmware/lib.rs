@@ -12,5 +12,6 @@ pub mod backend;
 pub mod board;
 pub mod boot;
 pub mod engine;
+pub mod load;
 pub mod model;
 pub mod tokenizer;

@@ -1,1 +1,552 @@
-//! engine
+//! The engine: weights placed in the board's arenas at boot, the KV cache, and the forward pass
+//! of a llama-family decoder (llama, qwen2), readable top to bottom in `Engine::forward`.
+
+pub mod generate;
+pub mod perplexity;
+pub mod sample;
+
+use crate::backend::cpu::{matvec, matvec_many, ActScratch, Matrix, WorkerPool};
+use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
+use crate::model::ggml::dequantize_row;
+use crate::model::{FormatError, Hyper, ModelFile, RopeStyle, TensorRef};
+use std::fmt;
+
+/// Why an engine could not boot.
+#[derive(Debug)]
+pub enum EngineError {
+    Format(FormatError),
+    Boot(BootError),
+    /// A model this engine cannot run (a shape or type it does not support).
+    Unsupported(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Format(e) => write!(f, "{e}"),
+            EngineError::Boot(e) => write!(f, "{e}"),
+            EngineError::Unsupported(m) => write!(f, "unsupported model: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<FormatError> for EngineError {
+    fn from(e: FormatError) -> Self {
+        EngineError::Format(e)
+    }
+}
+
+impl From<BootError> for EngineError {
+    fn from(e: BootError) -> Self {
+        EngineError::Boot(e)
+    }
+}
+
+/// The arenas an engine lives in, mapped at their board budgets before the model is read.
+pub struct Arenas {
+    pub dense: Arena,
+    pub ffn: Arena,
+    pub kv: Arena,
+    pub scratch: Arena,
+}
+
+impl Arenas {
+    /// Maps every arena at the size the board budgets (pages are backed only once touched).
+    pub fn from_board() -> Result<Arenas, BootError> {
+        Ok(Arenas {
+            dense: Arena::map(
+                ArenaKind::DenseWeights,
+                ArenaKind::DenseWeights.board_budget(),
+            )?,
+            ffn: Arena::map(ArenaKind::FfnCache, ArenaKind::FfnCache.board_budget())?,
+            kv: Arena::map(ArenaKind::Kv, ArenaKind::Kv.board_budget())?,
+            scratch: Arena::map(
+                ArenaKind::ActivationScratch,
+                ArenaKind::ActivationScratch.board_budget(),
+            )?,
+        })
+    }
+}
+
+/// Choices made at boot.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Worker threads for the matrix-vector work (the board's `cpu_threads` by default).
+    pub threads: usize,
+    /// Context length; 0 means the smaller of the board's `max_context` and the model's own.
+    pub context: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: crate::board::CPU_THREADS,
+            context: 0,
+        }
+    }
+}
+
+/// One transformer block's weights, in the arenas.
+pub struct Layer<'a> {
+    attn_norm: &'a [f32],
+    wq: Matrix<'a>,
+    wk: Matrix<'a>,
+    wv: Matrix<'a>,
+    wo: Matrix<'a>,
+    /// q/k/v biases (qwen2), concatenated [q | k | v].
+    qkv_bias: Option<&'a [f32]>,
+    ffn_norm: &'a [f32],
+    w_gate: Matrix<'a>,
+    w_up: Matrix<'a>,
+    w_down: Matrix<'a>,
+}
+
+/// Activations for one token, carved from the scratch arena.
+struct Scratch<'a> {
+    x: &'a mut [f32],
+    xb: &'a mut [f32],
+    xb2: &'a mut [f32],
+    q: &'a mut [f32],
+    hb: &'a mut [f32],
+    hb2: &'a mut [f32],
+    att: &'a mut [f32],
+    logits: &'a mut [f32],
+}
+
+/// A booted model: weights in place, KV cache and activations allocated, workers running.
+pub struct Engine<'a> {
+    pub hyper: Hyper,
+    /// Tokens the KV cache holds.
+    pub context: usize,
+    token_embd: Matrix<'a>,
+    layers: Vec<Layer<'a>>,
+    output_norm: &'a [f32],
+    output: Matrix<'a>,
+    /// [layer][position][kv_dim]
+    key_cache: &'a mut [f32],
+    value_cache: &'a mut [f32],
+    s: Scratch<'a>,
+    /// Scratch the sampler sorts in (vocab entries), handed out by `sampler_buffers`.
+    sample_idx: Option<&'a mut [u32]>,
+    pool: WorkerPool,
+    act: ActScratch,
+}
+
+/// Bytes a tensor takes once placed: quantized matrices as stored, vectors as f32.
+fn placed_matrix(t: &TensorRef) -> usize {
+    t.data.len()
+}
+
+fn place_matrix<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<Matrix<'a>, BootError> {
+    let data = c.copy_bytes(t.data)?;
+    Ok(Matrix {
+        ty: t.ty,
+        rows: t.rows,
+        cols: t.cols,
+        data,
+    })
+}
+
+fn place_vector<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<&'a [f32], BootError> {
+    let n = t.cols * t.rows;
+    let out = c.take::<f32>(n)?;
+    dequantize_row(t.ty, t.data, out);
+    Ok(out)
+}
+
+impl<'a> Engine<'a> {
+    /// Checks that the model fits the board, then places it in the arenas. Nothing is decoded
+    /// before every budget has been checked.
+    pub fn boot(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        opts: EngineOptions,
+    ) -> Result<Engine<'a>, EngineError> {
+        let h = model.hyper()?;
+        model.validate(&h)?;
+        if h.head_dim % 2 != 0 || h.n_heads % h.n_kv_heads != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "head_dim {} must be even and n_heads {} a multiple of n_kv_heads {}",
+                h.head_dim, h.n_heads, h.n_kv_heads
+            )));
+        }
+        let mut context = crate::board::MAX_CONTEXT.min(h.ctx_train.max(1));
+        if opts.context > 0 {
+            context = opts.context.min(context);
+        }
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        let q_dim = h.n_heads * h.head_dim;
+
+        // Plan every arena and refuse before touching any of them.
+        let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
+        let mut dense = Plan::default();
+        let mut ffn = Plan::default();
+        dense.add_bytes(model.tensor("token_embd.weight")?.data.len());
+        dense.add::<f32>(h.dim);
+        if !h.tied_output {
+            dense.add_bytes(model.tensor("output.weight")?.data.len());
+        }
+        for i in 0..h.n_layers {
+            for n in [
+                "attn_q.weight",
+                "attn_k.weight",
+                "attn_v.weight",
+                "attn_output.weight",
+            ] {
+                dense.add_bytes(placed_matrix(&model.tensor(&layer_name(i, n))?));
+            }
+            dense.add::<f32>(2 * h.dim);
+            if h.qkv_bias {
+                dense.add::<f32>(q_dim + 2 * kv_dim);
+            }
+            for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
+                ffn.add_bytes(placed_matrix(&model.tensor(&layer_name(i, n))?));
+            }
+        }
+        dense.check(
+            ArenaKind::DenseWeights,
+            arenas.dense.len(),
+            "the dense weights (embeddings, attention, norms, output)",
+        )?;
+        ffn.check(
+            ArenaKind::FfnCache,
+            arenas.ffn.len(),
+            "the FFN weights (all resident until streaming)",
+        )?;
+        let mut kv = Plan::default();
+        kv.add::<f32>(h.n_layers * context * kv_dim);
+        kv.add::<f32>(h.n_layers * context * kv_dim);
+        kv.check(
+            ArenaKind::Kv,
+            arenas.kv.len(),
+            &format!("the f32 KV cache for {context} tokens"),
+        )?;
+        let mut scratch = Plan::default();
+        for n in [
+            h.dim,
+            h.dim,
+            h.dim.max(q_dim),
+            q_dim,
+            h.hidden_dim,
+            h.hidden_dim,
+            h.n_heads * context,
+            h.vocab_size,
+        ] {
+            scratch.add::<f32>(n);
+        }
+        scratch.add::<u32>(h.vocab_size);
+        scratch.check(
+            ArenaKind::ActivationScratch,
+            arenas.scratch.len(),
+            "the activations",
+        )?;
+
+        // Place the weights.
+        let mut d = arenas.dense.carver();
+        let mut f = arenas.ffn.carver();
+        let token_embd = place_matrix(&mut d, &model.tensor("token_embd.weight")?)?;
+        let output_norm = place_vector(&mut d, &model.tensor("output_norm.weight")?)?;
+        let output = if h.tied_output {
+            token_embd
+        } else {
+            place_matrix(&mut d, &model.tensor("output.weight")?)?
+        };
+        let mut layers = Vec::with_capacity(h.n_layers);
+        for i in 0..h.n_layers {
+            let t = |n: &str| model.tensor(&layer_name(i, n));
+            let qkv_bias = if h.qkv_bias {
+                let b = d.take::<f32>(q_dim + 2 * kv_dim)?;
+                let (bq, rest) = b.split_at_mut(q_dim);
+                let (bk, bv) = rest.split_at_mut(kv_dim);
+                let (tq, tk, tv) = (t("attn_q.bias")?, t("attn_k.bias")?, t("attn_v.bias")?);
+                dequantize_row(tq.ty, tq.data, bq);
+                dequantize_row(tk.ty, tk.data, bk);
+                dequantize_row(tv.ty, tv.data, bv);
+                Some(&*b)
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
+                wq: place_matrix(&mut d, &t("attn_q.weight")?)?,
+                wk: place_matrix(&mut d, &t("attn_k.weight")?)?,
+                wv: place_matrix(&mut d, &t("attn_v.weight")?)?,
+                wo: place_matrix(&mut d, &t("attn_output.weight")?)?,
+                qkv_bias,
+                ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,
+                w_gate: place_matrix(&mut f, &t("ffn_gate.weight")?)?,
+                w_up: place_matrix(&mut f, &t("ffn_up.weight")?)?,
+                w_down: place_matrix(&mut f, &t("ffn_down.weight")?)?,
+            });
+        }
+        for m in [&token_embd, &output] {
+            if m.ty.row_bytes(m.cols).is_none() {
+                return Err(EngineError::Unsupported(format!(
+                    "{} rows of {} values",
+                    m.ty.name(),
+                    m.cols
+                )));
+            }
+        }
+
+        let mut k = arenas.kv.carver();
+        let key_cache = k.take::<f32>(h.n_layers * context * kv_dim)?;
+        let value_cache = k.take::<f32>(h.n_layers * context * kv_dim)?;
+        let mut c = arenas.scratch.carver();
+        let s = Scratch {
+            x: c.take(h.dim)?,
+            xb: c.take(h.dim)?,
+            xb2: c.take(h.dim.max(q_dim))?,
+            q: c.take(q_dim)?,
+            hb: c.take(h.hidden_dim)?,
+            hb2: c.take(h.hidden_dim)?,
+            att: c.take(h.n_heads * context)?,
+            logits: c.take(h.vocab_size)?,
+        };
+        let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
+        let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
+        Ok(Engine {
+            hyper: h,
+            context,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            key_cache,
+            value_cache,
+            s,
+            sample_idx,
+            pool: WorkerPool::new(opts.threads.max(1)),
+            act: ActScratch::new(max_cols),
+        })
+    }
+
+    /// The sampler's sort buffer (vocab entries); handed out once.
+    pub fn take_sample_buffer(&mut self) -> Option<&'a mut [u32]> {
+        self.sample_idx.take()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Runs one token at position `pos` through the model and returns the logits over the vocabulary.
+    /// Positions are the caller's to manage: writing position p overwrites the cache from p on.
+    pub fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
+        let h = &self.hyper;
+        assert!(
+            pos < self.context,
+            "position {pos} past the context of {}",
+            self.context
+        );
+        assert!(
+            (token as usize) < h.vocab_size,
+            "token {token} past the vocabulary of {}",
+            h.vocab_size
+        );
+        let (dim, head_dim, n_heads) = (h.dim, h.head_dim, h.n_heads);
+        let kv_dim = h.n_kv_heads * head_dim;
+        let q_dim = n_heads * head_dim;
+        let group = n_heads / h.n_kv_heads;
+        let ctx = self.context;
+        let s = &mut self.s;
+        let pool = &self.pool;
+        let act = &mut self.act;
+
+        // Embedding of the token.
+        let e = &self.token_embd;
+        let row_bytes = e.data.len() / e.rows;
+        dequantize_row(
+            e.ty,
+            &e.data[token as usize * row_bytes..][..row_bytes],
+            s.x,
+        );
+
+        for (l, w) in self.layers.iter().enumerate() {
+            // Attention: q, k and v of this token; k and v go straight into the cache.
+            rmsnorm(s.xb, s.x, w.attn_norm, h.norm_eps);
+            let at = (l * ctx + pos) * kv_dim;
+            let k = &mut self.key_cache[at..at + kv_dim];
+            let v = &mut self.value_cache[at..at + kv_dim];
+            matvec_many(
+                pool,
+                &mut [(&w.wq, &mut *s.q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
+                s.xb,
+                act,
+            );
+            if let Some(b) = w.qkv_bias {
+                add(s.q, &b[..q_dim]);
+                add(k, &b[q_dim..q_dim + kv_dim]);
+                add(v, &b[q_dim + kv_dim..]);
+            }
+            rope(s.q, head_dim, pos, h.rope_base, h.rope_style);
+            rope(k, head_dim, pos, h.rope_base, h.rope_style);
+
+            // Each head attends over positions 0..=pos of its KV head.
+            let layer_keys = &self.key_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+            let layer_values = &self.value_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+            let out = Disjoint::new(&mut s.xb2[..q_dim]);
+            let att = Disjoint::new(s.att);
+            let q = &*s.q;
+            pool.run(n_heads, &|head| {
+                // SAFETY: task `head` touches only its own head's slices of `out` and `att`.
+                let (o, a) = unsafe {
+                    (
+                        out.slice(head * head_dim, head_dim),
+                        att.slice(head * ctx, pos + 1),
+                    )
+                };
+                let kv_head = head / group;
+                attend(
+                    &q[head * head_dim..][..head_dim],
+                    layer_keys,
+                    layer_values,
+                    kv_dim,
+                    kv_head * head_dim,
+                    a,
+                    o,
+                );
+            });
+            matvec(pool, &w.wo, &s.xb2[..q_dim], act, s.xb);
+            add(s.x, s.xb);
+
+            // Feed-forward: SwiGLU.
+            rmsnorm(s.xb, s.x, w.ffn_norm, h.norm_eps);
+            matvec_many(
+                pool,
+                &mut [(&w.w_gate, &mut *s.hb), (&w.w_up, &mut *s.hb2)],
+                s.xb,
+                act,
+            );
+            for (g, u) in s.hb.iter_mut().zip(s.hb2.iter()) {
+                *g = silu(*g) * u;
+            }
+            matvec(pool, &w.w_down, s.hb, act, s.xb);
+            add(s.x, s.xb);
+        }
+
+        rmsnorm(s.xb, s.x, self.output_norm, h.norm_eps);
+        matvec(pool, &self.output, s.xb, act, s.logits);
+        debug_assert_eq!(dim, s.x.len());
+        s.logits
+    }
+}
+
+/// Shares one mutable slice between pool tasks that each write a disjoint range of it.
+struct Disjoint<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _life: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: only ever used through `slice`, whose callers promise disjoint ranges.
+unsafe impl Sync for Disjoint<'_> {}
+
+impl<'a> Disjoint<'a> {
+    fn new(s: &'a mut [f32]) -> Self {
+        Disjoint {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _life: std::marker::PhantomData,
+        }
+    }
+    /// SAFETY: no two live calls may overlap in range.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+}
+
+/// Scaled dot-product attention of one query head over the cached keys and values.
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    kv_dim: usize,
+    off: usize,
+    att: &mut [f32],
+    out: &mut [f32],
+) {
+    let head_dim = q.len();
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    for (t, a) in att.iter_mut().enumerate() {
+        let k = &keys[t * kv_dim + off..][..head_dim];
+        *a = dot(q, k) * scale;
+    }
+    softmax(att);
+    out.fill(0.0);
+    for (t, &a) in att.iter().enumerate() {
+        let v = &values[t * kv_dim + off..][..head_dim];
+        for (o, &vi) in out.iter_mut().zip(v) {
+            *o += a * vi;
+        }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums let the compiler keep it in vector registers.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for i in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[i * 8 + j] * b[i * 8 + j];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+        *o = xi * inv * wi;
+    }
+}
+
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Rotary position embedding over every head in `x`. Llama-style GGUF and llama2.c rotate
+/// adjacent pairs (2i, 2i+1); qwen2 (NEOX) rotates (i, i + head_dim/2).
+pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let freq = base.powf(-((2 * i) as f32) / head_dim as f32);
+            let (sin, cos) = (pos as f32 * freq).sin_cos();
+            let (a, b) = match style {
+                RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
+                RopeStyle::HalfSplit => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}

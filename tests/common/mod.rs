@@ -1,30 +1,41 @@
-//! Shared helpers for integration tests that need files outside the repository.
+//! Shared by the integration tests: where the shared data and the fetched models are. A test
+//! whose data is absent prints a visible `skipped:` line and returns.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-/// Path of a real model file from `$LEANSTREAM_MODELS` or `~/.cache/leanstream/models`,
-/// or None (after printing a visible skip line) when it is absent.
-pub fn model(name: &str) -> Option<PathBuf> {
-    let dirs = [
-        std::env::var_os("LEANSTREAM_MODELS").map(PathBuf::from),
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/leanstream/models")),
-    ];
-    for d in dirs.into_iter().flatten() {
-        let p = d.join(name);
-        if p.is_file() {
-            return Some(p);
-        }
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const QWEN05: &str = "qwen2.5-coder-0.5b-instruct.gguf";
+
+/// The models folder: $LEANSTREAM_MODELS, else ~/.cache/leanstream/models.
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("LEANSTREAM_MODELS") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/leanstream/models"),
     }
-    eprintln!("skipped: {name} not found (run scripts/fetch-model.sh)");
+}
+
+/// A fetched model, or None after a `skipped:` line saying how to fetch it.
+pub fn model(name: &str) -> Option<PathBuf> {
+    let p = models_dir().join(name);
+    if p.is_file() {
+        return Some(p);
+    }
+    let how = if name == SMOLLM2 {
+        "scripts/fetch-model.sh"
+    } else {
+        "../shared/scripts/fetch-models.sh qwen2.5-0.5b"
+    };
+    eprintln!("skipped: model {} not found (run {how})", p.display());
     None
 }
 
-/// Path under `../shared` (relative to the repository root), or None after printing a skip line.
+/// A file under `../shared` (beside the repository), or None after a `skipped:` line.
 pub fn shared(rel: &str) -> Option<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared");
     if !root.is_dir() {
-        eprintln!("skipped: ../shared not found");
+        eprintln!("skipped: ../shared not found (needed for {rel})");
         return None;
     }
     let p = root.join(rel);

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Everything CI checks, from a fresh clone: fetch the models the tests use, then formatting,
+# lints and the whole test suite. Tests whose data is missing print `skipped: ...`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-model.sh >/dev/null
+if [ -x ../shared/scripts/fetch-models.sh ]; then
+  ../shared/scripts/fetch-models.sh qwen2.5-0.5b >/dev/null
+else
+  echo "skipped: ../shared not found: Qwen2.5-0.5B, stories260K, tokenizer vectors and WikiText-2 tests will skip"
+fi
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test -- --show-output

@@ -1,0 +1,136 @@
+//! Fixed memory: after boot and the first token, decoding allocates nothing on the heap. A
+//! counting global allocator watches every thread (the worker pool included) over 256 steps.
+//! It runs without the libtest harness (`harness = false`): the harness's own threads allocate
+//! (its slow-test reporter, for one), and only the engine's threads may be counted here.
+
+mod common;
+
+use leanstream::engine::generate::{generate, GenerateParams};
+use leanstream::engine::sample::{Sampler, SamplerConfig};
+use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::load::open_model;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Counting;
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Generates 256 tokens (sampling with temperature, top-k and top-p, and a stop string that
+/// never matches) and returns the allocations made after the first token came out.
+fn allocations_after_first_token(
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompt: &str,
+) -> (usize, usize) {
+    let (file, tok) = open_model(model, tokenizer).unwrap();
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut engine = Engine::boot(
+        &mut arenas,
+        &file,
+        EngineOptions {
+            threads: 2,
+            context: 0,
+        },
+    )
+    .unwrap();
+    let idx = engine.take_sample_buffer().unwrap();
+    let config = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 42,
+    };
+    let mut sampler = Sampler::new(config, idx);
+    let ids = tok.encode(prompt, true);
+    let stops = ["\u{1F600}never-appears"];
+    let params = GenerateParams {
+        max_tokens: 256,
+        stop: &stops,
+    };
+    let mut generated = 0usize;
+    let stats = generate(
+        &mut engine,
+        &mut sampler,
+        &tok,
+        &ids,
+        &params,
+        &mut |bytes| {
+            generated += bytes.len();
+            ARMED.store(true, Ordering::SeqCst);
+            true
+        },
+    )
+    .unwrap();
+    // And 256 raw decode steps that ignore end-of-text, so the count covers a full 256.
+    ARMED.store(true, Ordering::SeqCst);
+    let mut token = ids[0];
+    for pos in 0..256 {
+        token = sampler.sample(engine.forward(token, pos));
+    }
+    ARMED.store(false, Ordering::SeqCst);
+    eprintln!(
+        "{}: {} tokens, {} bytes of text",
+        model.display(),
+        stats.generated_tokens,
+        generated
+    );
+    (
+        stats.generated_tokens,
+        ALLOCATIONS.swap(0, Ordering::SeqCst),
+    )
+}
+
+fn main() {
+    let mut checked = 0;
+    if let (Some(model), Some(tok)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+    ) {
+        // A story model ends stories with EOS; the count that matters is of steps decoded.
+        let (steps, allocs) = allocations_after_first_token(&model, Some(&tok), "Once upon a time");
+        assert!(steps > 20, "only {steps} steps decoded");
+        assert_eq!(
+            allocs, 0,
+            "{allocs} heap allocations while decoding stories260K"
+        );
+        checked += 1;
+    }
+    if let Some(model) = common::model(common::SMOLLM2) {
+        let (steps, allocs) =
+            allocations_after_first_token(&model, None, "Here is a long list of fruits: apple,");
+        assert!(steps > 20, "only {steps} steps decoded");
+        assert_eq!(
+            allocs, 0,
+            "{allocs} heap allocations while decoding SmolLM2"
+        );
+        checked += 1;
+    }
+    if checked == 0 {
+        eprintln!("skipped: no model available for the allocation test");
+    }
+    println!("no_alloc_decode: {checked} passed, 0 failed");
+}
