@@ -571,11 +571,6 @@ mod x86 {
             }
         };
     }
-    chunk!(chunk_q4_0, dot_q4_0);
-    chunk!(chunk_q4_1, dot_q4_1);
-    chunk!(chunk_q5_0, dot_q5_0);
-    chunk!(chunk_q5_1, dot_q5_1);
-    chunk!(chunk_q8_0, dot_q8_0);
     chunk!(chunk_f32, dot_f32);
     chunk!(chunk_f16, dot_f16);
     chunk!(chunk_bf16, dot_bf16);
@@ -649,7 +644,7 @@ mod x86 {
     /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, `signed`
     /// says whether they are signed (else unsigned, 0..31), `has_min` adds `m * s`.
     macro_rules! classic_dot {
-        ($name:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
+        ($name:ident, $chunk:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $name(row: &[u8], a: &Act) -> f32 {
@@ -685,25 +680,68 @@ mod x86 {
                 }
                 hsum(_mm256_add_ps(acc0, acc1)) + summs
             }
+
+            /// Four rows at a time (sharing each activation block), then the rest one by one.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $chunk(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+                let nb = row_bytes / $bytes;
+                debug_assert!(
+                    a.d.len() >= nb && a.s.len() >= nb && data.len() >= out.len() * row_bytes
+                );
+                let mut r = 0;
+                while r + 4 <= out.len() {
+                    let base = data.as_ptr().add(r * row_bytes);
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    let mut summs = [0f32; 4];
+                    for b in 0..nb {
+                        let y = load_qa(a, b);
+                        let da = *a.d.get_unchecked(b);
+                        for k in 0..4 {
+                            let $p = base.add(k * row_bytes + b * $bytes);
+                            let w: __m256i = $w;
+                            let xy = if $signed {
+                                mul_sum_i8(w, y)
+                            } else {
+                                mul_sum_us8(w, y)
+                            };
+                            if $has_min {
+                                summs[k] += f16_at($p.add(2)) * *a.s.get_unchecked(b);
+                            }
+                            let d = _mm256_set1_ps(f16_at($p) * da);
+                            acc[k] = _mm256_fmadd_ps(d, xy, acc[k]);
+                        }
+                    }
+                    for k in 0..4 {
+                        out[r + k] = hsum(acc[k]) + summs[k];
+                    }
+                    r += 4;
+                }
+                for (o, row) in out[r..]
+                    .iter_mut()
+                    .zip(data[r * row_bytes..].chunks_exact(row_bytes))
+                {
+                    *o = $name(row, a);
+                }
+            }
         };
     }
 
-    classic_dot!(dot_q4_0, 18, false, true, |p| _mm256_sub_epi8(
+    classic_dot!(dot_q4_0, chunk_q4_0, 18, false, true, |p| _mm256_sub_epi8(
         nibbles(p.add(2)),
         _mm256_set1_epi8(8)
     ));
-    classic_dot!(dot_q4_1, 20, true, false, |p| nibbles(p.add(4)));
-    classic_dot!(dot_q5_0, 22, false, true, |p| _mm256_or_si256(
+    classic_dot!(dot_q4_1, chunk_q4_1, 20, true, false, |p| nibbles(p.add(4)));
+    classic_dot!(dot_q5_0, chunk_q5_0, 22, false, true, |p| _mm256_or_si256(
         nibbles(p.add(6)),
         _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8))
     ));
-    classic_dot!(dot_q5_1, 24, true, false, |p| _mm256_or_si256(
+    classic_dot!(dot_q5_1, chunk_q5_1, 24, true, false, |p| _mm256_or_si256(
         nibbles(p.add(8)),
         _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10))
     ));
-    classic_dot!(dot_q8_0, 34, false, true, |p| _mm256_loadu_si256(
-        p.add(2).cast()
-    ));
+    classic_dot!(dot_q8_0, chunk_q8_0, 34, false, true, |p| {
+        _mm256_loadu_si256(p.add(2).cast())
+    });
 
     /// f32 dot of `n` weights produced 8 at a time by `load(i)` (i = 0, 8, 16, ...) with `x`,
     /// the tail (n % 8) by `tail(i)`.

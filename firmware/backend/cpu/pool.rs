@@ -9,8 +9,9 @@
 //! - Idle workers spin on the generation counter (with `std::hint::spin_loop`) for a while
 //!   (`spin`, default 200 us) before parking on a condvar; `run` wakes parked workers.
 //! - Tasks are claimed one at a time from an atomic counter, so uneven tasks balance.
-//! - Every worker checks in for every run (decrements a pending counter once it will no longer
-//!   touch the job), so `run` can return as soon as that counter is zero.
+//! - A worker enters a run through an admission word (run id, closed bit, count of workers
+//!   inside). Once all tasks are claimed, `run` waits for the workers inside to leave and closes
+//!   the run; late workers (parked, or descheduled on a busy machine) are not waited for.
 //!
 //! Panics: a panic in `f` is caught on whichever thread ran it; the other threads stop claiming
 //! tasks, all threads finish, and then `run` panics on the calling thread (re-raising the
@@ -20,7 +21,7 @@
 //! simply aborts, as usual.)
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,8 +35,6 @@ struct Job<'a> {
     n_tasks: usize,
     /// Next task index to claim.
     next: AtomicUsize,
-    /// Workers that have not yet checked in for this run.
-    pending: AtomicUsize,
     /// Some thread's call of `f` panicked.
     panicked: AtomicBool,
 }
@@ -58,10 +57,20 @@ impl Job<'_> {
     }
 }
 
+/// `Shared::entry` packs the run's id (low 32 bits of its generation) in the high half, a
+/// CLOSED bit, and the number of workers inside the job in the low bits.
+const CLOSED: u64 = 1 << 31;
+
+fn entry_of(generation: usize) -> u64 {
+    (generation as u32 as u64) << 32
+}
+
 struct Shared {
-    /// Bumped (SeqCst) once per run, and once at shutdown.
+    /// Bumped once per run, and once at shutdown.
     generation: AtomicUsize,
-    /// The current run's job; valid from a generation bump until every worker checked in.
+    /// Admission to the current run's job; see `CLOSED`.
+    entry: AtomicU64,
+    /// The current run's job; valid while a worker is admitted (see `worker_loop`).
     job: AtomicPtr<Job<'static>>,
     shutdown: AtomicBool,
     /// Parked workers (incremented under `lock`).
@@ -87,6 +96,7 @@ impl WorkerPool {
     pub fn with_spin(n_threads: usize, spin: Duration) -> WorkerPool {
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
+            entry: AtomicU64::new(CLOSED),
             job: AtomicPtr::new(std::ptr::null_mut()),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -112,6 +122,10 @@ impl WorkerPool {
 
     /// Calls `f(i)` for every `i` in `0..n_tasks` across the pool's threads (the calling thread
     /// included); returns when all calls are done. See the module doc for panics.
+    ///
+    /// Workers that are slow to arrive (parked, or descheduled on a busy machine) are not
+    /// waited for: once every task is claimed and no worker is inside the job, the job is
+    /// closed and `run` returns.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if self.workers.is_empty() || n_tasks <= 1 {
             (0..n_tasks).for_each(f);
@@ -121,14 +135,15 @@ impl WorkerPool {
             f,
             n_tasks,
             next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(self.workers.len()),
             panicked: AtomicBool::new(false),
         };
         let sh = &*self.shared;
+        let gen = sh.generation.load(Ordering::Relaxed).wrapping_add(1);
         // Lifetime erased here; `worker_loop` documents why the pointer stays valid.
         sh.job
             .store((&job as *const Job).cast_mut().cast(), Ordering::Relaxed);
-        sh.generation.fetch_add(1, Ordering::SeqCst);
+        sh.entry.store(entry_of(gen), Ordering::SeqCst);
+        sh.generation.store(gen, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             // A worker increments `sleepers` under the lock, then re-checks the generation
             // before waiting; taking the lock here means it is either waiting (and gets this
@@ -137,12 +152,22 @@ impl WorkerPool {
             sh.wake.notify_all();
         }
         let mine = job.work();
-        // Wait until no worker will touch `job` again: this is the invariant that makes the
-        // pointer published above valid for as long as any worker uses it.
+        // All tasks are claimed. Wait for the admitted workers to leave, and close the job so
+        // no other worker enters: from then on no worker touches `job`, which is the invariant
+        // that keeps the pointer published above valid for as long as any worker uses it.
         let mut spins = 0u32;
-        while job.pending.load(Ordering::Acquire) != 0 {
+        loop {
+            let e = sh.entry.load(Ordering::Acquire);
+            if e & !CLOSED == entry_of(gen)
+                && sh
+                    .entry
+                    .compare_exchange_weak(e, e | CLOSED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
             spins += 1;
-            if spins < 1 << 16 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -187,17 +212,33 @@ fn worker_loop(sh: &Shared) {
         if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
+        // Enter run `gen` unless it is closed or already replaced by a later one.
+        let mut e = sh.entry.load(Ordering::Acquire);
+        let admitted = loop {
+            if e & CLOSED != 0 || e & !(CLOSED | 0xFFFF_FFFF) != entry_of(gen) {
+                break false;
+            }
+            match sh
+                .entry
+                .compare_exchange_weak(e, e + 1, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => break true,
+                Err(now) => e = now,
+            }
+        };
+        if !admitted {
+            continue;
+        }
         let job = sh.job.load(Ordering::Relaxed);
-        // SAFETY: `run` stored a pointer to its stack `Job` before bumping the generation we
-        // just observed (SeqCst store / Acquire load orders the `job` store before our load),
-        // and `run` does not return, so the `Job` and the closure it borrows stay alive, until
-        // `pending` reaches zero, which happens only after our decrement below, the last
-        // access we make to the job. A worker cannot miss a generation: `run` cannot start the
-        // next one before this worker has checked in.
+        // SAFETY: `run` stored a pointer to its stack `Job` before publishing `entry` for this
+        // run (SeqCst store / our Acquire CAS orders the `job` store before this load), and we
+        // were admitted while the entry was open. `run` does not return, so the `Job` and the
+        // closure it borrows stay alive, until it has closed the entry, which it can only do
+        // once our count is gone, i.e. after our decrement below, our last access to the job.
         let job = unsafe { &*job };
         // A worker's panic is reported through `job.panicked`; the hook already printed it.
         let _ = job.work();
-        job.pending.fetch_sub(1, Ordering::Release);
+        sh.entry.fetch_sub(1, Ordering::Release);
     }
 }
 

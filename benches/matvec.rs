@@ -1,0 +1,73 @@
+//! Matrix-vector product throughput, in GB/s of weight bytes read.
+//!
+//! Shapes are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (output).
+//! `cargo bench --bench matvec [-- FILTER]`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use leanstream::backend::cpu::{matvec, ActScratch, Matrix, WorkerPool};
+use leanstream::model::ggml::GgmlType;
+use std::time::Duration;
+
+/// Random bytes (xorshift), with every f16 scale / value set to a sane normal number.
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut data: Vec<u8> = (0..ty.row_bytes(cols).unwrap() * rows)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    let scale_offsets: &[usize] = match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        _ => &[],
+    };
+    for b in data.chunks_exact_mut(ty.block_bytes()) {
+        for &o in scale_offsets {
+            b[o + 1] = 0x20 | (b[o + 1] & 0x83); // sign and low bits random, exponent ~2^-7
+        }
+    }
+    data
+}
+
+fn bench(c: &mut Criterion) {
+    let pools = [WorkerPool::new(1), WorkerPool::new(2)];
+    let mut act = ActScratch::new(1536);
+    let shapes = [(1536, 576), (576, 1536), (49152, 576)];
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::F16,
+    ] {
+        let mut g = c.benchmark_group(format!("matvec_{}", ty.name()));
+        g.warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200))
+            .sample_size(20);
+        for (rows, cols) in shapes {
+            let data = weights(ty, rows, cols);
+            let w = Matrix {
+                ty,
+                rows,
+                cols,
+                data: &data,
+            };
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            let mut out = vec![0f32; rows];
+            g.throughput(Throughput::BytesDecimal(data.len() as u64));
+            for pool in &pools {
+                let id =
+                    BenchmarkId::new(format!("{rows}x{cols}"), format!("{}t", pool.n_threads()));
+                g.bench_function(id, |b| b.iter(|| matvec(pool, &w, &x, &mut act, &mut out)));
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
