@@ -63,12 +63,12 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// 0 keeps every token.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
