@@ -50,6 +50,8 @@ pub struct Limits {
     pub max_clients: i64,
     pub max_request_bytes: i64,
     pub request_queue: i64,
+    pub read_timeout_ms: i64,
+    pub request_timeout_s: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +87,8 @@ pub struct ValidBoard {
     pub max_clients: u64,
     pub max_request_bytes: u64,
     pub request_queue: u64,
+    pub read_timeout_ms: u64,
+    pub request_timeout_s: u64,
     pub io_lanes: u64,
     pub io_queue_depth: u64,
     pub io_block_align: u64,
@@ -279,6 +283,14 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         );
     }
     let request_queue = positive("limits.request_queue", l.request_queue)?;
+    if request_queue > 64 {
+        return err(
+            "limits.request_queue",
+            format!("{request_queue} is more than 64"),
+        );
+    }
+    let read_timeout_ms = positive("limits.read_timeout_ms", l.read_timeout_ms)?;
+    let request_timeout_s = positive("limits.request_timeout_s", l.request_timeout_s)?;
     let request_buffers = budgets[6].1;
     let needed = max_clients.saturating_mul(max_request_bytes);
     if needed > request_buffers {
@@ -353,6 +365,8 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         max_clients,
         max_request_bytes,
         request_queue,
+        read_timeout_ms,
+        request_timeout_s,
         io_lanes,
         io_queue_depth,
         io_block_align,
@@ -417,6 +431,14 @@ pub fn emit_consts(v: &ValidBoard) -> String {
     s.push_str(&format!(
         "pub const REQUEST_QUEUE: usize = {};\n",
         v.request_queue
+    ));
+    s.push_str(&format!(
+        "pub const READ_TIMEOUT_MS: u64 = {};\n",
+        v.read_timeout_ms
+    ));
+    s.push_str(&format!(
+        "pub const REQUEST_TIMEOUT_S: u64 = {};\n",
+        v.request_timeout_s
     ));
     s.push_str(&format!("pub const IO_LANES: usize = {};\n", v.io_lanes));
     s.push_str(&format!(
