@@ -21,6 +21,7 @@ fn greedy_text(model: &Path, prompt: &str, max_tokens: usize) -> String {
     let params = GenerateParams {
         max_tokens,
         stop: &[],
+        deadline: None,
     };
     generate(&mut engine, &mut sampler, &tok, &ids, &params, &mut |b| {
         out.extend_from_slice(b);

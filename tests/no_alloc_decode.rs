@@ -70,6 +70,7 @@ fn allocations_after_first_token(
     let params = GenerateParams {
         max_tokens: 256,
         stop: &stops,
+        deadline: None,
     };
     let mut generated = 0usize;
     let stats = generate(

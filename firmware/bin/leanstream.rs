@@ -185,6 +185,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         stop: &stops,
+        deadline: None,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

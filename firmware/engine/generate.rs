@@ -90,6 +90,8 @@ impl std::error::Error for GenerateError {}
 pub struct GenerateParams<'s> {
     pub max_tokens: usize,
     pub stop: &'s [&'s str],
+    /// Generation ends (finish "length") once this instant has passed.
+    pub deadline: Option<Instant>,
 }
 
 /// Holds back output that might be the start of a stop string.
@@ -231,6 +233,9 @@ pub fn generate(
     let mut pos = last;
     let mut decode_started = started;
     while stats.generated_tokens < params.max_tokens && pos < engine.context {
+        if params.deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         let logits = engine.forward(token, pos);
         let next = sampler.sample(logits);
         if stats.generated_tokens == 0 {
