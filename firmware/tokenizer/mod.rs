@@ -20,7 +20,7 @@ mod unicode;
 mod unicode_tables;
 mod vocab;
 
-pub use chat::{ChatFormat, ChatMessage};
+pub use chat::{ChatFormat, ChatMessage, RenderError};
 pub use pretok::PreTokenizer;
 pub use vocab::{TokenType, VocabSpec};
 
