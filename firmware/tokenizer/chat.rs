@@ -2,6 +2,8 @@
 //! and rendered by hand (no Jinja engine). The renderings reproduce what the templates of the
 //! supported models produce, including the default system prompt some of them inject.
 
+use std::fmt;
+
 use super::TokenizerError;
 
 /// One chat message.
@@ -58,9 +60,45 @@ impl ChatFormat {
     }
 
     /// Renders `messages` as a prompt; with `add_generation_prompt`, ends with the assistant's turn
-    /// opening so the model writes the reply.
+    /// opening so the model writes the reply. Runs [`render_into`](Self::render_into) in a buffer
+    /// it allocates.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
-        let mut s = String::new();
+        let guess = 64
+            + messages
+                .iter()
+                .map(|m| m.role.len() + m.content.len() + 40)
+                .sum::<usize>()
+            + match self {
+                ChatFormat::ChatMl {
+                    default_system: Some(sys),
+                } => sys.len() + 32,
+                _ => 0,
+            };
+        let mut buf = vec![0u8; guess];
+        let n = loop {
+            match self.render_into(messages, add_generation_prompt, &mut buf) {
+                Ok(n) => break n,
+                Err(RenderError::TooLong { needed, .. }) => buf.resize(needed, 0),
+            }
+        };
+        buf.truncate(n);
+        // Only whole `str`s were copied in.
+        String::from_utf8(buf)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+
+    /// Renders `messages` as [`render`](Self::render) does, into `out`, without allocating, and
+    /// returns the number of bytes written (UTF-8).
+    ///
+    /// Errors: [`RenderError::TooLong`] when the prompt does not fit in `out` (then `out` holds its
+    /// first `out.len()` bytes, possibly cut inside a char, and `needed` is its full length).
+    pub fn render_into(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        out: &mut [u8],
+    ) -> Result<usize, RenderError> {
+        let mut s = Writer { out, n: 0 };
         match self {
             ChatFormat::ChatMl { default_system } => {
                 if let (Some(sys), Some(first)) = (default_system, messages.first()) {
@@ -130,14 +168,55 @@ impl ChatFormat {
                 }
             }
         }
-        s
+        let limit = s.out.len();
+        if s.n > limit {
+            return Err(RenderError::TooLong { needed: s.n, limit });
+        }
+        Ok(s.n)
     }
 }
 
-fn push_chatml(s: &mut String, role: &str, content: &str) {
+/// Why [`ChatFormat::render_into`] could not render a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenderError {
+    /// The prompt is `needed` bytes long; the output holds `limit`.
+    TooLong { needed: usize, limit: usize },
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RenderError::TooLong { needed, limit } => write!(
+                f,
+                "chat prompt of {needed} bytes does not fit in the {limit}-byte buffer"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+/// Where a prompt is rendered: `out` while it has room; past it only counted.
+struct Writer<'o> {
+    out: &'o mut [u8],
+    n: usize,
+}
+
+impl Writer<'_> {
+    fn push_str(&mut self, s: &str) {
+        let b = s.as_bytes();
+        if let Some(dst) = self.out.get_mut(self.n..) {
+            let k = b.len().min(dst.len());
+            dst[..k].copy_from_slice(&b[..k]);
+        }
+        self.n += b.len();
+    }
+}
+
+fn push_chatml(s: &mut Writer, role: &str, content: &str) {
     s.push_str("<|im_start|>");
     s.push_str(role);
-    s.push('\n');
+    s.push_str("\n");
     s.push_str(content);
     s.push_str("<|im_end|>\n");
 }

@@ -20,7 +20,7 @@ mod unicode;
 mod unicode_tables;
 mod vocab;
 
-pub use chat::{ChatFormat, ChatMessage};
+pub use chat::{ChatFormat, ChatMessage, RenderError};
 pub use pretok::PreTokenizer;
 pub use vocab::{TokenType, VocabSpec};
 
@@ -142,35 +142,185 @@ impl fmt::Debug for Tokenizer {
     }
 }
 
-/// An `f32` ordered totally, for the score heap.
-#[derive(PartialEq, Clone, Copy)]
-struct Score(f32);
-impl Eq for Score {}
-impl PartialOrd for Score {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
+/// A fixed-capacity buffer ran out of room (internal; [`Tokenizer::encode_into`] reports it as
+/// [`EncodeError::TooLong`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Full;
+
+/// Pushes `v` onto `buf` only if that cannot reallocate.
+fn push_fixed<T>(buf: &mut Vec<T>, v: T) -> Result<(), Full> {
+    if buf.len() < buf.capacity() {
+        buf.push(v);
+        Ok(())
+    } else {
+        Err(Full)
     }
 }
-impl Ord for Score {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
+
+/// Appends `bytes` to `buf` only if that cannot reallocate.
+fn extend_fixed(buf: &mut Vec<u8>, bytes: &[u8]) -> Result<(), Full> {
+    if buf.capacity() - buf.len() >= bytes.len() {
+        buf.extend_from_slice(bytes);
+        Ok(())
+    } else {
+        Err(Full)
+    }
+}
+
+/// Which buffer of [`Tokenizer::encode_into`] was too small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodeLimit {
+    /// The text is longer (in bytes) than the [`EncodeScratch`] was made for.
+    TextBytes,
+    /// The ids do not fit in `out`.
+    OutputIds,
+}
+
+/// Why [`Tokenizer::encode_into`] could not encode a text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodeError {
+    /// `what` needs `needed` (bytes of text, or ids) but holds only `limit`. For
+    /// [`EncodeLimit::OutputIds`], `needed` is the exact number of ids the text encodes to.
+    TooLong {
+        what: EncodeLimit,
+        needed: usize,
+        limit: usize,
+    },
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::TooLong {
+                what: EncodeLimit::TextBytes,
+                needed,
+                limit,
+            } => write!(
+                f,
+                "text of {needed} bytes is longer than the {limit} bytes the encoder scratch holds"
+            ),
+            EncodeError::TooLong {
+                what: EncodeLimit::OutputIds,
+                needed,
+                limit,
+            } => write!(f, "text encodes to {needed} ids, the output holds {limit}"),
+        }
+    }
+}
+
+impl std::error::Error for EncodeError {}
+
+/// Every buffer [`Tokenizer::encode_into`] works in, allocated once for texts of up to
+/// `max_text_bytes` bytes (about 95 bytes of memory per byte of text, see [`EncodeScratch::new`]),
+/// so that encoding never allocates. One scratch serves any tokenizer.
+pub struct EncodeScratch {
+    max_text_bytes: usize,
+    /// Byte-level BPE: the chars of a text fragment (at most one per byte).
+    chars: Vec<char>,
+    /// Byte-level BPE: the pre-tokenizer chunk lengths, in chars (at most one per char).
+    splits: Vec<u32>,
+    /// SentencePiece / llama2.c: a fragment with `▁` for spaces and the prefix space (at most 3
+    /// bytes per byte, plus 3); byte-level BPE with `ignore_merges`: a chunk's mapped chars (at
+    /// most 2 bytes per byte).
+    text: Vec<u8>,
+    /// The symbols being merged (at most one per byte, plus the prefix).
+    syms: Vec<Sym>,
+    /// Pending merges (at most two per symbol: one per initial pair, one more per merge).
+    heap: BinaryHeap<HeapEntry>,
+    /// Fragments of the text between literal special tokens, and the next pass's (at most one per
+    /// byte, plus one).
+    frags: Vec<Frag>,
+    frags_next: Vec<Frag>,
+}
+
+impl fmt::Debug for EncodeScratch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncodeScratch")
+            .field("max_text_bytes", &self.max_text_bytes)
+            .field("bytes", &self.memory_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EncodeScratch {
+    /// Allocates the buffers for texts of up to `max_text_bytes` bytes: with n =
+    /// `max_text_bytes`, n chars (4n bytes), n chunk lengths (4n), 3n + 4 text bytes, n + 2
+    /// symbols (20 bytes each), 2n + 4 heap entries (20 bytes each) and twice n + 1 fragments (12
+    /// bytes each): about 95n bytes.
+    pub fn new(max_text_bytes: usize) -> EncodeScratch {
+        let n = max_text_bytes;
+        EncodeScratch {
+            max_text_bytes: n,
+            chars: Vec::with_capacity(n),
+            splits: Vec::with_capacity(n),
+            text: Vec::with_capacity(3 * n + 4),
+            syms: Vec::with_capacity(n + 2),
+            heap: BinaryHeap::with_capacity(2 * n + 4),
+            frags: Vec::with_capacity(n + 1),
+            frags_next: Vec::with_capacity(n + 1),
+        }
+    }
+
+    /// The longest text (in bytes) this scratch encodes.
+    pub fn max_text_bytes(&self) -> usize {
+        self.max_text_bytes
+    }
+
+    /// The heap memory the scratch holds, in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.chars.capacity() * size_of::<char>()
+            + self.splits.capacity() * size_of::<u32>()
+            + self.text.capacity()
+            + self.syms.capacity() * size_of::<Sym>()
+            + self.heap.capacity() * size_of::<HeapEntry>()
+            + (self.frags.capacity() + self.frags_next.capacity()) * size_of::<Frag>()
+    }
+}
+
+/// Where encoded ids go: `out` while it has room; past it only counted, so that the error can say
+/// how many ids the text needs.
+struct IdSink<'o> {
+    out: &'o mut [u32],
+    n: usize,
+}
+
+impl IdSink<'_> {
+    fn push(&mut self, id: u32) {
+        if let Some(slot) = self.out.get_mut(self.n) {
+            *slot = id;
+        }
+        self.n += 1;
     }
 }
 
 #[derive(Clone, Copy)]
 struct Sym {
-    start: usize,
-    len: usize,
-    prev: usize,
-    next: usize,
+    start: u32,
+    len: u32,
+    prev: u32,
+    next: u32,
     id: u32,
 }
 
-const NONE: usize = usize::MAX;
+const NONE: u32 = u32::MAX;
 const NO_ID: u32 = u32::MAX;
 
-/// A pending byte-level BPE merge: (rank, left, right, left id, right id), smallest first.
-type RankEntry = std::cmp::Reverse<(u32, usize, usize, u32, u32)>;
+/// A pending merge, smallest first. Byte-level BPE: (rank, left, right, left id, right id), the
+/// lowest rank, leftmost on ties. Score BPE: (!score key, left, !right, !merged length, 0), the
+/// highest score (in `f32::total_cmp` order), leftmost on ties.
+type HeapEntry = std::cmp::Reverse<(u32, u32, u32, u32, u32)>;
+
+/// `x` as a u32 ordered as `f32::total_cmp` orders the floats.
+fn score_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    // Negative floats: all bits flipped (larger magnitude sorts lower); others: sign bit set.
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
 
 impl Tokenizer {
     /// Builds the tokenizer of a GGUF file's `tokenizer.*` metadata.
@@ -196,39 +346,139 @@ impl Tokenizer {
     }
 
     /// As [`encode`](Self::encode); with `parse_special`, control tokens written in the text
-    /// (`<|im_start|>`, `<|endoftext|>`, ...) become their ids.
+    /// (`<|im_start|>`, `<|endoftext|>`, ...) become their ids. Allocates a scratch sized for the
+    /// text and runs [`encode_into`](Self::encode_into).
     pub fn encode_with_special(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let mut scratch = EncodeScratch::new(text.len());
+        // Byte-level BPE gives at most one id per byte; the rare longer result is encoded again.
+        let mut out = vec![0u32; text.len() + 2];
+        loop {
+            match self.encode_into(text, add_bos, parse_special, &mut scratch, &mut out) {
+                Ok(n) => {
+                    out.truncate(n);
+                    return out;
+                }
+                Err(EncodeError::TooLong {
+                    what: EncodeLimit::OutputIds,
+                    needed,
+                    ..
+                }) => out.resize(needed, 0),
+                Err(e) => unreachable!("scratch sized for the text: {e}"),
+            }
+        }
+    }
+
+    /// Encodes `text` into `out` without allocating, in the buffers of `scratch`, and returns the
+    /// number of ids written (the same ids as
+    /// [`encode_with_special`](Self::encode_with_special)). With `add_bos`, BOS comes first (if
+    /// the vocabulary has one); with `parse_special`, control tokens written in the text become
+    /// their ids.
+    ///
+    /// Errors: [`EncodeError::TooLong`] when the text is longer than `scratch` was made for
+    /// (nothing is encoded), or when the ids do not fit in `out` (then `out` holds the first
+    /// `out.len()` ids and `needed` says how many there are).
+    pub fn encode_into(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        scratch: &mut EncodeScratch,
+        out: &mut [u32],
+    ) -> Result<usize, EncodeError> {
+        let too_long_text = EncodeError::TooLong {
+            what: EncodeLimit::TextBytes,
+            needed: text.len(),
+            limit: scratch.max_text_bytes,
+        };
+        // Offsets are u32 (the SentencePiece buffer holds up to 3 bytes per byte).
+        if text.len() > scratch.max_text_bytes || text.len() > (u32::MAX / 4) as usize {
+            return Err(too_long_text);
+        }
+        let limit = out.len();
+        let mut sink = IdSink { out, n: 0 };
+        self.encode_all(text, add_bos, parse_special, scratch, &mut sink)
+            .map_err(|Full| too_long_text)?;
+        if sink.n > limit {
+            return Err(EncodeError::TooLong {
+                what: EncodeLimit::OutputIds,
+                needed: sink.n,
+                limit,
+            });
+        }
+        Ok(sink.n)
+    }
+
+    fn encode_all(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        scratch: &mut EncodeScratch,
+        out: &mut IdSink,
+    ) -> Result<(), Full> {
         if add_bos {
             if let Some(b) = self.bos {
                 out.push(b);
             }
         }
+        self.partition(
+            text.as_bytes(),
+            parse_special,
+            &mut scratch.frags,
+            &mut scratch.frags_next,
+        )?;
         let mut prev_special = true;
-        for frag in self.partition(text.as_bytes(), parse_special) {
+        for &frag in &scratch.frags {
             match frag {
                 Frag::Token(id) => {
                     out.push(id);
                     prev_special = true;
                 }
-                Frag::Text(bytes) => {
-                    // Fragments are split at token boundaries of valid UTF-8 tokens, so stay UTF-8.
-                    let s = std::str::from_utf8(bytes).expect("fragment of a str");
-                    self.encode_text(s, prev_special, &mut out);
+                Frag::Text { start, end } => {
+                    // Fragments are cut around valid UTF-8 tokens, so at char boundaries.
+                    let s = text.get(start as usize..end as usize).ok_or(Full)?;
+                    self.encode_text(
+                        s,
+                        prev_special,
+                        &mut scratch.chars,
+                        &mut scratch.splits,
+                        &mut scratch.text,
+                        &mut Merge {
+                            syms: &mut scratch.syms,
+                            heap: &mut scratch.heap,
+                        },
+                        out,
+                    )?;
                     prev_special = false;
                 }
             }
         }
-        out
+        Ok(())
     }
 
-    fn encode_text(&self, text: &str, prev_special: bool, out: &mut Vec<u32>) {
+    #[allow(clippy::too_many_arguments)]
+    fn encode_text(
+        &self,
+        text: &str,
+        prev_special: bool,
+        chars: &mut Vec<char>,
+        splits: &mut Vec<u32>,
+        buf: &mut Vec<u8>,
+        work: &mut Merge,
+        out: &mut IdSink,
+    ) -> Result<(), Full> {
         match self.algo {
             Algo::Bpe { pre, ignore_merges } => {
-                let chars: Vec<char> = text.chars().collect();
+                chars.clear();
+                for c in text.chars() {
+                    push_fixed(chars, c)?;
+                }
+                splits.clear();
+                pre.split_into(chars, splits)?;
                 let mut byte_at = 0;
                 let mut char_at = 0;
-                for len in pre.split(&chars) {
+                for &len in splits.iter() {
+                    let len = len as usize;
                     let nbytes: usize = chars[char_at..char_at + len]
                         .iter()
                         .map(|c| c.len_utf8())
@@ -236,143 +486,172 @@ impl Tokenizer {
                     self.bpe_word(
                         &text.as_bytes()[byte_at..byte_at + nbytes],
                         ignore_merges,
+                        buf,
+                        work,
                         out,
-                    );
+                    )?;
                     char_at += len;
                     byte_at += nbytes;
                 }
             }
             Algo::Spm => {
-                let mut s = String::with_capacity(text.len() + 8);
+                buf.clear();
                 if self.add_space_prefix && prev_special {
-                    s.push('▁');
+                    extend_fixed(buf, "▁".as_bytes())?;
                 }
+                let mut utf8 = [0u8; 4];
                 for c in text.chars() {
-                    if c == ' ' {
-                        s.push('▁');
-                    } else {
-                        s.push(c);
-                    }
+                    let c = if c == ' ' { '▁' } else { c };
+                    extend_fixed(buf, c.encode_utf8(&mut utf8).as_bytes())?;
                 }
-                self.score_merge(s.as_bytes(), out);
+                self.score_merge(buf, work, out)?;
             }
             Algo::Llama2c => {
-                let mut s = Vec::with_capacity(text.len() + 1);
+                buf.clear();
                 if prev_special && !text.is_empty() {
-                    s.push(b' ');
+                    extend_fixed(buf, b" ")?;
                 }
-                s.extend_from_slice(text.as_bytes());
-                self.score_merge(&s, out);
+                extend_fixed(buf, text.as_bytes())?;
+                self.score_merge(buf, work, out)?;
             }
         }
+        Ok(())
     }
 
     fn lookup(&self, bytes: &[u8]) -> Option<u32> {
         self.token_to_id.get(bytes).copied()
     }
 
-    /// Byte-level BPE of one pre-tokenizer chunk.
-    fn bpe_word(&self, word: &[u8], ignore_merges: bool, out: &mut Vec<u32>) {
+    /// Byte-level BPE of one pre-tokenizer chunk (`buf`: room for its mapped chars).
+    fn bpe_word(
+        &self,
+        word: &[u8],
+        ignore_merges: bool,
+        buf: &mut Vec<u8>,
+        work: &mut Merge,
+        out: &mut IdSink,
+    ) -> Result<(), Full> {
         if word.is_empty() {
-            return;
+            return Ok(());
         }
         if ignore_merges {
             let table = unicode::byte_to_char_table();
-            let mapped: String = word.iter().map(|&b| table[b as usize]).collect();
-            if let Some(id) = self.lookup(mapped.as_bytes()) {
+            buf.clear();
+            let mut utf8 = [0u8; 4];
+            for &b in word {
+                extend_fixed(buf, table[b as usize].encode_utf8(&mut utf8).as_bytes())?;
+            }
+            if let Some(id) = self.lookup(buf) {
                 out.push(id);
-                return;
+                return Ok(());
             }
         }
         if word.len() == 1 {
             if let Some(id) = self.byte_char_token[word[0] as usize] {
                 out.push(id);
             }
-            return;
+            return Ok(());
         }
-        let n = word.len();
-        let mut syms: Vec<Sym> = (0..n)
-            .map(|i| Sym {
-                start: i,
-                len: 1,
-                prev: if i == 0 { NONE } else { i - 1 },
-                next: if i + 1 == n { NONE } else { i + 1 },
-                id: self.byte_char_token[word[i] as usize].unwrap_or(NO_ID),
-            })
-            .collect();
-        // Min-heap on (rank, left): entries (rank, left, right, left id, right id).
-        let mut heap: BinaryHeap<RankEntry> = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<_>, syms: &[Sym], l: usize, r: usize| {
+        let n = word.len() as u32;
+        let Merge { syms, heap } = work;
+        syms.clear();
+        for i in 0..n {
+            push_fixed(
+                syms,
+                Sym {
+                    start: i,
+                    len: 1,
+                    prev: if i == 0 { NONE } else { i - 1 },
+                    next: if i + 1 == n { NONE } else { i + 1 },
+                    id: self.byte_char_token[word[i as usize] as usize].unwrap_or(NO_ID),
+                },
+            )?;
+        }
+        heap.clear();
+        let push = |heap: &mut BinaryHeap<HeapEntry>, syms: &[Sym], l: u32, r: u32| {
             if l == NONE || r == NONE {
-                return;
+                return Ok(());
             }
-            let (a, b) = (syms[l].id, syms[r].id);
+            let (a, b) = (syms[l as usize].id, syms[r as usize].id);
             if a == NO_ID || b == NO_ID {
-                return;
+                return Ok(());
             }
             if let Some(&(rank, _)) = self.merges.get(&(a, b)) {
+                if heap.len() == heap.capacity() {
+                    return Err(Full);
+                }
                 heap.push(std::cmp::Reverse((rank, l, r, a, b)));
             }
+            Ok(())
         };
         for i in 1..n {
-            push(&mut heap, &syms, i - 1, i);
+            push(heap, syms, i - 1, i)?;
         }
         while let Some(std::cmp::Reverse((_, l, r, a, b))) = heap.pop() {
-            if syms[l].len == 0
-                || syms[r].len == 0
-                || syms[l].id != a
-                || syms[r].id != b
-                || syms[l].next != r
+            let (li, ri) = (l as usize, r as usize);
+            if syms[li].len == 0
+                || syms[ri].len == 0
+                || syms[li].id != a
+                || syms[ri].id != b
+                || syms[li].next != r
             {
                 continue;
             }
             let merged = self.merges[&(a, b)].1;
-            syms[l].len += syms[r].len;
-            syms[l].id = merged;
-            syms[r].len = 0;
-            let rn = syms[r].next;
-            syms[l].next = rn;
+            syms[li].len += syms[ri].len;
+            syms[li].id = merged;
+            syms[ri].len = 0;
+            let rn = syms[ri].next;
+            syms[li].next = rn;
             if rn != NONE {
-                syms[rn].prev = l;
+                syms[rn as usize].prev = l;
             }
-            let lp = syms[l].prev;
-            push(&mut heap, &syms, lp, l);
-            push(&mut heap, &syms, l, rn);
+            let lp = syms[li].prev;
+            push(heap, syms, lp, l)?;
+            push(heap, syms, l, rn)?;
         }
         let mut i = 0;
         while i != NONE {
-            if syms[i].id != NO_ID {
-                out.push(syms[i].id);
+            let s = syms[i as usize];
+            if s.id != NO_ID {
+                out.push(s.id);
             }
-            i = syms[i].next;
+            i = s.next;
         }
+        Ok(())
     }
 
     /// Score-driven BPE (SentencePiece, llama2.c) over the chars of `text`. When no token holds the
     /// word separator (`▁`, or ' ' for llama2.c) after another char, no merge can cross the start
     /// of a word, so each word is merged on its own (same result, a small heap per word).
-    fn score_merge(&self, text: &[u8], out: &mut Vec<u32>) {
+    fn score_merge(&self, text: &[u8], work: &mut Merge, out: &mut IdSink) -> Result<(), Full> {
         let Some(sep) = self.word_sep.as_deref() else {
-            return self.score_merge_span(text, out);
+            return self.score_merge_span(text, work, out);
         };
         let mut start = 0;
         let mut at = 0;
         while let Some(p) = find(&text[at..], sep) {
             let pos = at + p;
             if pos > start && !text[..pos].ends_with(sep) {
-                self.score_merge_span(&text[start..pos], out);
+                self.score_merge_span(&text[start..pos], work, out)?;
                 start = pos;
             }
             at = pos + sep.len();
         }
-        self.score_merge_span(&text[start..], out);
+        self.score_merge_span(&text[start..], work, out)
     }
 
-    fn score_merge_span(&self, text: &[u8], out: &mut Vec<u32>) {
+    fn score_merge_span(
+        &self,
+        text: &[u8],
+        work: &mut Merge,
+        out: &mut IdSink,
+    ) -> Result<(), Full> {
         if text.is_empty() {
-            return;
+            return Ok(());
         }
-        let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
+        let Merge { syms, heap } = work;
+        syms.clear();
         let mut off = 0;
         while off < text.len() {
             let lead = text[off];
@@ -383,57 +662,62 @@ impl Tokenizer {
                 _ => 1,
             }
             .min(text.len() - off);
-            let idx = syms.len();
-            syms.push(Sym {
-                start: off,
-                len: clen,
-                prev: if idx == 0 { NONE } else { idx - 1 },
-                next: idx + 1,
-                id: NO_ID,
-            });
+            let idx = syms.len() as u32;
+            push_fixed(
+                syms,
+                Sym {
+                    start: off as u32,
+                    len: clen as u32,
+                    prev: if idx == 0 { NONE } else { idx - 1 },
+                    next: idx + 1,
+                    id: NO_ID,
+                },
+            )?;
             off += clen;
         }
         let last = syms.len() - 1;
         syms[last].next = NONE;
-        // Max-heap on (score, -left): entries (score, Reverse(left), right, merged length).
-        let mut heap: BinaryHeap<(Score, std::cmp::Reverse<usize>, usize, usize)> =
-            BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<_>, syms: &[Sym], l: usize, r: usize| {
+        heap.clear();
+        // Highest score first, then leftmost, then (as before) the larger right index and length.
+        let push = |heap: &mut BinaryHeap<HeapEntry>, syms: &[Sym], l: u32, r: u32| {
             if l == NONE || r == NONE {
-                return;
+                return Ok(());
             }
-            let span = &text[syms[l].start..syms[r].start + syms[r].len];
+            let (sl, sr) = (syms[l as usize], syms[r as usize]);
+            let span = &text[sl.start as usize..(sr.start + sr.len) as usize];
             if let Some(id) = self.lookup(span) {
-                heap.push((
-                    Score(self.scores[id as usize]),
-                    std::cmp::Reverse(l),
-                    r,
-                    span.len(),
-                ));
+                if heap.len() == heap.capacity() {
+                    return Err(Full);
+                }
+                let key = score_key(self.scores[id as usize]);
+                heap.push(std::cmp::Reverse((!key, l, !r, !(span.len() as u32), 0)));
             }
+            Ok(())
         };
-        for i in 1..syms.len() {
-            push(&mut heap, &syms, i - 1, i);
+        for i in 1..syms.len() as u32 {
+            push(heap, syms, i - 1, i)?;
         }
-        while let Some((_, std::cmp::Reverse(l), r, size)) = heap.pop() {
-            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != size {
+        while let Some(std::cmp::Reverse((_, l, not_r, not_size, _))) = heap.pop() {
+            let (r, size) = (!not_r, !not_size);
+            let (li, ri) = (l as usize, r as usize);
+            if syms[li].len == 0 || syms[ri].len == 0 || syms[li].len + syms[ri].len != size {
                 continue;
             }
-            syms[l].len += syms[r].len;
-            syms[r].len = 0;
-            let rn = syms[r].next;
-            syms[l].next = rn;
+            syms[li].len += syms[ri].len;
+            syms[ri].len = 0;
+            let rn = syms[ri].next;
+            syms[li].next = rn;
             if rn != NONE {
-                syms[rn].prev = l;
+                syms[rn as usize].prev = l;
             }
-            let lp = syms[l].prev;
-            push(&mut heap, &syms, lp, l);
-            push(&mut heap, &syms, l, rn);
+            let lp = syms[li].prev;
+            push(heap, syms, lp, l)?;
+            push(heap, syms, l, rn)?;
         }
         let mut i = 0;
         while i != NONE {
-            let s = syms[i];
-            let span = &text[s.start..s.start + s.len];
+            let s = syms[i as usize];
+            let span = &text[s.start as usize..(s.start + s.len) as usize];
             match self.lookup(span) {
                 Some(id) => out.push(id),
                 None => {
@@ -446,16 +730,28 @@ impl Tokenizer {
             }
             i = s.next;
         }
+        Ok(())
     }
 
     /// Splits text into raw fragments and literal special tokens, longest token first (as llama.cpp's
-    /// `tokenizer_st_partition`).
-    fn partition<'t>(&self, text: &'t [u8], parse_special: bool) -> Vec<Frag<'t>> {
-        let mut frags = if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![Frag::Text(text)]
-        };
+    /// `tokenizer_st_partition`), into `frags` (`next`: room for a pass).
+    fn partition(
+        &self,
+        text: &[u8],
+        parse_special: bool,
+        frags: &mut Vec<Frag>,
+        next: &mut Vec<Frag>,
+    ) -> Result<(), Full> {
+        frags.clear();
+        if !text.is_empty() {
+            push_fixed(
+                frags,
+                Frag::Text {
+                    start: 0,
+                    end: text.len() as u32,
+                },
+            )?;
+        }
         for (id, tok, user_defined) in &self.specials {
             if !parse_special && !user_defined {
                 continue;
@@ -463,27 +759,40 @@ impl Tokenizer {
             if tok.is_empty() {
                 continue;
             }
-            let mut next = Vec::with_capacity(frags.len());
-            for f in frags {
+            next.clear();
+            for &f in frags.iter() {
                 match f {
-                    Frag::Token(_) => next.push(f),
-                    Frag::Text(mut t) => {
-                        while let Some(p) = find(t, tok) {
+                    Frag::Token(_) => push_fixed(next, f)?,
+                    Frag::Text { start, end } => {
+                        let (mut start, end) = (start as usize, end as usize);
+                        while let Some(p) = find(&text[start..end], tok) {
                             if p > 0 {
-                                next.push(Frag::Text(&t[..p]));
+                                push_fixed(
+                                    next,
+                                    Frag::Text {
+                                        start: start as u32,
+                                        end: (start + p) as u32,
+                                    },
+                                )?;
                             }
-                            next.push(Frag::Token(*id));
-                            t = &t[p + tok.len()..];
+                            push_fixed(next, Frag::Token(*id))?;
+                            start += p + tok.len();
                         }
-                        if !t.is_empty() {
-                            next.push(Frag::Text(t));
+                        if start < end {
+                            push_fixed(
+                                next,
+                                Frag::Text {
+                                    start: start as u32,
+                                    end: end as u32,
+                                },
+                            )?;
                         }
                     }
                 }
             }
-            frags = next;
+            std::mem::swap(frags, next);
         }
-        frags
+        Ok(())
     }
 
     /// The bytes token `id` decodes to: byte-level BPE tokens undo the GPT-2 byte map, SentencePiece
@@ -556,9 +865,17 @@ impl Tokenizer {
     }
 }
 
-enum Frag<'t> {
-    Text(&'t [u8]),
+/// A piece of the text to encode: raw text (byte offsets) or a literal special token.
+#[derive(Clone, Copy)]
+enum Frag {
+    Text { start: u32, end: u32 },
     Token(u32),
+}
+
+/// The buffers of one merge: symbols and pending merges.
+struct Merge<'s> {
+    syms: &'s mut Vec<Sym>,
+    heap: &'s mut BinaryHeap<HeapEntry>,
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

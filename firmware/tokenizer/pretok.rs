@@ -3,6 +3,7 @@
 //! src/unicode.cpp so that the chunk boundaries agree exactly.
 
 use super::unicode::{is_letter, is_number, is_whitespace};
+use super::Full;
 
 /// The pre-tokenizer variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,9 +33,18 @@ impl PreTokenizer {
 
     /// Splits `text` into chunks (lengths in chars, summing to `chars.len()`).
     pub fn split(self, chars: &[char]) -> Vec<usize> {
-        let mut out = Vec::with_capacity(chars.len() / 3 + 1);
+        // At most one chunk per char, so `split_into` cannot run out of room.
+        let mut out = Vec::with_capacity(chars.len());
+        let _ = self.split_into(chars, &mut out);
+        out.into_iter().map(|len| len as usize).collect()
+    }
+
+    /// As [`split`](Self::split), appending the chunk lengths to `out` without ever growing it:
+    /// `Err(Full)` when `out` has no spare capacity for a chunk (a capacity of `chars.len()`
+    /// always suffices, every chunk holding at least one char).
+    pub(crate) fn split_into(self, chars: &[char], out: &mut Vec<u32>) -> Result<(), Full> {
         match self {
-            PreTokenizer::Gpt2 => split_gpt2(chars, &mut out),
+            PreTokenizer::Gpt2 => split_gpt2(chars, out),
             PreTokenizer::Smollm => {
                 let mut start = 0;
                 while start < chars.len() {
@@ -47,14 +57,14 @@ impl PreTokenizer {
                         }
                         e
                     };
-                    split_gpt2(&chars[start..end], &mut out);
+                    split_gpt2(&chars[start..end], out)?;
                     start = end;
                 }
+                Ok(())
             }
-            PreTokenizer::Llama3 => split_llama3(chars, 3, &mut out),
-            PreTokenizer::Qwen2 => split_llama3(chars, 1, &mut out),
+            PreTokenizer::Llama3 => split_llama3(chars, 3, out),
+            PreTokenizer::Qwen2 => split_llama3(chars, 1, out),
         }
-        out
     }
 }
 
@@ -107,21 +117,38 @@ fn contraction_len(cs: &[char], pos: usize, case_insensitive: bool) -> usize {
 }
 
 struct Emitter<'a> {
-    out: &'a mut Vec<usize>,
+    out: &'a mut Vec<u32>,
     prev_end: usize,
+    full: bool,
 }
 
 impl Emitter<'_> {
     fn add(&mut self, end: usize) {
         if end > self.prev_end {
-            self.out.push(end - self.prev_end);
+            if self.out.len() < self.out.capacity() {
+                self.out.push((end - self.prev_end) as u32);
+            } else {
+                self.full = true;
+            }
         }
         self.prev_end = end;
     }
+
+    fn finish(self) -> Result<(), Full> {
+        if self.full {
+            Err(Full)
+        } else {
+            Ok(())
+        }
+    }
 }
 
-fn split_gpt2(cs: &[char], out: &mut Vec<usize>) {
-    let mut em = Emitter { out, prev_end: 0 };
+fn split_gpt2(cs: &[char], out: &mut Vec<u32>) -> Result<(), Full> {
+    let mut em = Emitter {
+        out,
+        prev_end: 0,
+        full: false,
+    };
     let n = cs.len();
     let mut pos = 0;
     while pos < n {
@@ -182,10 +209,15 @@ fn split_gpt2(cs: &[char], out: &mut Vec<usize>) {
         pos += 1;
         em.add(pos);
     }
+    em.finish()
 }
 
-fn split_llama3(cs: &[char], max_digits: usize, out: &mut Vec<usize>) {
-    let mut em = Emitter { out, prev_end: 0 };
+fn split_llama3(cs: &[char], max_digits: usize, out: &mut Vec<u32>) -> Result<(), Full> {
+    let mut em = Emitter {
+        out,
+        prev_end: 0,
+        full: false,
+    };
     let n = cs.len();
     let mut pos = 0;
     while pos < n {
@@ -269,6 +301,7 @@ fn split_llama3(cs: &[char], max_digits: usize, out: &mut Vec<usize>) {
         pos += 1;
         em.add(pos);
     }
+    em.finish()
 }
 
 #[cfg(test)]
