@@ -7,6 +7,7 @@
 //! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
 //! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
 //! - `engine`: the forward pass, KV cache and sampling.
+//! - `serve`: the OpenAI-compatible HTTP/1.1 protocol layer (request parsing, responses, metrics).
 
 pub mod backend;
 pub mod board;
@@ -14,4 +15,5 @@ pub mod boot;
 pub mod engine;
 pub mod load;
 pub mod model;
+pub mod serve;
 pub mod tokenizer;

@@ -1,0 +1,1549 @@
+//! The OpenAI API subset: request bodies parsed into fixed buffers, OpenAI-shaped errors, and
+//! the JSON of responses, stream chunks, the model list and health. Nothing allocates.
+//!
+//! Requests: [`parse_completion`] (`POST /v1/completions`) and [`parse_chat`]
+//! (`POST /v1/chat/completions`). Every string is unescaped into the caller's `text` buffer and
+//! the request borrows from it; a `text` buffer as long as the body always suffices (an
+//! unescaped string is never longer than its JSON form). Field rules:
+//!
+//! - `model`: a string (or null), not checked against the loaded model.
+//! - `prompt` (completions, required): a string, or an array of exactly one string.
+//! - `messages` (chat, required): 1 to [`MAX_MESSAGES`] objects `{role, content}`; `role` is
+//!   `system`, `user` or `assistant`; `content` is a string, or an array of `{"type":"text",
+//!   "text":...}` parts (joined with `\n`). Other message keys are ignored.
+//! - `max_tokens` (chat also `max_completion_tokens`): integer in `0..=board::MAX_CONTEXT`;
+//!   default [`DEFAULT_MAX_TOKENS`] for completions (OpenAI's), `MAX_CONTEXT` for chat (the
+//!   server caps it by the room left in the context).
+//! - `temperature`: number in `0..=2`, default 1. `top_p`: number in `(0, 1]`, default 1.
+//!   `top_k`: integer `>= 0` (an extension; 0 = off), default 0. `seed`: integer (negative
+//!   seeds are taken modulo 2^64), default none.
+//! - `stop`: a string or an array of at most `MAX_STOPS` strings of at most `MAX_STOP_BYTES`
+//!   bytes each; empty strings are dropped.
+//! - `stream`: boolean. `n`: only 1.
+//! - Any optional field may be `null` (= absent). Unknown fields are skipped (validated as JSON).
+//!
+//! A wrong type is a 400 naming the field (`'max_tokens' must be an integer`, param
+//! `max_tokens`); so is a value out of range. Invalid JSON or UTF-8 is a 400 with the byte
+//! offset; a `text` buffer too small is a 413.
+
+// An `ApiError` carries its message inline (a 256-byte heapless string), so results carrying it
+// are large; boxing it, as clippy suggests, is the heap allocation this layer must not do.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
+
+use super::http::HttpError;
+use super::json::{self, JsonError, Kind, Reader, Sink, Utf8Carry};
+use crate::engine::generate::{FinishReason, MAX_STOPS, MAX_STOP_BYTES};
+use crate::tokenizer::chat::ChatMessage;
+use core::fmt::{self, Write};
+
+/// Messages per chat request.
+pub const MAX_MESSAGES: usize = 32;
+/// OpenAI's default `max_tokens` for `/v1/completions`.
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+/// Largest accepted `max_tokens`.
+pub const MAX_TOKENS_LIMIT: u32 = crate::board::MAX_CONTEXT as u32;
+/// Bytes that always hold the JSON of an [`ApiError`] (a 256-byte message escaped at most 6x).
+pub const ERROR_BODY_MAX: usize = 2048;
+
+/// An error answered to the client, in OpenAI's shape (see [`write_error`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    /// Truncated to 256 bytes (at a character boundary).
+    pub message: heapless::String<256>,
+    /// The request field at fault.
+    pub param: Option<&'static str>,
+    /// For a 405: the `Allow` header.
+    pub allow: Option<&'static str>,
+}
+
+/// Writes into a heapless string, dropping what does not fit.
+struct Truncating<'s>(&'s mut heapless::String<256>);
+
+impl Write for Truncating<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            if self.0.push(c).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ApiError {
+    pub fn new(status: u16, param: Option<&'static str>, message: fmt::Arguments) -> Self {
+        let mut m = heapless::String::new();
+        let _ = Truncating(&mut m).write_fmt(message);
+        ApiError {
+            status,
+            message: m,
+            param,
+            allow: None,
+        }
+    }
+
+    /// A 400 about field `param`.
+    pub fn invalid(param: &'static str, message: fmt::Arguments) -> Self {
+        Self::new(400, Some(param), message)
+    }
+
+    /// A 400 not about one field.
+    pub fn bad_request(message: &str) -> Self {
+        Self::new(400, None, format_args!("{message}"))
+    }
+
+    /// 404 for an unknown path.
+    pub fn not_found() -> Self {
+        Self::new(404, None, format_args!("unknown path"))
+    }
+
+    /// 405 for a known path with another method; `allow` is the method it takes.
+    pub fn method_not_allowed(allow: &'static str) -> Self {
+        let mut e = Self::new(
+            405,
+            None,
+            format_args!("method not allowed (this path takes {allow})"),
+        );
+        e.allow = Some(allow);
+        e
+    }
+
+    /// 503 when the request queue is full (sent with `Retry-After`).
+    pub fn queue_full() -> Self {
+        Self::new(
+            503,
+            None,
+            format_args!("the request queue is full; retry shortly"),
+        )
+    }
+
+    /// 403 for a peer whose uid/gid is not allowed.
+    pub fn forbidden() -> Self {
+        Self::new(403, None, format_args!("this peer may not use the server"))
+    }
+
+    /// 500 with a message.
+    pub fn server_error(message: &str) -> Self {
+        Self::new(500, None, format_args!("{message}"))
+    }
+
+    /// OpenAI's `type`: `invalid_request_error` for 4xx, `server_error` for 5xx.
+    pub fn error_type(&self) -> &'static str {
+        if self.status >= 500 {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        }
+    }
+}
+
+impl From<HttpError> for ApiError {
+    fn from(e: HttpError) -> Self {
+        Self::new(e.status(), None, format_args!("{}", e.message()))
+    }
+}
+
+/// Sampling and length settings shared by both endpoints.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params<'a> {
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub seed: Option<u64>,
+    /// Non-empty stop strings, each at most `MAX_STOP_BYTES`.
+    pub stop: heapless::Vec<&'a str, MAX_STOPS>,
+    pub stream: bool,
+}
+
+impl Params<'_> {
+    fn with_max_tokens(max_tokens: u32) -> Self {
+        Params {
+            max_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            stop: heapless::Vec::new(),
+            stream: false,
+        }
+    }
+}
+
+/// `POST /v1/completions`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompletionRequest<'a> {
+    pub model: Option<&'a str>,
+    pub prompt: &'a str,
+    pub params: Params<'a>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest<'a> {
+    pub model: Option<&'a str>,
+    /// Roles are the `'static` strings "system", "user", "assistant".
+    pub messages: heapless::Vec<ChatMessage<'a>, MAX_MESSAGES>,
+    pub params: Params<'a>,
+}
+
+/// Parses a `/v1/completions` body. Strings land in `text` (give it at least `body.len()`
+/// bytes).
+pub fn parse_completion<'a>(
+    body: &[u8],
+    text: &'a mut [u8],
+) -> Result<CompletionRequest<'a>, ApiError> {
+    let mut r = Reader::new(body);
+    let mut t = Text { rest: text };
+    completion(&mut r, &mut t).map_err(|f| f.into_api(r.pos()))
+}
+
+/// Parses a `/v1/chat/completions` body. Strings land in `text` (give it at least `body.len()`
+/// bytes).
+pub fn parse_chat<'a>(body: &[u8], text: &'a mut [u8]) -> Result<ChatRequest<'a>, ApiError> {
+    let mut r = Reader::new(body);
+    let mut t = Text { rest: text };
+    chat(&mut r, &mut t).map_err(|f| f.into_api(r.pos()))
+}
+
+/// The failure of a parse: bad JSON (its message needs the reader's position) or a field error.
+enum Fail {
+    Json(JsonError),
+    Api(ApiError),
+}
+
+impl From<JsonError> for Fail {
+    fn from(e: JsonError) -> Self {
+        Fail::Json(e)
+    }
+}
+
+impl From<ApiError> for Fail {
+    fn from(e: ApiError) -> Self {
+        Fail::Api(e)
+    }
+}
+
+impl Fail {
+    fn into_api(self, pos: usize) -> ApiError {
+        let what = match self {
+            Fail::Api(e) => return e,
+            Fail::Json(JsonError::NoRoom) => {
+                return ApiError::new(413, None, format_args!("request too large"))
+            }
+            Fail::Json(JsonError::Syntax) => "request body is not valid JSON",
+            Fail::Json(JsonError::Utf8) => "request body is not valid UTF-8",
+            Fail::Json(JsonError::Escape) => "invalid escape in a JSON string",
+            Fail::Json(JsonError::TooDeep) => "JSON nested too deeply",
+        };
+        ApiError::new(400, None, format_args!("{what} (at byte {pos})"))
+    }
+}
+
+/// Where unescaped strings go: the unused tail of the caller's buffer. Committed strings are
+/// split off the front and keep the buffer's lifetime.
+struct Text<'a> {
+    rest: &'a mut [u8],
+}
+
+impl<'a> Text<'a> {
+    /// Unescapes the next string to `rest[at..]`; returns the end offset.
+    fn append(&mut self, r: &mut Reader, at: usize) -> Result<usize, JsonError> {
+        let mut sink = Sink::new(self.rest, at);
+        r.string(Some(&mut sink))?;
+        sink.written().ok_or(JsonError::NoRoom)
+    }
+
+    fn append_byte(&mut self, at: usize, b: u8) -> Result<usize, JsonError> {
+        *self.rest.get_mut(at).ok_or(JsonError::NoRoom)? = b;
+        Ok(at + 1)
+    }
+
+    /// Splits off `rest[..n]` as a string.
+    fn commit(&mut self, n: usize) -> &'a str {
+        let (head, tail) = core::mem::take(&mut self.rest).split_at_mut(n);
+        self.rest = tail;
+        let head: &'a [u8] = head;
+        core::str::from_utf8(head).expect("unescaped JSON strings are UTF-8")
+    }
+
+    fn string(&mut self, r: &mut Reader) -> Result<&'a str, JsonError> {
+        let n = self.append(r, 0)?;
+        Ok(self.commit(n))
+    }
+}
+
+fn must_be(param: &'static str, what: &str) -> Fail {
+    ApiError::invalid(param, format_args!("'{param}' must be {what}")).into()
+}
+
+fn required(param: &'static str) -> Fail {
+    ApiError::invalid(param, format_args!("'{param}' is required")).into()
+}
+
+/// Consumes a `null` if one comes next.
+fn null(r: &mut Reader) -> Result<bool, Fail> {
+    if r.peek_kind()? == Kind::Null {
+        r.null()?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn opt_int(
+    r: &mut Reader,
+    param: &'static str,
+    min: i128,
+    max: i128,
+) -> Result<Option<i128>, Fail> {
+    if null(r)? {
+        return Ok(None);
+    }
+    if r.peek_kind()? != Kind::Number {
+        return Err(must_be(param, "an integer"));
+    }
+    let v = json::integer(r.number()?).ok_or_else(|| must_be(param, "an integer"))?;
+    if v < min {
+        return Err(
+            ApiError::invalid(param, format_args!("'{param}' must be at least {min}")).into(),
+        );
+    }
+    if v > max {
+        return Err(
+            ApiError::invalid(param, format_args!("'{param}' must be at most {max}")).into(),
+        );
+    }
+    Ok(Some(v))
+}
+
+fn opt_number(r: &mut Reader, param: &'static str) -> Result<Option<f64>, Fail> {
+    if null(r)? {
+        return Ok(None);
+    }
+    if r.peek_kind()? != Kind::Number {
+        return Err(must_be(param, "a number"));
+    }
+    // JSON's number grammar is a subset of Rust's float syntax.
+    let v: f64 = r
+        .number()?
+        .parse()
+        .map_err(|_| must_be(param, "a number"))?;
+    Ok(Some(v))
+}
+
+fn opt_string<'a>(
+    r: &mut Reader,
+    t: &mut Text<'a>,
+    param: &'static str,
+) -> Result<Option<&'a str>, Fail> {
+    if null(r)? {
+        return Ok(None);
+    }
+    if r.peek_kind()? != Kind::String {
+        return Err(must_be(param, "a string"));
+    }
+    Ok(Some(t.string(r)?))
+}
+
+/// Reads a field of [`Params`] if `key` names one; false if it does not (the value is unread).
+fn param_field<'a>(
+    key: &str,
+    r: &mut Reader,
+    t: &mut Text<'a>,
+    p: &mut Params<'a>,
+) -> Result<bool, Fail> {
+    match key {
+        "max_tokens" | "max_completion_tokens" => {
+            let param = if key == "max_tokens" {
+                "max_tokens"
+            } else {
+                "max_completion_tokens"
+            };
+            if let Some(v) = opt_int(r, param, 0, MAX_TOKENS_LIMIT as i128)? {
+                p.max_tokens = v as u32;
+            }
+        }
+        "temperature" => {
+            if let Some(v) = opt_number(r, "temperature")? {
+                if !(0.0..=2.0).contains(&v) {
+                    return Err(must_be("temperature", "between 0 and 2"));
+                }
+                p.temperature = v as f32;
+            }
+        }
+        "top_p" => {
+            if let Some(v) = opt_number(r, "top_p")? {
+                if !(v > 0.0 && v <= 1.0) {
+                    return Err(must_be("top_p", "greater than 0 and at most 1"));
+                }
+                p.top_p = v as f32;
+            }
+        }
+        "top_k" => {
+            if let Some(v) = opt_int(r, "top_k", 0, u32::MAX as i128)? {
+                p.top_k = v as u32;
+            }
+        }
+        "seed" => {
+            p.seed = opt_int(r, "seed", i64::MIN as i128, u64::MAX as i128)?.map(|v| v as u64);
+        }
+        "stream" => {
+            if !null(r)? {
+                if r.peek_kind()? != Kind::Bool {
+                    return Err(must_be("stream", "a boolean"));
+                }
+                p.stream = r.boolean()?;
+            }
+        }
+        "n" => {
+            if null(r)? {
+                return Ok(true);
+            }
+            if r.peek_kind()? != Kind::Number {
+                return Err(must_be("n", "an integer"));
+            }
+            match json::integer(r.number()?) {
+                Some(1) => {}
+                Some(_) => return Err(must_be("n", "1 (one choice per request)")),
+                None => return Err(must_be("n", "an integer")),
+            }
+        }
+        "stop" => {
+            p.stop.clear();
+            match r.peek_kind()? {
+                Kind::Null => r.null()?,
+                Kind::String => push_stop(t.string(r)?, &mut p.stop)?,
+                Kind::Array => {
+                    r.begin_array()?;
+                    let mut first = true;
+                    let mut count = 0;
+                    while r.next_element(&mut first)? {
+                        if r.peek_kind()? != Kind::String {
+                            return Err(must_be("stop", "a string or an array of strings"));
+                        }
+                        count += 1;
+                        if count > MAX_STOPS {
+                            return Err(ApiError::invalid(
+                                "stop",
+                                format_args!("'stop' may hold at most {MAX_STOPS} strings"),
+                            )
+                            .into());
+                        }
+                        push_stop(t.string(r)?, &mut p.stop)?;
+                    }
+                }
+                _ => return Err(must_be("stop", "a string or an array of strings")),
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+fn push_stop<'a>(s: &'a str, stop: &mut heapless::Vec<&'a str, MAX_STOPS>) -> Result<(), Fail> {
+    if s.len() > MAX_STOP_BYTES {
+        return Err(ApiError::invalid(
+            "stop",
+            format_args!("'stop' strings must be at most {MAX_STOP_BYTES} bytes"),
+        )
+        .into());
+    }
+    if !s.is_empty() {
+        // The caller counted: at most MAX_STOPS strings arrive.
+        let _ = stop.push(s);
+    }
+    Ok(())
+}
+
+/// Consumes the `{` of the body's top-level object.
+fn begin_body(r: &mut Reader) -> Result<(), Fail> {
+    match r.peek_kind()? {
+        Kind::Object => Ok(r.begin_object()?),
+        _ => Err(ApiError::bad_request("request body must be a JSON object").into()),
+    }
+}
+
+/// Longest key this code knows ("max_completion_tokens" is 21 bytes).
+const KEY_SCRATCH: usize = 32;
+
+fn completion<'a>(r: &mut Reader, t: &mut Text<'a>) -> Result<CompletionRequest<'a>, Fail> {
+    begin_body(r)?;
+    let mut scratch = [0u8; KEY_SCRATCH];
+    let mut model = None;
+    let mut prompt = None;
+    let mut params = Params::with_max_tokens(DEFAULT_MAX_TOKENS);
+    let mut first = true;
+    while r.next_member(&mut first)? {
+        let key = r.key(&mut scratch)?.unwrap_or("");
+        match key {
+            "model" => model = opt_string(r, t, "model")?,
+            "prompt" => {
+                prompt = match r.peek_kind()? {
+                    Kind::Null => {
+                        r.null()?;
+                        None
+                    }
+                    Kind::String => Some(t.string(r)?),
+                    Kind::Array => {
+                        let bad = || must_be("prompt", "a string or an array of one string");
+                        r.begin_array()?;
+                        let mut first = true;
+                        if !r.next_element(&mut first)? || r.peek_kind()? != Kind::String {
+                            return Err(bad());
+                        }
+                        let s = t.string(r)?;
+                        if r.next_element(&mut first)? {
+                            return Err(bad());
+                        }
+                        Some(s)
+                    }
+                    _ => return Err(must_be("prompt", "a string or an array of one string")),
+                }
+            }
+            _ => {
+                if !param_field(key, r, t, &mut params)? {
+                    r.skip_value()?;
+                }
+            }
+        }
+    }
+    r.end()?;
+    Ok(CompletionRequest {
+        model,
+        prompt: prompt.ok_or_else(|| required("prompt"))?,
+        params,
+    })
+}
+
+fn chat<'a>(r: &mut Reader, t: &mut Text<'a>) -> Result<ChatRequest<'a>, Fail> {
+    begin_body(r)?;
+    let mut scratch = [0u8; KEY_SCRATCH];
+    let mut model = None;
+    let mut messages = heapless::Vec::new();
+    let mut seen_messages = false;
+    let mut params = Params::with_max_tokens(MAX_TOKENS_LIMIT);
+    let mut first = true;
+    while r.next_member(&mut first)? {
+        let key = r.key(&mut scratch)?.unwrap_or("");
+        match key {
+            "model" => model = opt_string(r, t, "model")?,
+            "messages" => {
+                if r.peek_kind()? != Kind::Array {
+                    return Err(must_be("messages", "an array of message objects"));
+                }
+                seen_messages = true;
+                messages.clear();
+                r.begin_array()?;
+                let mut first = true;
+                while r.next_element(&mut first)? {
+                    if messages.is_full() {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format_args!("'messages' may hold at most {MAX_MESSAGES} messages"),
+                        )
+                        .into());
+                    }
+                    let m = message(r, t, messages.len())?;
+                    let _ = messages.push(m);
+                }
+            }
+            _ => {
+                if !param_field(key, r, t, &mut params)? {
+                    r.skip_value()?;
+                }
+            }
+        }
+    }
+    r.end()?;
+    if !seen_messages {
+        return Err(required("messages"));
+    }
+    if messages.is_empty() {
+        return Err(must_be("messages", "a non-empty array"));
+    }
+    Ok(ChatRequest {
+        model,
+        messages,
+        params,
+    })
+}
+
+fn message_error(i: usize, what: fmt::Arguments) -> Fail {
+    ApiError::invalid("messages", format_args!("'messages[{i}]{what}")).into()
+}
+
+/// One message object, the `i`th.
+fn message<'a>(r: &mut Reader, t: &mut Text<'a>, i: usize) -> Result<ChatMessage<'a>, Fail> {
+    if r.peek_kind()? != Kind::Object {
+        return Err(message_error(i, format_args!("' must be an object")));
+    }
+    r.begin_object()?;
+    let mut scratch = [0u8; KEY_SCRATCH];
+    let mut role = None;
+    let mut content = None;
+    let mut first = true;
+    while r.next_member(&mut first)? {
+        match r.key(&mut scratch)?.unwrap_or("") {
+            "role" => {
+                let bad = || {
+                    message_error(
+                        i,
+                        format_args!(".role' must be one of system, user, assistant"),
+                    )
+                };
+                if r.peek_kind()? != Kind::String {
+                    return Err(bad());
+                }
+                let mut sink = Sink::new(&mut scratch, 0);
+                r.string(Some(&mut sink))?;
+                role = Some(match sink.as_str() {
+                    Some("system") => "system",
+                    Some("user") => "user",
+                    Some("assistant") => "assistant",
+                    _ => return Err(bad()),
+                });
+            }
+            "content" => content = Some(message_content(r, t, i)?),
+            _ => r.skip_value()?,
+        }
+    }
+    Ok(ChatMessage {
+        role: role.ok_or_else(|| message_error(i, format_args!(".role' is required")))?,
+        content: content.ok_or_else(|| message_error(i, format_args!(".content' is required")))?,
+    })
+}
+
+/// A message's content: a string, or text parts joined with `\n`.
+fn message_content<'a>(r: &mut Reader, t: &mut Text<'a>, i: usize) -> Result<&'a str, Fail> {
+    let bad = || {
+        message_error(
+            i,
+            format_args!(".content' must be a string or an array of text parts"),
+        )
+    };
+    match r.peek_kind()? {
+        Kind::String => return Ok(t.string(r)?),
+        Kind::Array => {}
+        _ => return Err(bad()),
+    }
+    r.begin_array()?;
+    let mut n = 0;
+    let mut first = true;
+    let mut scratch = [0u8; KEY_SCRATCH];
+    while r.next_element(&mut first)? {
+        if r.peek_kind()? != Kind::Object {
+            return Err(bad());
+        }
+        r.begin_object()?;
+        if n > 0 {
+            n = t.append_byte(n, b'\n')?;
+        }
+        let mut is_text = false;
+        let mut first_member = true;
+        while r.next_member(&mut first_member)? {
+            match r.key(&mut scratch)?.unwrap_or("") {
+                "type" => {
+                    if r.peek_kind()? != Kind::String {
+                        return Err(bad());
+                    }
+                    let mut sink = Sink::new(&mut scratch, 0);
+                    r.string(Some(&mut sink))?;
+                    is_text = sink.as_str() == Some("text");
+                    if !is_text {
+                        return Err(message_error(
+                            i,
+                            format_args!(".content' parts must be of type 'text'"),
+                        ));
+                    }
+                }
+                "text" => {
+                    if r.peek_kind()? != Kind::String {
+                        return Err(bad());
+                    }
+                    n = t.append(r, n)?;
+                }
+                _ => r.skip_value()?,
+            }
+        }
+        if !is_text {
+            return Err(message_error(
+                i,
+                format_args!(".content' parts must be of type 'text'"),
+            ));
+        }
+    }
+    Ok(t.commit(n))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+/// What every response object names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseMeta<'m> {
+    /// Written as `cmpl-{id}` / `chatcmpl-{id}`.
+    pub id: u64,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: &'m str,
+}
+
+/// Token counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// OpenAI's `finish_reason`: `Cancelled` (the client went away; no one reads it) is written as
+/// "stop".
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+fn write_usage(out: &mut impl Write, u: &Usage) -> fmt::Result {
+    write!(
+        out,
+        "\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.prompt_tokens + u.completion_tokens
+    )
+}
+
+fn write_meta(out: &mut impl Write, prefix: &str, object: &str, m: &ResponseMeta) -> fmt::Result {
+    write!(
+        out,
+        "{{\"id\":\"{prefix}-{}\",\"object\":\"{object}\",\"created\":{},\"model\":",
+        m.id, m.created
+    )?;
+    json::write_str(out, m.model)
+}
+
+/// The whole `/v1/completions` response. `text` is the generated bytes (not necessarily UTF-8:
+/// invalid bytes become U+FFFD).
+pub fn write_completion(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    text: &[u8],
+    finish: FinishReason,
+    usage: &Usage,
+) -> fmt::Result {
+    write_meta(out, "cmpl", "text_completion", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"text\":")?;
+    json::write_bytes_str(out, text)?;
+    write!(
+        out,
+        ",\"finish_reason\":\"{}\",\"logprobs\":null}}],",
+        finish_str(finish)
+    )?;
+    write_usage(out, usage)?;
+    out.write_char('}')
+}
+
+/// The whole `/v1/chat/completions` response.
+pub fn write_chat_completion(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    text: &[u8],
+    finish: FinishReason,
+    usage: &Usage,
+) -> fmt::Result {
+    write_meta(out, "chatcmpl", "chat.completion", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":")?;
+    json::write_bytes_str(out, text)?;
+    write!(
+        out,
+        "}},\"finish_reason\":\"{}\",\"logprobs\":null}}],",
+        finish_str(finish)
+    )?;
+    write_usage(out, usage)?;
+    out.write_char('}')
+}
+
+/// A streamed `/v1/completions` chunk carrying the complete characters of `carry` + `bytes`
+/// (an incomplete character stays in `carry` for the next chunk; the text may be empty).
+pub fn write_completion_chunk(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    carry: &mut Utf8Carry,
+    bytes: &[u8],
+) -> fmt::Result {
+    write_meta(out, "cmpl", "text_completion", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"text\":\"")?;
+    carry.push(bytes, out)?;
+    out.write_str("\",\"finish_reason\":null,\"logprobs\":null}]}")
+}
+
+/// The last streamed `/v1/completions` chunk: the finish reason, any held incomplete character
+/// as U+FFFD, and `usage` if given.
+pub fn write_completion_final_chunk(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    carry: &mut Utf8Carry,
+    finish: FinishReason,
+    usage: Option<&Usage>,
+) -> fmt::Result {
+    write_meta(out, "cmpl", "text_completion", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"text\":\"")?;
+    carry.finish(out)?;
+    write!(
+        out,
+        "\",\"finish_reason\":\"{}\",\"logprobs\":null}}]",
+        finish_str(finish)
+    )?;
+    if let Some(u) = usage {
+        out.write_char(',')?;
+        write_usage(out, u)?;
+    }
+    out.write_char('}')
+}
+
+/// The first streamed chat chunk: `"delta":{"role":"assistant","content":""}`.
+pub fn write_chat_role_chunk(out: &mut impl Write, meta: &ResponseMeta) -> fmt::Result {
+    write_meta(out, "chatcmpl", "chat.completion.chunk", meta)?;
+    out.write_str(
+        ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\
+         \"finish_reason\":null,\"logprobs\":null}]}",
+    )
+}
+
+/// A streamed chat chunk: `"delta":{"content":"..."}` with the complete characters of
+/// `carry` + `bytes`.
+pub fn write_chat_chunk(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    carry: &mut Utf8Carry,
+    bytes: &[u8],
+) -> fmt::Result {
+    write_meta(out, "chatcmpl", "chat.completion.chunk", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"")?;
+    carry.push(bytes, out)?;
+    out.write_str("\"},\"finish_reason\":null,\"logprobs\":null}]}")
+}
+
+/// The last streamed chat chunk: an empty delta (or U+FFFD for a held incomplete character),
+/// the finish reason, and `usage` if given.
+pub fn write_chat_final_chunk(
+    out: &mut impl Write,
+    meta: &ResponseMeta,
+    carry: &mut Utf8Carry,
+    finish: FinishReason,
+    usage: Option<&Usage>,
+) -> fmt::Result {
+    write_meta(out, "chatcmpl", "chat.completion.chunk", meta)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"delta\":{")?;
+    if !carry.pending().is_empty() {
+        out.write_str("\"content\":\"")?;
+        carry.finish(out)?;
+        out.write_char('"')?;
+    }
+    write!(
+        out,
+        "}},\"finish_reason\":\"{}\",\"logprobs\":null}}]",
+        finish_str(finish)
+    )?;
+    if let Some(u) = usage {
+        out.write_char(',')?;
+        write_usage(out, u)?;
+    }
+    out.write_char('}')
+}
+
+/// `GET /v1/models`: the one loaded model.
+pub fn write_models(out: &mut impl Write, model: &str, created: u64) -> fmt::Result {
+    out.write_str("{\"object\":\"list\",\"data\":[{\"id\":")?;
+    json::write_str(out, model)?;
+    write!(
+        out,
+        ",\"object\":\"model\",\"created\":{created},\"owned_by\":\"leanstream\"}}]}}"
+    )
+}
+
+/// `GET /health`: `{"status":"ok","model":NAME}`.
+pub fn write_health(out: &mut impl Write, model: &str) -> fmt::Result {
+    out.write_str("{\"status\":\"ok\",\"model\":")?;
+    json::write_str(out, model)?;
+    out.write_char('}')
+}
+
+/// OpenAI's error shape:
+/// `{"error":{"message":"...","type":"invalid_request_error","param":"max_tokens","code":null}}`.
+pub fn write_error(out: &mut impl Write, e: &ApiError) -> fmt::Result {
+    out.write_str("{\"error\":{\"message\":")?;
+    json::write_str(out, &e.message)?;
+    write!(out, ",\"type\":\"{}\",\"param\":", e.error_type())?;
+    match e.param {
+        Some(p) => json::write_str(out, p)?,
+        None => out.write_str("null")?,
+    }
+    out.write_str(",\"code\":null}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::FixedBuf;
+    use std::string::String;
+
+    fn completion(body: &str) -> Result<CompletionRequest<'static>, ApiError> {
+        let text = Box::leak(vec![0u8; body.len()].into_boxed_slice());
+        parse_completion(body.as_bytes(), text)
+    }
+
+    fn chat(body: &str) -> Result<ChatRequest<'static>, ApiError> {
+        let text = Box::leak(vec![0u8; body.len()].into_boxed_slice());
+        parse_chat(body.as_bytes(), text)
+    }
+
+    /// The error's status, param and message; its JSON must be valid and OpenAI-shaped.
+    fn err(e: ApiError) -> (u16, Option<&'static str>, String) {
+        let j = error_json(&e);
+        json::validate(j.as_bytes()).unwrap();
+        assert!(j.starts_with("{\"error\":{\"message\":"));
+        assert!(j.ends_with(",\"code\":null}}"));
+        (e.status, e.param, e.message.as_str().into())
+    }
+
+    fn error_json(e: &ApiError) -> String {
+        let mut b = [0u8; ERROR_BODY_MAX];
+        let mut f = FixedBuf::new(&mut b);
+        write_error(&mut f, e).unwrap();
+        f.as_str().into()
+    }
+
+    fn field_err(body: &str) -> (u16, Option<&'static str>, String) {
+        err(completion(body).unwrap_err())
+    }
+
+    #[test]
+    fn minimal_completion_has_defaults() {
+        let r = completion(r#"{"prompt":"Hello"}"#).unwrap();
+        assert_eq!(r.prompt, "Hello");
+        assert_eq!(r.model, None);
+        assert_eq!(r.params, Params::with_max_tokens(16));
+    }
+
+    #[test]
+    fn full_completion() {
+        let r = completion(
+            r#" { "model" : "qwen", "prompt": ["Once\nupon"], "max_tokens": 100,
+                "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -1, "stop": ["\n\n", "END"],
+                "stream": true, "n": 1, "logprobs": null, "echo": false, "unknown": {"a": [1, {"b": null}]},
+                "stream_options": {"include_usage": true} } "#,
+        )
+        .unwrap();
+        assert_eq!(r.model, Some("qwen"));
+        assert_eq!(r.prompt, "Once\nupon");
+        let p = &r.params;
+        assert_eq!(
+            (p.max_tokens, p.temperature, p.top_p, p.top_k),
+            (100, 0.5, 0.9, 40)
+        );
+        assert_eq!(p.seed, Some(u64::MAX));
+        assert_eq!(p.stop.as_slice(), ["\n\n", "END"]);
+        assert!(p.stream);
+    }
+
+    #[test]
+    fn nulls_are_absent() {
+        let r = completion(
+            r#"{"prompt":"x","model":null,"max_tokens":null,"temperature":null,"top_p":null,
+               "top_k":null,"seed":null,"stop":null,"stream":null,"n":null}"#,
+        )
+        .unwrap();
+        assert_eq!(r.params, Params::with_max_tokens(16));
+    }
+
+    #[test]
+    fn escapes_and_surrogate_pairs() {
+        let r =
+            completion(r#"{"prompt":"a\"b\\c\/d\b\f\n\r\t\u00e9\u4e2d\ud83d\ude00 é中😀 \u0000"}"#)
+                .unwrap();
+        assert_eq!(r.prompt, "a\"b\\c/d\u{8}\u{c}\n\r\té中😀 é中😀 \0");
+        // Escaped keys are keys too.
+        let r = completion(r#"{"prom\u0070t":"x","max\u005ftokens":3}"#).unwrap();
+        assert_eq!((r.prompt, r.params.max_tokens), ("x", 3));
+    }
+
+    #[test]
+    fn bad_escapes_and_utf8_are_400() {
+        for body in [
+            r#"{"prompt":"\ud83d"}"#, // lone high surrogate
+            r#"{"prompt":"\ud83dx"}"#,
+            r#"{"prompt":"\ud83d\u0041"}"#, // high then not low
+            r#"{"prompt":"\ude00"}"#,       // lone low
+            r#"{"prompt":"\x"}"#,
+            r#"{"prompt":"\u12"}"#,
+            r#"{"prompt":"\u12g4"}"#,
+        ] {
+            let (s, _, m) = field_err(body);
+            assert_eq!(s, 400, "{body}");
+            assert!(m.contains("escape") || m.contains("JSON"), "{body}: {m}");
+        }
+        for bytes in [
+            &b"{\"prompt\":\"\xff\"}"[..],
+            b"{\"prompt\":\"\xe4\xb8\"}",     // truncated character
+            b"{\"prompt\":\"\xed\xa0\x80\"}", // encoded surrogate
+            b"{\"x\":\"\xc0\xaf\",\"prompt\":\"a\"}", // overlong, in a skipped field
+        ] {
+            let mut text = [0u8; 64];
+            let e = parse_completion(bytes, &mut text).unwrap_err();
+            let (s, _, m) = err(e);
+            assert_eq!(s, 400);
+            assert!(m.starts_with("request body is not valid UTF-8"), "{m}");
+        }
+    }
+
+    #[test]
+    fn invalid_json_is_400() {
+        for body in [
+            "",
+            "   ",
+            "{",
+            "{\"prompt\":\"x\"",
+            "{\"prompt\":\"x\",}",
+            "{\"prompt\" \"x\"}",
+            "{\"prompt\":\"x\"} x",
+            "{\"prompt\":\"x\"}{}",
+            "{\"prompt\":\"x\",\"a\":[1,]}",
+            "{\"prompt\":\"x\",\"a\":[,1]}",
+            "{\"prompt\":\"x\",\"a\":01}",
+            "{\"prompt\":\"x\",\"a\":1.}",
+            "{\"prompt\":\"x\",\"a\":-}",
+            "{\"prompt\":\"x\",\"a\":1e}",
+            "{\"prompt\":\"x\",\"a\":tru}",
+            "{\"prompt\":\"x\",\"a\":nul}",
+            "{\"prompt\":\"x\",\"a\":{1:2}}",
+            "{\"prompt\":\"a\nb\"}",
+            "{'prompt':'x'}",
+        ] {
+            let (s, p, m) = field_err(body);
+            assert_eq!((s, p), (400, None), "{body:?}");
+            assert!(
+                m.starts_with("request body is not valid JSON (at byte"),
+                "{body:?}: {m}"
+            );
+        }
+        for body in ["[]", "\"x\"", "1", "null"] {
+            let (s, _, m) = field_err(body);
+            assert_eq!(s, 400);
+            assert_eq!(m, "request body must be a JSON object");
+        }
+        // Deep nesting in a skipped field is refused, not a stack overflow.
+        let deep = format!(
+            "{{\"prompt\":\"x\",\"a\":{}{}}}",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        let (s, _, m) = field_err(&deep);
+        assert_eq!(s, 400);
+        assert!(m.contains("nested too deeply"), "{m}");
+        let ok = format!(
+            "{{\"prompt\":\"x\",\"a\":{}{}}}",
+            "[".repeat(64),
+            "]".repeat(64)
+        );
+        completion(&ok).unwrap();
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let cases = [
+            (r#""model":1"#, "model", "'model' must be a string"),
+            (
+                r#""prompt":1"#,
+                "prompt",
+                "'prompt' must be a string or an array of one string",
+            ),
+            (
+                r#""prompt":[1]"#,
+                "prompt",
+                "'prompt' must be a string or an array of one string",
+            ),
+            (
+                r#""prompt":[]"#,
+                "prompt",
+                "'prompt' must be a string or an array of one string",
+            ),
+            (
+                r#""prompt":["a","b"]"#,
+                "prompt",
+                "'prompt' must be a string or an array of one string",
+            ),
+            (
+                r#""max_tokens":"16""#,
+                "max_tokens",
+                "'max_tokens' must be an integer",
+            ),
+            (
+                r#""max_tokens":16.5"#,
+                "max_tokens",
+                "'max_tokens' must be an integer",
+            ),
+            (
+                r#""max_tokens":1e3"#,
+                "max_tokens",
+                "'max_tokens' must be an integer",
+            ),
+            (
+                r#""max_tokens":true"#,
+                "max_tokens",
+                "'max_tokens' must be an integer",
+            ),
+            (
+                r#""temperature":"hot""#,
+                "temperature",
+                "'temperature' must be a number",
+            ),
+            (r#""top_p":[]"#, "top_p", "'top_p' must be a number"),
+            (r#""top_k":1.5"#, "top_k", "'top_k' must be an integer"),
+            (r#""seed":"1""#, "seed", "'seed' must be an integer"),
+            (
+                r#""stop":1"#,
+                "stop",
+                "'stop' must be a string or an array of strings",
+            ),
+            (
+                r#""stop":["a",2]"#,
+                "stop",
+                "'stop' must be a string or an array of strings",
+            ),
+            (r#""stream":"yes""#, "stream", "'stream' must be a boolean"),
+            (r#""stream":1"#, "stream", "'stream' must be a boolean"),
+            (r#""n":"1""#, "n", "'n' must be an integer"),
+        ];
+        for (field, param, message) in cases {
+            let body = format!("{{\"prompt\":\"x\",{field}}}");
+            assert_eq!(
+                field_err(&body),
+                (400, Some(param), message.into()),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        let limit = MAX_TOKENS_LIMIT;
+        let cases = [
+            (
+                r#""max_tokens":-1"#.to_string(),
+                "max_tokens",
+                "'max_tokens' must be at least 0".to_string(),
+            ),
+            (
+                format!("\"max_tokens\":{}", limit + 1),
+                "max_tokens",
+                format!("'max_tokens' must be at most {limit}"),
+            ),
+            (
+                r#""max_tokens":99999999999999999999999999999999999999999999"#.into(),
+                "max_tokens",
+                format!("'max_tokens' must be at most {limit}"),
+            ),
+            (
+                r#""temperature":-0.1"#.into(),
+                "temperature",
+                "'temperature' must be between 0 and 2".into(),
+            ),
+            (
+                r#""temperature":2.0001"#.into(),
+                "temperature",
+                "'temperature' must be between 0 and 2".into(),
+            ),
+            (
+                r#""temperature":1e999"#.into(),
+                "temperature",
+                "'temperature' must be between 0 and 2".into(),
+            ),
+            (
+                r#""top_p":0"#.into(),
+                "top_p",
+                "'top_p' must be greater than 0 and at most 1".into(),
+            ),
+            (
+                r#""top_p":1.01"#.into(),
+                "top_p",
+                "'top_p' must be greater than 0 and at most 1".into(),
+            ),
+            (
+                r#""top_k":-1"#.into(),
+                "top_k",
+                "'top_k' must be at least 0".into(),
+            ),
+            (
+                r#""n":2"#.into(),
+                "n",
+                "'n' must be 1 (one choice per request)".into(),
+            ),
+            (
+                r#""n":0"#.into(),
+                "n",
+                "'n' must be 1 (one choice per request)".into(),
+            ),
+            (
+                r#""seed":18446744073709551616"#.into(),
+                "seed",
+                "'seed' must be at most 18446744073709551615".into(),
+            ),
+        ];
+        for (field, param, message) in cases {
+            let body = format!("{{\"prompt\":\"x\",{field}}}");
+            assert_eq!(field_err(&body), (400, Some(param), message), "{body}");
+        }
+        let ok = |f: &str| {
+            completion(&format!("{{\"prompt\":\"x\",{f}}}"))
+                .unwrap()
+                .params
+        };
+        assert_eq!(ok(&format!("\"max_tokens\":{limit}")).max_tokens, limit);
+        assert_eq!(ok("\"max_tokens\":0").max_tokens, 0);
+        assert_eq!(ok("\"max_tokens\":-0").max_tokens, 0);
+        assert_eq!(ok("\"temperature\":0").temperature, 0.0);
+        assert_eq!(ok("\"temperature\":2").temperature, 2.0);
+        assert_eq!(ok("\"top_p\":1").top_p, 1.0);
+        assert_eq!(ok("\"top_p\":1e-3").top_p, 0.001);
+        assert_eq!(ok("\"seed\":18446744073709551615").seed, Some(u64::MAX));
+        assert_eq!(ok("\"seed\":-9223372036854775808").seed, Some(1 << 63));
+    }
+
+    #[test]
+    fn stops() {
+        let stop = |f: &str| completion(&format!("{{\"prompt\":\"x\",\"stop\":{f}}}"));
+        assert_eq!(stop(r#""\n""#).unwrap().params.stop.as_slice(), ["\n"]);
+        assert_eq!(
+            stop(r#"["a","b","c","d"]"#).unwrap().params.stop.as_slice(),
+            ["a", "b", "c", "d"]
+        );
+        assert_eq!(stop("[]").unwrap().params.stop.len(), 0);
+        assert_eq!(stop(r#"["","a"]"#).unwrap().params.stop.as_slice(), ["a"]);
+        assert_eq!(stop(r#""""#).unwrap().params.stop.len(), 0);
+        let (s, p, m) = err(stop(r#"["a","b","c","d","e"]"#).unwrap_err());
+        assert_eq!(
+            (s, p, m.as_str()),
+            (400, Some("stop"), "'stop' may hold at most 4 strings")
+        );
+        let long = "x".repeat(MAX_STOP_BYTES);
+        assert_eq!(stop(&format!("\"{long}\"")).unwrap().params.stop[0], long);
+        let too_long = "x".repeat(MAX_STOP_BYTES + 1);
+        for f in [format!("\"{too_long}\""), format!("[\"a\",\"{too_long}\"]")] {
+            let (s, p, m) = err(stop(&f).unwrap_err());
+            assert_eq!(
+                (s, p, m.as_str()),
+                (
+                    400,
+                    Some("stop"),
+                    "'stop' strings must be at most 128 bytes"
+                )
+            );
+        }
+        // 128 bytes after unescaping: 64 two-byte characters written as \u escapes.
+        let esc = "\\u00e9".repeat(64);
+        assert_eq!(
+            stop(&format!("\"{esc}\"")).unwrap().params.stop[0],
+            "é".repeat(64)
+        );
+        // The last duplicate key wins.
+        let r = completion(r#"{"prompt":"x","stop":["a","b","c"],"stop":"z"}"#).unwrap();
+        assert_eq!(r.params.stop.as_slice(), ["z"]);
+    }
+
+    #[test]
+    fn prompt_required() {
+        for body in ["{}", r#"{"prompt":null}"#, r#"{"model":"m"}"#] {
+            assert_eq!(
+                field_err(body),
+                (400, Some("prompt"), "'prompt' is required".into())
+            );
+        }
+        assert_eq!(completion(r#"{"prompt":""}"#).unwrap().prompt, "");
+    }
+
+    #[test]
+    fn small_text_buffer_is_413() {
+        let body = br#"{"prompt":"hello world"}"#;
+        let mut text = [0u8; 10];
+        let e = parse_completion(body, &mut text).unwrap_err();
+        assert_eq!(e.status, 413);
+        let mut text = [0u8; 11];
+        assert_eq!(
+            parse_completion(body, &mut text).unwrap().prompt,
+            "hello world"
+        );
+    }
+
+    #[test]
+    fn chat_requests() {
+        let r = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},
+                {"role":"user","content":"Hi \"there\"","name":"bob"},
+                {"role":"assistant","content":"Hello."},
+                {"role":"user","content":[{"type":"text","text":"one"},{"text":"two","type":"text"}]}],
+                "max_completion_tokens":7,"temperature":0,"stop":"\n","stream":true}"#,
+        )
+        .unwrap();
+        let m: Vec<(&str, &str)> = r.messages.iter().map(|m| (m.role, m.content)).collect();
+        assert_eq!(
+            m,
+            [
+                ("system", "Be brief."),
+                ("user", "Hi \"there\""),
+                ("assistant", "Hello."),
+                ("user", "one\ntwo")
+            ]
+        );
+        assert_eq!(r.model, Some("m"));
+        assert_eq!(r.params.max_tokens, 7);
+        assert_eq!(r.params.temperature, 0.0);
+        assert_eq!(r.params.stop.as_slice(), ["\n"]);
+        assert!(r.params.stream);
+        let r = chat(r#"{"messages":[{"content":"x","role":"user"}]}"#).unwrap();
+        assert_eq!(r.params.max_tokens, MAX_TOKENS_LIMIT);
+        assert_eq!(
+            r.messages[0],
+            ChatMessage {
+                role: "user",
+                content: "x"
+            }
+        );
+    }
+
+    #[test]
+    fn chat_errors() {
+        let msgs = |m: &str| format!("{{\"messages\":{m}}}");
+        let cases = [
+            ("{}".to_string(), "'messages' is required"),
+            (
+                msgs("null"),
+                "'messages' must be an array of message objects",
+            ),
+            (
+                msgs("\"hi\""),
+                "'messages' must be an array of message objects",
+            ),
+            (msgs("[]"), "'messages' must be a non-empty array"),
+            (msgs("[1]"), "'messages[0]' must be an object"),
+            (
+                msgs(r#"[{"role":"user","content":"a"},{"content":"b"}]"#),
+                "'messages[1].role' is required",
+            ),
+            (
+                msgs(r#"[{"role":"user"}]"#),
+                "'messages[0].content' is required",
+            ),
+            (
+                msgs(r#"[{"role":"tool","content":"a"}]"#),
+                "'messages[0].role' must be one of system, user, assistant",
+            ),
+            (
+                msgs(r#"[{"role":"a-very-long-role-name-longer-than-the-scratch","content":"a"}]"#),
+                "'messages[0].role' must be one of system, user, assistant",
+            ),
+            (
+                msgs(r#"[{"role":5,"content":"a"}]"#),
+                "'messages[0].role' must be one of system, user, assistant",
+            ),
+            (
+                msgs(r#"[{"role":"user","content":null}]"#),
+                "'messages[0].content' must be a string or an array of text parts",
+            ),
+            (
+                msgs(r#"[{"role":"user","content":5}]"#),
+                "'messages[0].content' must be a string or an array of text parts",
+            ),
+            (
+                msgs(r#"[{"role":"user","content":["a"]}]"#),
+                "'messages[0].content' must be a string or an array of text parts",
+            ),
+            (
+                msgs(r#"[{"role":"user","content":[{"text":"a"}]}]"#),
+                "'messages[0].content' parts must be of type 'text'",
+            ),
+            (
+                msgs(r#"[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]"#),
+                "'messages[0].content' parts must be of type 'text'",
+            ),
+        ];
+        for (body, message) in cases {
+            assert_eq!(
+                err(chat(&body).unwrap_err()),
+                (400, Some("messages"), message.into()),
+                "{body}"
+            );
+        }
+        let one = r#"{"role":"user","content":"x"}"#;
+        let n = |k: usize| msgs(&format!("[{}]", vec![one; k].join(",")));
+        assert_eq!(chat(&n(MAX_MESSAGES)).unwrap().messages.len(), MAX_MESSAGES);
+        let (s, p, m) = err(chat(&n(MAX_MESSAGES + 1)).unwrap_err());
+        assert_eq!(
+            (s, p, m.as_str()),
+            (
+                400,
+                Some("messages"),
+                "'messages' may hold at most 32 messages"
+            )
+        );
+        // Sampling fields are checked for chat too.
+        let body = format!("{{\"messages\":[{one}],\"max_completion_tokens\":-5}}");
+        assert_eq!(
+            err(chat(&body).unwrap_err()),
+            (
+                400,
+                Some("max_completion_tokens"),
+                "'max_completion_tokens' must be at least 0".into()
+            )
+        );
+    }
+
+    fn written(f: impl FnOnce(&mut FixedBuf) -> fmt::Result) -> String {
+        let mut b = [0u8; 4096];
+        let mut w = FixedBuf::new(&mut b);
+        f(&mut w).unwrap();
+        let s: String = w.as_str().into();
+        json::validate(s.as_bytes()).unwrap_or_else(|e| panic!("{e:?}: {s}"));
+        s
+    }
+
+    const META: ResponseMeta = ResponseMeta {
+        id: 7,
+        created: 1700000000,
+        model: "qwen\"2",
+    };
+    const USAGE: Usage = Usage {
+        prompt_tokens: 5,
+        completion_tokens: 3,
+    };
+
+    #[test]
+    fn completion_json() {
+        let s = written(|w| {
+            write_completion(
+                w,
+                &META,
+                b"Hi \"you\"\n\x01\xff",
+                FinishReason::Length,
+                &USAGE,
+            )
+        });
+        assert_eq!(
+            s,
+            "{\"id\":\"cmpl-7\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"qwen\\\"2\",\
+             \"choices\":[{\"index\":0,\"text\":\"Hi \\\"you\\\"\\n\\u0001\u{FFFD}\",\"finish_reason\":\"length\",\
+             \"logprobs\":null}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}"
+        );
+        // The text round-trips through the reader.
+        let mut text = [0u8; 64];
+        let mut sink = json::Sink::new(&mut text, 0);
+        let at = s.find("\"text\":").unwrap() + 7;
+        json::Reader::new(&s.as_bytes()[at..])
+            .string(Some(&mut sink))
+            .unwrap();
+        assert_eq!(sink.as_str(), Some("Hi \"you\"\n\u{1}\u{FFFD}"));
+    }
+
+    #[test]
+    fn chat_json() {
+        let s = written(|w| {
+            write_chat_completion(w, &META, "é\t".as_bytes(), FinishReason::Stop, &USAGE)
+        });
+        assert_eq!(
+            s,
+            "{\"id\":\"chatcmpl-7\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"qwen\\\"2\",\
+             \"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"é\\t\"},\
+             \"finish_reason\":\"stop\",\"logprobs\":null}],\"usage\":{\"prompt_tokens\":5,\
+             \"completion_tokens\":3,\"total_tokens\":8}}"
+        );
+    }
+
+    #[test]
+    fn streaming_chunks() {
+        let mut carry = Utf8Carry::new();
+        let euro = "€".as_bytes();
+        let s = written(|w| write_completion_chunk(w, &META, &mut carry, &[b'a', euro[0]]));
+        assert!(s.contains("\"text\":\"a\",\"finish_reason\":null"), "{s}");
+        assert!(s.contains("\"object\":\"text_completion\""));
+        let s = written(|w| write_completion_chunk(w, &META, &mut carry, &euro[1..]));
+        assert!(s.contains("\"text\":\"€\""), "{s}");
+        let s = written(|w| write_completion_chunk(w, &META, &mut carry, &euro[..2]));
+        assert!(s.contains("\"text\":\"\""), "{s}");
+        let s = written(|w| {
+            write_completion_final_chunk(w, &META, &mut carry, FinishReason::Length, Some(&USAGE))
+        });
+        assert!(
+            s.contains("\"text\":\"\u{FFFD}\",\"finish_reason\":\"length\""),
+            "{s}"
+        );
+        assert!(s.ends_with("\"total_tokens\":8}}"), "{s}");
+        let s = written(|w| {
+            write_completion_final_chunk(w, &META, &mut carry, FinishReason::Stop, None)
+        });
+        assert!(
+            s.ends_with("\"text\":\"\",\"finish_reason\":\"stop\",\"logprobs\":null}]}"),
+            "{s}"
+        );
+
+        let s = written(|w| write_chat_role_chunk(w, &META));
+        assert!(s.contains("\"object\":\"chat.completion.chunk\""));
+        assert!(
+            s.contains("\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"),
+            "{s}"
+        );
+        let s = written(|w| write_chat_chunk(w, &META, &mut carry, b"x\n"));
+        assert!(
+            s.contains("\"delta\":{\"content\":\"x\\n\"},\"finish_reason\":null"),
+            "{s}"
+        );
+        let s = written(|w| {
+            write_chat_final_chunk(w, &META, &mut carry, FinishReason::Stop, Some(&USAGE))
+        });
+        assert!(s.contains("\"delta\":{},\"finish_reason\":\"stop\""), "{s}");
+        assert!(s.contains("\"usage\":{"));
+        let s = written(|w| write_chat_chunk(w, &META, &mut carry, &euro[..1]));
+        assert!(s.contains("\"delta\":{\"content\":\"\"}"), "{s}");
+        let s = written(|w| {
+            write_chat_final_chunk(w, &META, &mut carry, FinishReason::Cancelled, None)
+        });
+        assert!(
+            s.contains("\"delta\":{\"content\":\"\u{FFFD}\"},\"finish_reason\":\"stop\""),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn models_health_errors() {
+        let s = written(|w| write_models(w, "qwen2.5-0.5b", 1700000000));
+        assert_eq!(
+            s,
+            "{\"object\":\"list\",\"data\":[{\"id\":\"qwen2.5-0.5b\",\"object\":\"model\",\
+             \"created\":1700000000,\"owned_by\":\"leanstream\"}]}"
+        );
+        let s = written(|w| write_health(w, "m"));
+        assert_eq!(s, "{\"status\":\"ok\",\"model\":\"m\"}");
+        let e = ApiError::invalid(
+            "max_tokens",
+            format_args!("'max_tokens' must be an integer"),
+        );
+        assert_eq!(
+            written(|w| write_error(w, &e)),
+            "{\"error\":{\"message\":\"'max_tokens' must be an integer\",\"type\":\"invalid_request_error\",\
+             \"param\":\"max_tokens\",\"code\":null}}"
+        );
+        let e = ApiError::queue_full();
+        assert_eq!(
+            written(|w| write_error(w, &e)),
+            "{\"error\":{\"message\":\"the request queue is full; retry shortly\",\"type\":\"server_error\",\
+             \"param\":null,\"code\":null}}"
+        );
+        // A message at its 256-byte cap, all control characters, still fits ERROR_BODY_MAX.
+        let ctl = "\u{1}".repeat(400);
+        let e = ApiError::server_error(&ctl);
+        assert_eq!(e.message.len(), 256);
+        assert_eq!(err(e).0, 500);
+        assert_eq!(err(ApiError::forbidden()).0, 403);
+    }
+}

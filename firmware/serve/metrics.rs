@@ -1,0 +1,209 @@
+//! Server counters, updated lock-free from any thread, and their Prometheus text for
+//! `GET /metrics`. A `static METRICS: Metrics = Metrics::new();` needs no allocation.
+
+use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The statuses counted one by one; any other is counted under status 0 ("other").
+pub const STATUSES: [u16; 14] = [
+    200, 400, 403, 404, 405, 408, 411, 413, 431, 500, 503, 505, 499, 0,
+];
+
+/// The counters. Counters only grow; gauges (`decode_tok_per_s`, `queue_depth`,
+/// `active_clients`) are set.
+pub struct Metrics {
+    /// Responses by status, in the order of [`STATUSES`] (499: the client closed first).
+    pub requests_by_status: [(u16, AtomicU64); STATUSES.len()],
+    pub prompt_tokens_total: AtomicU64,
+    pub completion_tokens_total: AtomicU64,
+    /// Decode speed of the last finished request, tokens per second, as `f64::to_bits`.
+    pub decode_tok_per_s_bits: AtomicU64,
+    /// Requests waiting for the engine.
+    pub queue_depth: AtomicU64,
+    /// 503s: the queue was full.
+    pub rejections_total: AtomicU64,
+    /// 403s: the peer's uid/gid is not allowed.
+    pub peer_rejections_total: AtomicU64,
+    /// Connections being served.
+    pub active_clients: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub const fn new() -> Self {
+        let mut by_status = [const { (0u16, AtomicU64::new(0)) }; STATUSES.len()];
+        let mut i = 0;
+        while i < STATUSES.len() {
+            by_status[i].0 = STATUSES[i];
+            i += 1;
+        }
+        Metrics {
+            requests_by_status: by_status,
+            prompt_tokens_total: AtomicU64::new(0),
+            completion_tokens_total: AtomicU64::new(0),
+            decode_tok_per_s_bits: AtomicU64::new(0),
+            queue_depth: AtomicU64::new(0),
+            rejections_total: AtomicU64::new(0),
+            peer_rejections_total: AtomicU64::new(0),
+            active_clients: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one response with `status` (503s and 403s also count as rejections).
+    pub fn record_status(&self, status: u16) {
+        let slot = self
+            .requests_by_status
+            .iter()
+            .find(|(s, _)| *s == status)
+            .unwrap_or(&self.requests_by_status[STATUSES.len() - 1]);
+        slot.1.fetch_add(1, Relaxed);
+        match status {
+            503 => {
+                self.rejections_total.fetch_add(1, Relaxed);
+            }
+            403 => {
+                self.peer_rejections_total.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds a finished request's token counts and sets the decode-speed gauge.
+    pub fn record_generation(&self, prompt_tokens: u64, completion_tokens: u64, tok_per_s: f64) {
+        self.prompt_tokens_total.fetch_add(prompt_tokens, Relaxed);
+        self.completion_tokens_total
+            .fetch_add(completion_tokens, Relaxed);
+        self.decode_tok_per_s_bits
+            .store(tok_per_s.to_bits(), Relaxed);
+    }
+
+    pub fn decode_tok_per_s(&self) -> f64 {
+        f64::from_bits(self.decode_tok_per_s_bits.load(Relaxed))
+    }
+}
+
+fn family(out: &mut impl Write, name: &str, kind: &str, help: &str) -> fmt::Result {
+    write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n")
+}
+
+/// Writes the Prometheus text exposition format (version 0.0.4).
+pub fn render_prometheus(m: &Metrics, out: &mut impl Write) -> fmt::Result {
+    let name = "leanstream_requests_total";
+    family(out, name, "counter", "HTTP responses by status (0: other).")?;
+    for (status, n) in &m.requests_by_status {
+        writeln!(out, "{name}{{status=\"{status}\"}} {}", n.load(Relaxed))?;
+    }
+    let counters = [
+        (
+            "leanstream_prompt_tokens_total",
+            "Prompt tokens processed.",
+            &m.prompt_tokens_total,
+        ),
+        (
+            "leanstream_completion_tokens_total",
+            "Tokens generated.",
+            &m.completion_tokens_total,
+        ),
+        (
+            "leanstream_rejections_total",
+            "Requests refused with 503 because the queue was full.",
+            &m.rejections_total,
+        ),
+        (
+            "leanstream_peer_rejections_total",
+            "Connections refused with 403 because of the peer's uid/gid.",
+            &m.peer_rejections_total,
+        ),
+    ];
+    for (name, help, v) in counters {
+        family(out, name, "counter", help)?;
+        writeln!(out, "{name} {}", v.load(Relaxed))?;
+    }
+    let gauges = [
+        (
+            "leanstream_queue_depth",
+            "Requests waiting for the engine.",
+            &m.queue_depth,
+        ),
+        (
+            "leanstream_active_clients",
+            "Connections being served.",
+            &m.active_clients,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        family(out, name, "gauge", help)?;
+        writeln!(out, "{name} {}", v.load(Relaxed))?;
+    }
+    let name = "leanstream_decode_tokens_per_second";
+    family(
+        out,
+        name,
+        "gauge",
+        "Decode speed of the last finished request.",
+    )?;
+    let v = m.decode_tok_per_s();
+    if v.is_finite() {
+        writeln!(out, "{name} {v}")
+    } else {
+        writeln!(out, "{name} NaN")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::FixedBuf;
+
+    static METRICS: Metrics = Metrics::new();
+
+    #[test]
+    fn prometheus_text() {
+        let m = &METRICS;
+        m.record_status(200);
+        m.record_status(200);
+        m.record_status(503);
+        m.record_status(403);
+        m.record_status(418);
+        m.record_generation(10, 20, 12.5);
+        m.queue_depth.store(3, Relaxed);
+        m.active_clients.store(2, Relaxed);
+        let mut b = [0u8; 8192];
+        let mut f = FixedBuf::new(&mut b);
+        render_prometheus(m, &mut f).unwrap();
+        let s = f.as_str();
+        for line in [
+            "# HELP leanstream_requests_total HTTP responses by status (0: other).",
+            "# TYPE leanstream_requests_total counter",
+            "leanstream_requests_total{status=\"200\"} 2",
+            "leanstream_requests_total{status=\"503\"} 1",
+            "leanstream_requests_total{status=\"404\"} 0",
+            "leanstream_requests_total{status=\"0\"} 1",
+            "leanstream_prompt_tokens_total 10",
+            "leanstream_completion_tokens_total 20",
+            "leanstream_rejections_total 1",
+            "leanstream_peer_rejections_total 1",
+            "# TYPE leanstream_queue_depth gauge",
+            "leanstream_queue_depth 3",
+            "leanstream_active_clients 2",
+            "# TYPE leanstream_decode_tokens_per_second gauge",
+            "leanstream_decode_tokens_per_second 12.5",
+        ] {
+            assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
+        }
+        // Every sample line is `name{labels} value` and every family has HELP and TYPE.
+        for l in s.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            let family = name.split('{').next().unwrap();
+            assert!(s.contains(&format!("# TYPE {family} ")), "{family}");
+            assert!(s.contains(&format!("# HELP {family} ")), "{family}");
+            value.parse::<f64>().unwrap();
+        }
+        assert!(s.ends_with('\n'));
+    }
+}
