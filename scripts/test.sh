@@ -9,6 +9,7 @@ if [ -x ../shared/scripts/fetch-models.sh ]; then
 else
   echo "skipped: ../shared not found: Qwen2.5-0.5B, stories260K, tokenizer vectors and WikiText-2 tests will skip"
 fi
+python3 -m pip install --quiet openai httpx
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test -- --show-output

@@ -20,10 +20,12 @@
 //!    [`http::write_json`], or stream with [`http::write_sse_head`], [`http::write_sse_event`]
 //!    and [`http::write_sse_done`].
 
+pub mod alloc_count;
 pub mod api;
 pub mod http;
 pub mod json;
 pub mod metrics;
+pub mod server;
 
 use core::fmt;
 

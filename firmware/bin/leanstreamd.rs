@@ -1,0 +1,144 @@
+//! `leanstreamd`: the inference daemon. Boots the model into the board's arenas, then serves
+//! OpenAI-compatible HTTP over a Unix socket until SIGTERM or SIGINT.
+
+use clap::Parser;
+use leanstream::board;
+use leanstream::engine::generate::{generate, GenerateParams};
+use leanstream::engine::sample::{Sampler, SamplerConfig};
+use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::load::open_model;
+use leanstream::serve::alloc_count::{self, CountingAllocator};
+use leanstream::serve::server::{Server, ServerConfig};
+use leanstream::sys;
+use leanstream::tokenizer::chat::ChatFormat;
+use leanstream::{log_error, log_info, log_warn};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+#[derive(Parser)]
+#[command(name = "leanstreamd", version, about = "LeanStream inference daemon: OpenAI-compatible HTTP over a Unix socket")]
+struct Args {
+    /// GGUF file or llama2.c checkpoint.
+    #[arg(long)]
+    model: PathBuf,
+    /// Unix socket path (default: the board's).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Tokenizer file, for llama2.c checkpoints.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Worker threads (default: the board's cpu_threads).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Client slots (default: the board's max_clients).
+    #[arg(long)]
+    max_clients: Option<usize>,
+    /// Requests that may wait for the engine (default: the board's request_queue).
+    #[arg(long)]
+    queue: Option<usize>,
+    /// A client must send its whole request within this many milliseconds (default: the board's).
+    #[arg(long)]
+    read_timeout_ms: Option<u64>,
+    /// Log prompt text (off by default: prompts may be private).
+    #[arg(long)]
+    log_prompts: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => {
+            log_info!("stopped");
+            sys::log::flush();
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            // Boot failures go straight to stderr as well: the logger may not be running.
+            eprintln!("leanstreamd: {e}");
+            log_error!("boot failed");
+            sys::log::flush();
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    sys::signals::install_shutdown_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    sys::log::start_logger().map_err(|e| format!("cannot start the logger: {e}"))?;
+    sys::log::set_log_prompts(args.log_prompts);
+    let socket = args.socket.clone().unwrap_or_else(|| PathBuf::from(board::SOCKET_PATH));
+
+    let (file, tok) = open_model(&args.model, args.tokenizer.as_deref())?;
+    let template = file.gguf().and_then(|g| g.get_str("tokenizer.chat_template"));
+    let chat = match ChatFormat::detect(template) {
+        Ok(c) => c,
+        Err(e) => {
+            log_warn!("chat template not supported; /v1/chat/completions uses plain ChatML");
+            eprintln!("leanstreamd: {e}; using ChatML for chat requests");
+            ChatFormat::detect(None).map_err(|e| e.to_string())?
+        }
+    };
+    let model_name = args
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+    let mut opts = EngineOptions::default();
+    if let Some(t) = args.threads {
+        opts.threads = t;
+    }
+    let mut engine = Engine::boot(&mut arenas, &file, opts).map_err(|e| format!("{}: {e}", args.model.display()))?;
+    drop(file);
+    let idx = engine.take_sample_buffer().expect("fresh engine");
+    let mut sampler = Sampler::new(SamplerConfig::default(), idx);
+
+    // Warm up: one short generation touches every weight page and starts the workers.
+    let warm = tok.encode("Hello", true);
+    let params = GenerateParams { max_tokens: 2, stop: &[], deadline: None };
+    generate(&mut engine, &mut sampler, &tok, &warm, &params, &mut |_| true).map_err(|e| e.to_string())?;
+
+    let listener = sys::socket::bind_listener(&socket, board::SOCKET_MODE).map_err(|e| e.to_string())?;
+    let watchdog = sys::notify::watchdog_interval();
+    let last_ping = std::sync::Mutex::new(std::time::Instant::now());
+    let on_tick = || {
+        if let Some(every) = watchdog {
+            let mut last = last_ping.lock().unwrap();
+            if last.elapsed() >= every / 2 {
+                let _ = sys::notify::watchdog();
+                *last = std::time::Instant::now();
+            }
+        }
+    };
+    let on_ready = || {
+        alloc_count::arm();
+        let _ = sys::notify::ready();
+        log_info!("ready: serving on the socket");
+    };
+    let allocations = alloc_count::allocations_after_boot;
+    let server = Server::new(ServerConfig {
+        model_name: &model_name,
+        allowed_uids: board::ALLOWED_UIDS,
+        allowed_gids: board::ALLOWED_GIDS,
+        max_clients: args.max_clients.unwrap_or(board::MAX_CLIENTS).max(1),
+        queue_depth: args.queue.unwrap_or(board::REQUEST_QUEUE).clamp(1, 64),
+        max_request_bytes: board::MAX_REQUEST_BYTES,
+        read_timeout: Duration::from_millis(args.read_timeout_ms.unwrap_or(board::READ_TIMEOUT_MS)),
+        request_timeout: Duration::from_secs(board::REQUEST_TIMEOUT_S),
+        shutdown_grace: Duration::from_secs(30),
+        shutdown: &sys::signals::shutdown_requested,
+        on_tick: &on_tick,
+        allocations: &allocations,
+        on_ready: &on_ready,
+    });
+    eprintln!("leanstreamd: serving {} on {} (board {})", model_name, socket.display(), board::NAME);
+    server.run(&listener, &mut engine, &mut sampler, &tok, &chat);
+    let _ = sys::notify::stopping();
+    drop(listener);
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}

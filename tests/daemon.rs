@@ -1,0 +1,421 @@
+//! leanstreamd as a real process over a real Unix socket: the protocol, its errors, load,
+//! clients that misbehave, strangers, fixed memory, and shutdown.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+fn socket_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ls-{}-{tag}.sock", std::process::id()))
+}
+
+impl Daemon {
+    fn start(model: &Path, tokenizer: Option<&Path>, tag: &str, extra: &[&str]) -> Daemon {
+        let socket = socket_path(tag);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstreamd"));
+        cmd.arg("--model").arg(model).arg("--socket").arg(&socket);
+        if let Some(t) = tokenizer {
+            cmd.arg("--tokenizer").arg(t);
+        }
+        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        let child = cmd.spawn().expect("start leanstreamd");
+        let started = Instant::now();
+        while UnixStream::connect(&socket).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(120), "leanstreamd did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // A probe connection with no request: the daemon answers it 408 later; ready now.
+        Daemon { child, socket }
+    }
+
+    fn stories() -> Option<Daemon> {
+        Self::stories_with("stories", &[])
+    }
+
+    fn stories_with(tag: &str, extra: &[&str]) -> Option<Daemon> {
+        let model = common::shared("data/stories260K/stories260K.bin")?;
+        let tok = common::shared("data/stories260K/tok512.bin")?;
+        Some(Daemon::start(&model, Some(&tok), tag, extra))
+    }
+
+    /// Sends raw bytes, reads the whole response (the daemon closes each connection).
+    fn raw(&self, bytes: &[u8]) -> Response {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        Response::parse(&out)
+    }
+
+    fn get(&self, path: &str) -> Response {
+        self.raw(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+    }
+
+    fn post(&self, path: &str, body: &str) -> Response {
+        self.raw(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+                .as_bytes(),
+        )
+    }
+
+    /// SIGTERM, then the exit code.
+    fn stop(mut self) -> i32 {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "leanstreamd did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Response {
+    fn parse(raw: &[u8]) -> Response {
+        let text = String::from_utf8_lossy(raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        Response { status, head: head.to_string(), body: body.to_string() }
+    }
+
+    /// The JSON string value of `"key":"..."` (first occurrence), unescaped enough for tests.
+    fn field(&self, key: &str) -> Option<String> {
+        json_string_field(&self.body, key)
+    }
+}
+
+fn json_string_field(json: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\":\"");
+    let start = json.find(&pat)? + pat.len();
+    let mut out = String::new();
+    let mut chars = json[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?).unwrap_or('?'));
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Concatenated text of an SSE stream, and whether it ended with [DONE].
+fn sse_text(body: &str, key: &str) -> (String, bool) {
+    let mut text = String::new();
+    let mut done = false;
+    for line in body.lines() {
+        if let Some(data) = line.strip_prefix("data: ") {
+            if data == "[DONE]" {
+                done = true;
+            } else if let Some(t) = json_string_field(data, key) {
+                text.push_str(&t);
+            }
+        }
+    }
+    (text, done)
+}
+
+fn cli_greedy(model: &Path, tokenizer: Option<&Path>, prompt: &str, n: usize) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstream"));
+    cmd.args(["generate", "--model"]).arg(model).args(["--prompt", prompt, "--max-tokens", &n.to_string()]);
+    if let Some(t) = tokenizer {
+        cmd.arg("--tokenizer").arg(t);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut s = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(s.pop(), Some('\n'));
+    s
+}
+
+#[test]
+fn endpoints_and_greedy_parity_with_the_cli() {
+    let Some(d) = Daemon::stories() else { return };
+    let h = d.get("/health");
+    assert_eq!(h.status, 200, "{h:?}");
+    assert!(h.body.contains("\"status\":\"ok\""), "{h:?}");
+    let m = d.get("/v1/models");
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("\"object\":\"list\"") && m.body.contains("stories260K"), "{m:?}");
+
+    let model = common::shared("data/stories260K/stories260K.bin").unwrap();
+    let tok = common::shared("data/stories260K/tok512.bin").unwrap();
+    let expected = cli_greedy(&model, Some(&tok), "Once upon a time", 40);
+    let r = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0}"#);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.field("text").unwrap(), expected);
+    assert!(r.body.contains("\"completion_tokens\":40") && r.body.contains("\"finish_reason\":\"length\""), "{r:?}");
+
+    // Streamed, the same text arrives in events ending with [DONE].
+    let s = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true}"#);
+    assert_eq!(s.status, 200);
+    assert!(s.head.contains("text/event-stream"), "{s:?}");
+    let (text, done) = sse_text(&s.body, "text");
+    assert!(done, "{s:?}");
+    assert_eq!(text, expected);
+
+    // Sampling with a seed is repeatable.
+    let body = r#"{"prompt":"Once upon a time","max_tokens":30,"temperature":0.9,"top_k":20,"top_p":0.9,"seed":7}"#;
+    assert_eq!(d.post("/v1/completions", body).field("text"), d.post("/v1/completions", body).field("text"));
+
+    // A stop string ends it early.
+    let stop = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["Lily"]}"#);
+    assert_eq!(stop.status, 200);
+    let cut = expected.split("Lily").next().unwrap();
+    assert_eq!(stop.field("text").unwrap(), cut);
+    assert!(stop.body.contains("\"finish_reason\":\"stop\""));
+
+    let metrics = d.get("/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.head.contains("text/plain"));
+    assert!(metrics.body.contains("leanstream_requests_total"), "{}", metrics.body);
+    assert_eq!(d.stop(), 0);
+}
+
+#[test]
+fn smollm2_daemon_matches_cli_and_chats() {
+    let Some(model) = common::model(common::SMOLLM2) else { return };
+    let d = Daemon::start(&model, None, "smol", &[]);
+    let expected = cli_greedy(&model, None, "The capital of France is", 12);
+    let r = d.post("/v1/completions", r#"{"prompt":"The capital of France is","max_tokens":12,"temperature":0}"#);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.field("text").unwrap(), expected);
+    assert!(expected.starts_with(" Paris."), "{expected:?}");
+
+    let c = d.post(
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,"temperature":0}"#,
+    );
+    assert_eq!(c.status, 200, "{c:?}");
+    assert!(c.body.contains("\"object\":\"chat.completion\"") && c.body.contains("\"role\":\"assistant\""), "{c:?}");
+    assert!(!c.field("content").unwrap().is_empty());
+    let s = d.post(
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,"temperature":0,"stream":true}"#,
+    );
+    let (text, done) = sse_text(&s.body, "content");
+    assert!(done);
+    assert_eq!(text, c.field("content").unwrap());
+}
+
+#[test]
+fn bad_input_gets_its_error_and_the_daemon_keeps_serving() {
+    let Some(d) = Daemon::stories_with("bad", &["--read-timeout-ms", "1500"]) else { return };
+    let error_type = |r: &Response| r.body.contains("\"error\":{") && r.body.contains("\"type\":\"");
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("malformed request line", b"HELLO\r\n\r\n".to_vec(), 400),
+        ("unknown path", b"GET /nope HTTP/1.1\r\n\r\n".to_vec(), 404),
+        ("wrong method", b"DELETE /v1/completions HTTP/1.1\r\n\r\n".to_vec(), 405),
+        ("no content-length", b"POST /v1/completions HTTP/1.1\r\n\r\n{}".to_vec(), 411),
+        ("oversized headers", format!("GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(70_000)).into_bytes(), 431),
+        (
+            "oversized body",
+            format!("POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{}", "a".repeat(1000)).into_bytes(),
+            413,
+        ),
+    ];
+    for (what, bytes, status) in cases {
+        let r = d.raw(&bytes);
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        assert!(error_type(&r), "{what}: {r:?}");
+    }
+    let bodies: Vec<(&str, String, u16)> = vec![
+        ("invalid JSON", "{\"prompt\": ".into(), 400),
+        ("wrong type", r#"{"prompt":"x","max_tokens":"many"}"#.into(), 400),
+        ("negative max_tokens", r#"{"prompt":"x","max_tokens":-5}"#.into(), 400),
+        ("huge max_tokens", r#"{"prompt":"x","max_tokens":100000000}"#.into(), 400),
+        ("bad temperature", r#"{"prompt":"x","temperature":"hot"}"#.into(), 400),
+        ("prompt past the context", format!(r#"{{"prompt":"{}","max_tokens":4}}"#, "Once upon a time ".repeat(300)), 422),
+    ];
+    for (what, body, status) in bodies {
+        let r = d.post("/v1/completions", &body);
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        assert!(error_type(&r), "{what}: {r:?}");
+    }
+    // Invalid UTF-8 inside a JSON string.
+    let body = b"{\"prompt\":\"\xff\xfe\"}";
+    let mut bad = format!("POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+    bad.extend_from_slice(body);
+    assert_eq!(d.raw(&bad).status, 400);
+
+    // A slow client that stops sending gets 408 after the read timeout.
+    let mut slow = UnixStream::connect(&d.socket).unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"pro").unwrap();
+    let mut out = Vec::new();
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    slow.read_to_end(&mut out).unwrap();
+    assert_eq!(Response::parse(&out).status, 408);
+
+    // A client that vanishes mid-stream: the daemon cancels and serves the next one.
+    let mut gone = UnixStream::connect(&d.socket).unwrap();
+    let body = r#"{"prompt":"Once upon a time","max_tokens":400,"temperature":0,"stream":true}"#;
+    write!(gone, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 64];
+    let _ = gone.read(&mut first).unwrap();
+    drop(gone);
+    let after = d.post("/v1/completions", r#"{"prompt":"Once","max_tokens":5,"temperature":0}"#);
+    assert_eq!(after.status, 200, "{after:?}");
+    let metrics = d.get("/metrics").body;
+    assert!(metrics.contains("status=\"499\"} 1") || metrics.contains("status=\"499\"} 2"), "{metrics}");
+    assert_eq!(d.get("/health").status, 200);
+}
+
+#[test]
+fn strangers_get_403() {
+    let Some(d) = Daemon::stories_with("peer", &[]) else { return };
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: the allowlist test needs root to connect as another user");
+        return;
+    }
+    // Let the 'nobody' user reach the socket by group, so the daemon (not the file mode) decides.
+    std::os::unix::fs::chown(&d.socket, None, Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket"])
+        .arg(&d.socket)
+        .arg("http://localhost/health")
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: setpriv or curl not runnable ({e})");
+            return;
+        }
+    };
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    // Our own uid (root, on the allowlist) is served; curl works over the socket.
+    let ok = Command::new("curl").args(["-s", "--unix-socket"]).arg(&d.socket).arg("http://localhost/health").output().unwrap();
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("\"status\":\"ok\""));
+    let m = d.get("/metrics").body;
+    assert!(m.contains("leanstream_peer_rejections_total 1"), "{m}");
+}
+
+#[test]
+fn load_of_16_clients_gets_200_or_503_and_nothing_is_lost() {
+    let Some(d) = Daemon::stories_with("load", &["--max-clients", "6", "--queue", "2"]) else { return };
+    let socket = d.socket.clone();
+    let results: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|c| {
+                let socket = socket.clone();
+                s.spawn(move || {
+                    (0..5)
+                        .map(|i| {
+                            let body = format!(r#"{{"prompt":"Once upon a time","max_tokens":{},"temperature":0,"stream":{}}}"#, 20 + c, i % 2 == 0);
+                            let mut st = UnixStream::connect(&socket).unwrap();
+                            st.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                            // A refused client may find the connection closed before it writes.
+                            let _ = write!(st, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                            let mut out = Vec::new();
+                            st.read_to_end(&mut out).expect("a response, not a hang");
+                            Response::parse(&out).status
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results.len(), 80);
+    let ok = results.iter().filter(|&&s| s == 200).count();
+    let busy = results.iter().filter(|&&s| s == 503).count();
+    assert_eq!(ok + busy, 80, "{results:?}");
+    assert!(ok > 0 && busy > 0, "a small queue under 16 clients should both serve and refuse: {ok} ok, {busy} busy");
+    eprintln!("load: {ok} served, {busy} refused with 503");
+    assert_eq!(d.get("/health").status, 200);
+    let m = d.get("/metrics").body;
+    assert!(m.contains(&format!("leanstream_rejections_total {busy}")), "{m}");
+}
+
+#[test]
+fn serving_allocates_nothing_after_boot() {
+    let Some(d) = Daemon::stories_with("alloc", &[]) else { return };
+    for i in 0..120 {
+        let stream = i % 2 == 0;
+        let r = if i % 3 == 0 {
+            d.post(
+                "/v1/chat/completions",
+                &format!(r#"{{"messages":[{{"role":"user","content":"Tell a story {i}"}}],"max_tokens":24,"temperature":0.8,"seed":{i},"stream":{stream}}}"#),
+            )
+        } else {
+            d.post("/v1/completions", &format!(r#"{{"prompt":"Once upon a time {i}","max_tokens":24,"temperature":0.8,"seed":{i},"stop":["zz"],"stream":{stream}}}"#))
+        };
+        assert_eq!(r.status, 200, "{r:?}");
+        if i % 10 == 0 {
+            assert_eq!(d.get("/health").status, 200);
+            assert_eq!(d.post("/v1/completions", "{bad").status, 400);
+        }
+    }
+    let m = d.get("/metrics").body;
+    let line = m.lines().find(|l| l.starts_with("leanstream_heap_allocations_after_boot_total")).expect("allocation counter in /metrics");
+    assert_eq!(line, "leanstream_heap_allocations_after_boot_total 0", "{m}");
+}
+
+#[test]
+fn sigterm_lets_the_running_request_finish() {
+    let Some(d) = Daemon::stories_with("term", &[]) else { return };
+    let socket = d.socket.clone();
+    let t = std::thread::spawn(move || {
+        let body = r#"{"prompt":"Once upon a time","max_tokens":300,"temperature":0}"#;
+        let mut st = UnixStream::connect(&socket).unwrap();
+        write!(st, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = Vec::new();
+        st.read_to_end(&mut out).unwrap();
+        Response::parse(&out)
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let code = d.stop();
+    assert_eq!(code, 0);
+    let r = t.join().unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("\"finish_reason\""), "{r:?}");
+}
+
+#[test]
+fn openai_python_client_over_the_socket() {
+    let Some(d) = Daemon::stories_with("openai", &[]) else { return };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new("python3").arg(&script).arg(&d.socket).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named 'openai'") {
+        panic!("the openai package is missing: scripts/test.sh installs it (pip install openai)");
+    }
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("openai client: 4 passed"), "{stdout}");
+}
