@@ -7,6 +7,7 @@
 //! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
 //! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
 //! - `engine`: the forward pass, KV cache and sampling.
+//! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
 
 pub mod backend;
 pub mod board;
@@ -14,4 +15,5 @@ pub mod boot;
 pub mod engine;
 pub mod load;
 pub mod model;
+pub mod sys;
 pub mod tokenizer;
