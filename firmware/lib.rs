@@ -8,10 +8,12 @@
 //! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
 //! - `engine`: the forward pass, KV cache and sampling.
 //! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
+//! - `client`: the CLI's HTTP/1.1 client for the daemon's Unix socket.
 
 pub mod backend;
 pub mod board;
 pub mod boot;
+pub mod client;
 pub mod engine;
 pub mod load;
 pub mod model;
