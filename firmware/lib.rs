@@ -7,13 +7,18 @@
 //! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
 //! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
 //! - `engine`: the forward pass, KV cache and sampling.
-//! - `serve`: the OpenAI-compatible HTTP/1.1 protocol layer (request parsing, responses, metrics).
+//! - `serve`: the daemon: OpenAI-compatible HTTP/1.1 protocol layer, client slots, request
+//!   queue and engine thread (`serve/server.rs`), metrics.
+//! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
+//! - `client`: the CLI's HTTP/1.1 client for the daemon's Unix socket.
 
 pub mod backend;
 pub mod board;
 pub mod boot;
+pub mod client;
 pub mod engine;
 pub mod load;
 pub mod model;
 pub mod serve;
+pub mod sys;
 pub mod tokenizer;
