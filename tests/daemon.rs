@@ -30,7 +30,10 @@ impl Daemon {
         let child = cmd.spawn().expect("start leanstreamd");
         let started = Instant::now();
         while UnixStream::connect(&socket).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(120), "leanstreamd did not come up");
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "leanstreamd did not come up"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         // A probe connection with no request: the daemon answers it 408 later; ready now.
@@ -77,7 +80,10 @@ impl Daemon {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code().unwrap_or(-1);
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "leanstreamd did not stop on SIGTERM");
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "leanstreamd did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -102,8 +108,16 @@ impl Response {
     fn parse(raw: &[u8]) -> Response {
         let text = String::from_utf8_lossy(raw).into_owned();
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        Response { status, head: head.to_string(), body: body.to_string() }
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        Response {
+            status,
+            head: head.to_string(),
+            body: body.to_string(),
+        }
     }
 
     /// The JSON string value of `"key":"..."` (first occurrence), unescaped enough for tests.
@@ -153,12 +167,21 @@ fn sse_text(body: &str, key: &str) -> (String, bool) {
 
 fn cli_greedy(model: &Path, tokenizer: Option<&Path>, prompt: &str, n: usize) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstream"));
-    cmd.args(["generate", "--model"]).arg(model).args(["--prompt", prompt, "--max-tokens", &n.to_string()]);
+    cmd.args(["generate", "--model"]).arg(model).args([
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        &n.to_string(),
+    ]);
     if let Some(t) = tokenizer {
         cmd.arg("--tokenizer").arg(t);
     }
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut s = String::from_utf8(out.stdout).unwrap();
     assert_eq!(s.pop(), Some('\n'));
     s
@@ -172,18 +195,31 @@ fn endpoints_and_greedy_parity_with_the_cli() {
     assert!(h.body.contains("\"status\":\"ok\""), "{h:?}");
     let m = d.get("/v1/models");
     assert_eq!(m.status, 200);
-    assert!(m.body.contains("\"object\":\"list\"") && m.body.contains("stories260K"), "{m:?}");
+    assert!(
+        m.body.contains("\"object\":\"list\"") && m.body.contains("stories260K"),
+        "{m:?}"
+    );
 
     let model = common::shared("data/stories260K/stories260K.bin").unwrap();
     let tok = common::shared("data/stories260K/tok512.bin").unwrap();
     let expected = cli_greedy(&model, Some(&tok), "Once upon a time", 40);
-    let r = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0}"#);
+    let r = d.post(
+        "/v1/completions",
+        r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0}"#,
+    );
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.field("text").unwrap(), expected);
-    assert!(r.body.contains("\"completion_tokens\":40") && r.body.contains("\"finish_reason\":\"length\""), "{r:?}");
+    assert!(
+        r.body.contains("\"completion_tokens\":40")
+            && r.body.contains("\"finish_reason\":\"length\""),
+        "{r:?}"
+    );
 
     // Streamed, the same text arrives in events ending with [DONE].
-    let s = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true}"#);
+    let s = d.post(
+        "/v1/completions",
+        r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stream":true}"#,
+    );
     assert_eq!(s.status, 200);
     assert!(s.head.contains("text/event-stream"), "{s:?}");
     let (text, done) = sse_text(&s.body, "text");
@@ -192,10 +228,16 @@ fn endpoints_and_greedy_parity_with_the_cli() {
 
     // Sampling with a seed is repeatable.
     let body = r#"{"prompt":"Once upon a time","max_tokens":30,"temperature":0.9,"top_k":20,"top_p":0.9,"seed":7}"#;
-    assert_eq!(d.post("/v1/completions", body).field("text"), d.post("/v1/completions", body).field("text"));
+    assert_eq!(
+        d.post("/v1/completions", body).field("text"),
+        d.post("/v1/completions", body).field("text")
+    );
 
     // A stop string ends it early.
-    let stop = d.post("/v1/completions", r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["Lily"]}"#);
+    let stop = d.post(
+        "/v1/completions",
+        r#"{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["Lily"]}"#,
+    );
     assert_eq!(stop.status, 200);
     let cut = expected.split("Lily").next().unwrap();
     assert_eq!(stop.field("text").unwrap(), cut);
@@ -204,16 +246,25 @@ fn endpoints_and_greedy_parity_with_the_cli() {
     let metrics = d.get("/metrics");
     assert_eq!(metrics.status, 200);
     assert!(metrics.head.contains("text/plain"));
-    assert!(metrics.body.contains("leanstream_requests_total"), "{}", metrics.body);
+    assert!(
+        metrics.body.contains("leanstream_requests_total"),
+        "{}",
+        metrics.body
+    );
     assert_eq!(d.stop(), 0);
 }
 
 #[test]
 fn smollm2_daemon_matches_cli_and_chats() {
-    let Some(model) = common::model(common::SMOLLM2) else { return };
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
     let d = Daemon::start(&model, None, "smol", &[]);
     let expected = cli_greedy(&model, None, "The capital of France is", 12);
-    let r = d.post("/v1/completions", r#"{"prompt":"The capital of France is","max_tokens":12,"temperature":0}"#);
+    let r = d.post(
+        "/v1/completions",
+        r#"{"prompt":"The capital of France is","max_tokens":12,"temperature":0}"#,
+    );
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.field("text").unwrap(), expected);
     assert!(expected.starts_with(" Paris."), "{expected:?}");
@@ -223,7 +274,11 @@ fn smollm2_daemon_matches_cli_and_chats() {
         r#"{"messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,"temperature":0}"#,
     );
     assert_eq!(c.status, 200, "{c:?}");
-    assert!(c.body.contains("\"object\":\"chat.completion\"") && c.body.contains("\"role\":\"assistant\""), "{c:?}");
+    assert!(
+        c.body.contains("\"object\":\"chat.completion\"")
+            && c.body.contains("\"role\":\"assistant\""),
+        "{c:?}"
+    );
     assert!(!c.field("content").unwrap().is_empty());
     let s = d.post(
         "/v1/chat/completions",
@@ -236,17 +291,40 @@ fn smollm2_daemon_matches_cli_and_chats() {
 
 #[test]
 fn bad_input_gets_its_error_and_the_daemon_keeps_serving() {
-    let Some(d) = Daemon::stories_with("bad", &["--read-timeout-ms", "1500"]) else { return };
-    let error_type = |r: &Response| r.body.contains("\"error\":{") && r.body.contains("\"type\":\"");
+    let Some(d) = Daemon::stories_with("bad", &["--read-timeout-ms", "1500"]) else {
+        return;
+    };
+    let error_type =
+        |r: &Response| r.body.contains("\"error\":{") && r.body.contains("\"type\":\"");
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
         ("malformed request line", b"HELLO\r\n\r\n".to_vec(), 400),
         ("unknown path", b"GET /nope HTTP/1.1\r\n\r\n".to_vec(), 404),
-        ("wrong method", b"DELETE /v1/completions HTTP/1.1\r\n\r\n".to_vec(), 405),
-        ("no content-length", b"POST /v1/completions HTTP/1.1\r\n\r\n{}".to_vec(), 411),
-        ("oversized headers", format!("GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(70_000)).into_bytes(), 431),
+        (
+            "wrong method",
+            b"DELETE /v1/completions HTTP/1.1\r\n\r\n".to_vec(),
+            405,
+        ),
+        (
+            "no content-length",
+            b"POST /v1/completions HTTP/1.1\r\n\r\n{}".to_vec(),
+            411,
+        ),
+        (
+            "oversized headers",
+            format!(
+                "GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            431,
+        ),
         (
             "oversized body",
-            format!("POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{}", "a".repeat(1000)).into_bytes(),
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{}",
+                "a".repeat(1000)
+            )
+            .into_bytes(),
             413,
         ),
     ];
@@ -257,11 +335,34 @@ fn bad_input_gets_its_error_and_the_daemon_keeps_serving() {
     }
     let bodies: Vec<(&str, String, u16)> = vec![
         ("invalid JSON", "{\"prompt\": ".into(), 400),
-        ("wrong type", r#"{"prompt":"x","max_tokens":"many"}"#.into(), 400),
-        ("negative max_tokens", r#"{"prompt":"x","max_tokens":-5}"#.into(), 400),
-        ("huge max_tokens", r#"{"prompt":"x","max_tokens":100000000}"#.into(), 400),
-        ("bad temperature", r#"{"prompt":"x","temperature":"hot"}"#.into(), 400),
-        ("prompt past the context", format!(r#"{{"prompt":"{}","max_tokens":4}}"#, "Once upon a time ".repeat(300)), 422),
+        (
+            "wrong type",
+            r#"{"prompt":"x","max_tokens":"many"}"#.into(),
+            400,
+        ),
+        (
+            "negative max_tokens",
+            r#"{"prompt":"x","max_tokens":-5}"#.into(),
+            400,
+        ),
+        (
+            "huge max_tokens",
+            r#"{"prompt":"x","max_tokens":100000000}"#.into(),
+            400,
+        ),
+        (
+            "bad temperature",
+            r#"{"prompt":"x","temperature":"hot"}"#.into(),
+            400,
+        ),
+        (
+            "prompt past the context",
+            format!(
+                r#"{{"prompt":"{}","max_tokens":4}}"#,
+                "Once upon a time ".repeat(300)
+            ),
+            422,
+        ),
     ];
     for (what, body, status) in bodies {
         let r = d.post("/v1/completions", &body);
@@ -270,35 +371,54 @@ fn bad_input_gets_its_error_and_the_daemon_keeps_serving() {
     }
     // Invalid UTF-8 inside a JSON string.
     let body = b"{\"prompt\":\"\xff\xfe\"}";
-    let mut bad = format!("POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+    let mut bad = format!(
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
     bad.extend_from_slice(body);
     assert_eq!(d.raw(&bad).status, 400);
 
     // A slow client that stops sending gets 408 after the read timeout.
     let mut slow = UnixStream::connect(&d.socket).unwrap();
-    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"pro").unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"pro")
+        .unwrap();
     let mut out = Vec::new();
-    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     slow.read_to_end(&mut out).unwrap();
     assert_eq!(Response::parse(&out).status, 408);
 
     // A client that vanishes mid-stream: the daemon cancels and serves the next one.
     let mut gone = UnixStream::connect(&d.socket).unwrap();
     let body = r#"{"prompt":"Once upon a time","max_tokens":400,"temperature":0,"stream":true}"#;
-    write!(gone, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(
+        gone,
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     let mut first = [0u8; 64];
     let _ = gone.read(&mut first).unwrap();
     drop(gone);
-    let after = d.post("/v1/completions", r#"{"prompt":"Once","max_tokens":5,"temperature":0}"#);
+    let after = d.post(
+        "/v1/completions",
+        r#"{"prompt":"Once","max_tokens":5,"temperature":0}"#,
+    );
     assert_eq!(after.status, 200, "{after:?}");
     let metrics = d.get("/metrics").body;
-    assert!(metrics.contains("status=\"499\"} 1") || metrics.contains("status=\"499\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("status=\"499\"} 1") || metrics.contains("status=\"499\"} 2"),
+        "{metrics}"
+    );
     assert_eq!(d.get("/health").status, 200);
 }
 
 #[test]
 fn strangers_get_403() {
-    let Some(d) = Daemon::stories_with("peer", &[]) else { return };
+    let Some(d) = Daemon::stories_with("peer", &[]) else {
+        return;
+    };
     if !nix::unistd::Uid::effective().is_root() {
         eprintln!("skipped: the allowlist test needs root to connect as another user");
         return;
@@ -306,7 +426,20 @@ fn strangers_get_403() {
     // Let the 'nobody' user reach the socket by group, so the daemon (not the file mode) decides.
     std::os::unix::fs::chown(&d.socket, None, Some(65534)).unwrap();
     let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket"])
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--unix-socket",
+        ])
         .arg(&d.socket)
         .arg("http://localhost/health")
         .output();
@@ -319,7 +452,12 @@ fn strangers_get_403() {
     };
     assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
     // Our own uid (root, on the allowlist) is served; curl works over the socket.
-    let ok = Command::new("curl").args(["-s", "--unix-socket"]).arg(&d.socket).arg("http://localhost/health").output().unwrap();
+    let ok = Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(&d.socket)
+        .arg("http://localhost/health")
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&ok.stdout).contains("\"status\":\"ok\""));
     let m = d.get("/metrics").body;
     assert!(m.contains("leanstream_peer_rejections_total 1"), "{m}");
@@ -327,7 +465,9 @@ fn strangers_get_403() {
 
 #[test]
 fn load_of_16_clients_gets_200_or_503_and_nothing_is_lost() {
-    let Some(d) = Daemon::stories_with("load", &["--max-clients", "6", "--queue", "2"]) else { return };
+    let Some(d) = Daemon::stories_with("load", &["--max-clients", "6", "--queue", "2"]) else {
+        return;
+    };
     let socket = d.socket.clone();
     let results: Vec<u16> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..16)
@@ -349,22 +489,33 @@ fn load_of_16_clients_gets_200_or_503_and_nothing_is_lost() {
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     assert_eq!(results.len(), 80);
     let ok = results.iter().filter(|&&s| s == 200).count();
     let busy = results.iter().filter(|&&s| s == 503).count();
     assert_eq!(ok + busy, 80, "{results:?}");
-    assert!(ok > 0 && busy > 0, "a small queue under 16 clients should both serve and refuse: {ok} ok, {busy} busy");
+    assert!(
+        ok > 0 && busy > 0,
+        "a small queue under 16 clients should both serve and refuse: {ok} ok, {busy} busy"
+    );
     eprintln!("load: {ok} served, {busy} refused with 503");
     assert_eq!(d.get("/health").status, 200);
     let m = d.get("/metrics").body;
-    assert!(m.contains(&format!("leanstream_rejections_total {busy}")), "{m}");
+    assert!(
+        m.contains(&format!("leanstream_rejections_total {busy}")),
+        "{m}"
+    );
 }
 
 #[test]
 fn serving_allocates_nothing_after_boot() {
-    let Some(d) = Daemon::stories_with("alloc", &[]) else { return };
+    let Some(d) = Daemon::stories_with("alloc", &[]) else {
+        return;
+    };
     for i in 0..120 {
         let stream = i % 2 == 0;
         let r = if i % 3 == 0 {
@@ -382,18 +533,31 @@ fn serving_allocates_nothing_after_boot() {
         }
     }
     let m = d.get("/metrics").body;
-    let line = m.lines().find(|l| l.starts_with("leanstream_heap_allocations_after_boot_total")).expect("allocation counter in /metrics");
-    assert_eq!(line, "leanstream_heap_allocations_after_boot_total 0", "{m}");
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("leanstream_heap_allocations_after_boot_total"))
+        .expect("allocation counter in /metrics");
+    assert_eq!(
+        line, "leanstream_heap_allocations_after_boot_total 0",
+        "{m}"
+    );
 }
 
 #[test]
 fn sigterm_lets_the_running_request_finish() {
-    let Some(d) = Daemon::stories_with("term", &[]) else { return };
+    let Some(d) = Daemon::stories_with("term", &[]) else {
+        return;
+    };
     let socket = d.socket.clone();
     let t = std::thread::spawn(move || {
         let body = r#"{"prompt":"Once upon a time","max_tokens":300,"temperature":0}"#;
         let mut st = UnixStream::connect(&socket).unwrap();
-        write!(st, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(
+            st,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let mut out = Vec::new();
         st.read_to_end(&mut out).unwrap();
         Response::parse(&out)
@@ -408,9 +572,15 @@ fn sigterm_lets_the_running_request_finish() {
 
 #[test]
 fn openai_python_client_over_the_socket() {
-    let Some(d) = Daemon::stories_with("openai", &[]) else { return };
+    let Some(d) = Daemon::stories_with("openai", &[]) else {
+        return;
+    };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let out = Command::new("python3").arg(&script).arg(&d.socket).output().unwrap();
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&d.socket)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("No module named 'openai'") {

@@ -35,6 +35,61 @@ enum Command {
     Inspect { path: PathBuf },
     /// Prefill and decode speed; writes JSON and a Markdown table.
     Bench(BenchArgs),
+    /// Ask a running leanstreamd; the answer streams as it comes.
+    Ask(AskArgs),
+    /// An interactive chat with a running leanstreamd (/exit to leave, /reset to forget).
+    Chat(ClientArgs),
+    /// Health and metrics of a running leanstreamd.
+    Status {
+        /// The daemon's socket (default: the board's).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// The daemon's socket (default: the board's).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<u32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Args)]
+struct AskArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Send the prompt as a chat message (the model's chat template) instead of raw text.
+    #[arg(long)]
+    chat: bool,
+    prompt: String,
+}
+
+impl ClientArgs {
+    fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(leanstream::board::SOCKET_PATH))
+    }
+    fn options(&self, chat: bool) -> leanstream::client::AskOptions {
+        leanstream::client::AskOptions {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            chat,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -117,6 +172,21 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
         Command::Bench(a) => cmd_bench(a),
+        Command::Ask(a) => cmd_ask(a),
+        Command::Chat(a) => {
+            let stdin = std::io::stdin();
+            leanstream::client::chat_repl(
+                &a.socket(),
+                &a.options(true),
+                &mut stdin.lock(),
+                &mut std::io::stdout(),
+            )
+            .map_err(|e| e.to_string())
+        }
+        Command::Status { socket } => {
+            let socket = socket.unwrap_or_else(|| PathBuf::from(leanstream::board::SOCKET_PATH));
+            leanstream::client::status(&socket, &mut std::io::stdout()).map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -125,6 +195,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn cmd_ask(a: AskArgs) -> Result<(), String> {
+    let mut out = std::io::stdout();
+    let summary = leanstream::client::ask(
+        &a.client.socket(),
+        &a.prompt,
+        &a.client.options(a.chat),
+        &mut out,
+    )
+    .map_err(|e| e.to_string())?;
+    println!();
+    eprintln!(
+        "finish: {} | completion tokens: {}",
+        summary.finish_reason.as_deref().unwrap_or("?"),
+        summary.completion_tokens
+    );
+    Ok(())
 }
 
 fn options(m: &ModelArgs) -> EngineOptions {

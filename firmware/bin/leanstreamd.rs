@@ -20,7 +20,11 @@ use std::time::Duration;
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 #[derive(Parser)]
-#[command(name = "leanstreamd", version, about = "LeanStream inference daemon: OpenAI-compatible HTTP over a Unix socket")]
+#[command(
+    name = "leanstreamd",
+    version,
+    about = "LeanStream inference daemon: OpenAI-compatible HTTP over a Unix socket"
+)]
 struct Args {
     /// GGUF file or llama2.c checkpoint.
     #[arg(long)]
@@ -67,13 +71,19 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    sys::signals::install_shutdown_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    sys::signals::install_shutdown_handlers()
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     sys::log::start_logger().map_err(|e| format!("cannot start the logger: {e}"))?;
     sys::log::set_log_prompts(args.log_prompts);
-    let socket = args.socket.clone().unwrap_or_else(|| PathBuf::from(board::SOCKET_PATH));
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(board::SOCKET_PATH));
 
     let (file, tok) = open_model(&args.model, args.tokenizer.as_deref())?;
-    let template = file.gguf().and_then(|g| g.get_str("tokenizer.chat_template"));
+    let template = file
+        .gguf()
+        .and_then(|g| g.get_str("tokenizer.chat_template"));
     let chat = match ChatFormat::detect(template) {
         Ok(c) => c,
         Err(e) => {
@@ -92,17 +102,26 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(t) = args.threads {
         opts.threads = t;
     }
-    let mut engine = Engine::boot(&mut arenas, &file, opts).map_err(|e| format!("{}: {e}", args.model.display()))?;
+    let mut engine = Engine::boot(&mut arenas, &file, opts)
+        .map_err(|e| format!("{}: {e}", args.model.display()))?;
     drop(file);
     let idx = engine.take_sample_buffer().expect("fresh engine");
     let mut sampler = Sampler::new(SamplerConfig::default(), idx);
 
     // Warm up: one short generation touches every weight page and starts the workers.
     let warm = tok.encode("Hello", true);
-    let params = GenerateParams { max_tokens: 2, stop: &[], deadline: None };
-    generate(&mut engine, &mut sampler, &tok, &warm, &params, &mut |_| true).map_err(|e| e.to_string())?;
+    let params = GenerateParams {
+        max_tokens: 2,
+        stop: &[],
+        deadline: None,
+    };
+    generate(&mut engine, &mut sampler, &tok, &warm, &params, &mut |_| {
+        true
+    })
+    .map_err(|e| e.to_string())?;
 
-    let listener = sys::socket::bind_listener(&socket, board::SOCKET_MODE).map_err(|e| e.to_string())?;
+    let listener =
+        sys::socket::bind_listener(&socket, board::SOCKET_MODE).map_err(|e| e.to_string())?;
     let watchdog = sys::notify::watchdog_interval();
     let last_ping = std::sync::Mutex::new(std::time::Instant::now());
     let on_tick = || {
@@ -135,7 +154,12 @@ fn run(args: Args) -> Result<(), String> {
         allocations: &allocations,
         on_ready: &on_ready,
     });
-    eprintln!("leanstreamd: serving {} on {} (board {})", model_name, socket.display(), board::NAME);
+    eprintln!(
+        "leanstreamd: serving {} on {} (board {})",
+        model_name,
+        socket.display(),
+        board::NAME
+    );
     server.run(&listener, &mut engine, &mut sampler, &tok, &chat);
     let _ = sys::notify::stopping();
     drop(listener);

@@ -18,7 +18,9 @@ use super::http::{self, Route};
 use super::json::Utf8Carry;
 use super::metrics::{render_prometheus, Metrics};
 use super::{FixedBuf, StdWriter};
-use crate::engine::generate::{check_request, generate, FinishReason, GenerateError, GenerateParams};
+use crate::engine::generate::{
+    check_request, generate, FinishReason, GenerateError, GenerateParams,
+};
 use crate::engine::sample::{Sampler, SamplerConfig};
 use crate::engine::Engine;
 use crate::tokenizer::chat::ChatFormat;
@@ -124,7 +126,10 @@ pub struct Server<'a> {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Writes an error response and counts it; a client that is gone is not an error of ours.
@@ -156,7 +161,9 @@ fn peer_gone(stream: &UnixStream) -> bool {
     let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
     match poll(&mut fds, PollTimeout::ZERO) {
         Ok(0) => false,
-        Ok(_) => fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+        Ok(_) => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
         Err(_) => true,
     }
 }
@@ -188,7 +195,11 @@ impl<'a> Server<'a> {
         Server {
             cfg,
             slots,
-            queue: Queue { q: Mutex::new(heapless::Deque::new()), cv: Condvar::new(), depth },
+            queue: Queue {
+                q: Mutex::new(heapless::Deque::new()),
+                cv: Condvar::new(),
+                depth,
+            },
             next_id: AtomicU64::new(1),
             engine_alive_ms: AtomicU64::new(0),
             started: Instant::now(),
@@ -197,12 +208,20 @@ impl<'a> Server<'a> {
     }
 
     fn mark_engine_alive(&self) {
-        self.engine_alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.engine_alive_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Serves until shutdown is requested, then lets the running request finish (bounded by
     /// `shutdown_grace`) and returns.
-    pub fn run(&self, listener: &UnixListener, engine: &mut Engine, sampler: &mut Sampler, tok: &Tokenizer, chat: &ChatFormat) {
+    pub fn run(
+        &self,
+        listener: &UnixListener,
+        engine: &mut Engine,
+        sampler: &mut Sampler,
+        tok: &Tokenizer,
+        chat: &ChatFormat,
+    ) {
         let max_text = self.cfg.max_request_bytes;
         let context = engine.context;
         let mut bufs = EngineBuffers {
@@ -225,7 +244,9 @@ impl<'a> Server<'a> {
             let bufs = &mut bufs;
             std::thread::Builder::new()
                 .name("engine".into())
-                .spawn_scoped(s, move || self.engine_loop(engine, sampler, tok, chat, bufs))
+                .spawn_scoped(s, move || {
+                    self.engine_loop(engine, sampler, tok, chat, bufs)
+                })
                 .expect("spawn engine thread");
             let all = self.slots.len() as u64 + 1;
             while self.threads_up.load(Ordering::Acquire) < all {
@@ -257,12 +278,22 @@ impl<'a> Server<'a> {
             let _ = stream.set_write_timeout(Some(self.cfg.read_timeout));
             match crate::sys::socket::peer_credentials(&stream) {
                 Ok((uid, gid, pid))
-                    if crate::sys::socket::peer_allowed(uid, gid, self.cfg.allowed_uids, self.cfg.allowed_gids) =>
+                    if crate::sys::socket::peer_allowed(
+                        uid,
+                        gid,
+                        self.cfg.allowed_uids,
+                        self.cfg.allowed_gids,
+                    ) =>
                 {
                     let _ = pid;
                 }
                 Ok((uid, gid, pid)) => {
-                    crate::log_warn!("refused peer uid {} gid {} pid {}: not on the allowlist", uid, gid, pid);
+                    crate::log_warn!(
+                        "refused peer uid {} gid {} pid {}: not on the allowlist",
+                        uid,
+                        gid,
+                        pid
+                    );
                     answer_error(&mut stream, &ApiError::forbidden());
                     continue;
                 }
@@ -272,7 +303,9 @@ impl<'a> Server<'a> {
                 }
             }
             let free = self.slots.iter().position(|s| {
-                s.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+                s.busy
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
             });
             match free {
                 Some(i) => {
@@ -336,7 +369,14 @@ impl<'a> Server<'a> {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return answer_error(&mut stream, &ApiError::new(408, None, format_args!("the request did not arrive in time")));
+                return answer_error(
+                    &mut stream,
+                    &ApiError::new(
+                        408,
+                        None,
+                        format_args!("the request did not arrive in time"),
+                    ),
+                );
             }
             let _ = stream.set_read_timeout(Some(left));
             // parse_head refuses heads and bodies past `limit`, so there is always room here.
@@ -348,8 +388,20 @@ impl<'a> Server<'a> {
                     return;
                 }
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    return answer_error(&mut stream, &ApiError::new(408, None, format_args!("the request did not arrive in time")));
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return answer_error(
+                        &mut stream,
+                        &ApiError::new(
+                            408,
+                            None,
+                            format_args!("the request did not arrive in time"),
+                        ),
+                    );
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return METRICS.record_status(499),
@@ -358,7 +410,9 @@ impl<'a> Server<'a> {
             if head.is_none() {
                 match http::parse_head_limited(&job.buf[..len], limit) {
                     Ok(Some(h)) => head = Some(h),
-                    Ok(None) if len >= limit => return answer_error(&mut stream, &http::HttpError::HeadersTooLarge.into()),
+                    Ok(None) if len >= limit => {
+                        return answer_error(&mut stream, &http::HttpError::HeadersTooLarge.into())
+                    }
                     Ok(None) => {}
                     Err(e) => return answer_error(&mut stream, &e.into()),
                 }
@@ -374,7 +428,9 @@ impl<'a> Server<'a> {
                 return self.answer_get(&mut stream, route, &mut job.buf);
             }
             Route::NotFound => return answer_error(&mut stream, &ApiError::not_found()),
-            Route::MethodNotAllowed(allow) => return answer_error(&mut stream, &ApiError::method_not_allowed(allow)),
+            Route::MethodNotAllowed(allow) => {
+                return answer_error(&mut stream, &ApiError::method_not_allowed(allow))
+            }
         };
         // Validate now, so a bad request gets its 400 without waiting for the engine.
         {
@@ -447,14 +503,22 @@ impl<'a> Server<'a> {
         let ok = !body.overflowed();
         let len = body.len();
         if ok {
-            let _ = http::write_response(&mut StdWriter(&mut *stream), 200, content_type, &buf[..len]);
+            let _ =
+                http::write_response(&mut StdWriter(&mut *stream), 200, content_type, &buf[..len]);
             METRICS.record_status(200);
         } else {
             answer_error(stream, &ApiError::server_error("response too large"));
         }
     }
 
-    fn engine_loop(&self, engine: &mut Engine, sampler: &mut Sampler, tok: &Tokenizer, chat: &ChatFormat, bufs: &mut EngineBuffers) {
+    fn engine_loop(
+        &self,
+        engine: &mut Engine,
+        sampler: &mut Sampler,
+        tok: &Tokenizer,
+        chat: &ChatFormat,
+        bufs: &mut EngineBuffers,
+    ) {
         let mut shutdown_at: Option<Instant> = None;
         self.threads_up.fetch_add(1, Ordering::Release);
         loop {
@@ -503,8 +567,17 @@ impl<'a> Server<'a> {
         bufs: &mut EngineBuffers,
         deadline: Instant,
     ) {
-        let Job { stream, buf, body_start, body_end, chat: is_chat, id } = job;
-        let Some(stream) = stream.as_mut() else { return };
+        let Job {
+            stream,
+            buf,
+            body_start,
+            body_end,
+            chat: is_chat,
+            id,
+        } = job;
+        let Some(stream) = stream.as_mut() else {
+            return;
+        };
         let body = &buf[*body_start..*body_end];
         // Parse again into the engine's own buffer (the slot validated it already).
         let parsed = if *is_chat {
@@ -521,13 +594,21 @@ impl<'a> Server<'a> {
             (None, Some(m)) => match chat.render_into(m, true, &mut bufs.prompt) {
                 Ok(n) => core::str::from_utf8(&bufs.prompt[..n]).unwrap_or(""),
                 Err(_) => {
-                    return answer_error(stream, &ApiError::new(422, Some("messages"), format_args!("the conversation is too long")))
+                    return answer_error(
+                        stream,
+                        &ApiError::new(
+                            422,
+                            Some("messages"),
+                            format_args!("the conversation is too long"),
+                        ),
+                    )
                 }
             },
             (None, None) => "",
         };
         let add_bos = tok.add_bos_default() || text.is_empty();
-        let n = match tok.encode_into(text, add_bos, *is_chat, &mut bufs.scratch, &mut bufs.tokens) {
+        let n = match tok.encode_into(text, add_bos, *is_chat, &mut bufs.scratch, &mut bufs.tokens)
+        {
             Ok(n) => n,
             Err(EncodeError::TooLong { needed, .. }) => {
                 return answer_error(
@@ -535,7 +616,10 @@ impl<'a> Server<'a> {
                     &ApiError::new(
                         422,
                         Some(if *is_chat { "messages" } else { "prompt" }),
-                        format_args!("the prompt is {needed} tokens or more, but the context holds {}", engine.context),
+                        format_args!(
+                            "the prompt is {needed} tokens or more, but the context holds {}",
+                            engine.context
+                        ),
                     ),
                 );
             }
@@ -543,7 +627,11 @@ impl<'a> Server<'a> {
         let prompt = &bufs.tokens[..n];
         let max_tokens = (params.max_tokens as usize).min(engine.context.saturating_sub(n));
         let stops: heapless::Vec<&str, 4> = params.stop.iter().copied().collect();
-        let gp = GenerateParams { max_tokens, stop: &stops, deadline: Some(deadline) };
+        let gp = GenerateParams {
+            max_tokens,
+            stop: &stops,
+            deadline: Some(deadline),
+        };
         match check_request(engine, prompt, &gp) {
             Ok(()) => {}
             Err(GenerateError::PromptTooLong { tokens, context }) => {
@@ -558,9 +646,20 @@ impl<'a> Server<'a> {
             }
             Err(e) => return answer_error(stream, &ApiError::new(400, None, format_args!("{e}"))),
         }
-        let seed = params.seed.unwrap_or_else(|| *id ^ unix_now().rotate_left(17));
-        sampler.reset(SamplerConfig { temperature: params.temperature, top_k: params.top_k as usize, top_p: params.top_p, seed });
-        let meta = ResponseMeta { id: *id, created: unix_now(), model: self.cfg.model_name };
+        let seed = params
+            .seed
+            .unwrap_or_else(|| *id ^ unix_now().rotate_left(17));
+        sampler.reset(SamplerConfig {
+            temperature: params.temperature,
+            top_k: params.top_k as usize,
+            top_p: params.top_p,
+            seed,
+        });
+        let meta = ResponseMeta {
+            id: *id,
+            created: unix_now(),
+            model: self.cfg.model_name,
+        };
         let mut carry = Utf8Carry::default();
         let mut text_len = 0usize;
         let stream_mode = params.stream;
@@ -594,7 +693,8 @@ impl<'a> Server<'a> {
                 } else {
                     api::write_completion_chunk(&mut ev, &meta, &mut carry, bytes)
                 };
-                written.is_ok() && http::write_sse_event(&mut StdWriter(&mut *stream), ev.as_bytes()).is_ok()
+                written.is_ok()
+                    && http::write_sse_event(&mut StdWriter(&mut *stream), ev.as_bytes()).is_ok()
             } else {
                 let end = text_len + bytes.len();
                 if end > response.len() {
@@ -610,20 +710,38 @@ impl<'a> Server<'a> {
             Err(e) => return answer_error(stream, &ApiError::new(400, None, format_args!("{e}"))),
         };
         if stats.finish == FinishReason::Cancelled {
-            crate::log_info!("request {} cancelled after {} tokens: the client went away", *id, stats.generated_tokens);
+            crate::log_info!(
+                "request {} cancelled after {} tokens: the client went away",
+                *id,
+                stats.generated_tokens
+            );
             return METRICS.record_status(499);
         }
-        let usage = Usage { prompt_tokens: stats.prompt_tokens, completion_tokens: stats.generated_tokens };
-        METRICS.record_generation(stats.prompt_tokens as u64, stats.generated_tokens as u64, stats.decode_tok_per_s());
+        let usage = Usage {
+            prompt_tokens: stats.prompt_tokens,
+            completion_tokens: stats.generated_tokens,
+        };
+        METRICS.record_generation(
+            stats.prompt_tokens as u64,
+            stats.generated_tokens as u64,
+            stats.decode_tok_per_s(),
+        );
         let mut w = StdWriter(&mut *stream);
         let sent = if stream_mode {
             let mut ev = FixedBuf::new(&mut bufs.event);
             let _ = if *is_chat {
                 api::write_chat_final_chunk(&mut ev, &meta, &mut carry, stats.finish, Some(&usage))
             } else {
-                api::write_completion_final_chunk(&mut ev, &meta, &mut carry, stats.finish, Some(&usage))
+                api::write_completion_final_chunk(
+                    &mut ev,
+                    &meta,
+                    &mut carry,
+                    stats.finish,
+                    Some(&usage),
+                )
             };
-            http::write_sse_event(&mut w, ev.as_bytes()).is_ok() && http::write_sse_done(&mut w).is_ok()
+            http::write_sse_event(&mut w, ev.as_bytes()).is_ok()
+                && http::write_sse_done(&mut w).is_ok()
         } else {
             let mut out = FixedBuf::new(&mut bufs.json);
             let text = &bufs.response[..text_len];
@@ -633,8 +751,10 @@ impl<'a> Server<'a> {
                 api::write_completion(&mut out, &meta, text, stats.finish, &usage)
             };
             if out.overflowed() {
-                drop(out);
-                answer_error(stream, &ApiError::server_error("the response did not fit its buffer"));
+                answer_error(
+                    stream,
+                    &ApiError::server_error("the response did not fit its buffer"),
+                );
                 return;
             }
             let len = out.len();
