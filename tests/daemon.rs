@@ -20,13 +20,24 @@ fn socket_path(tag: &str) -> PathBuf {
 
 impl Daemon {
     fn start(model: &Path, tokenizer: Option<&Path>, tag: &str, extra: &[&str]) -> Daemon {
+        Self::start_env(model, tokenizer, tag, extra, &[])
+    }
+
+    fn start_env(
+        model: &Path,
+        tokenizer: Option<&Path>,
+        tag: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let socket = socket_path(tag);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstreamd"));
+        cmd.envs(env.iter().copied());
         cmd.arg("--model").arg(model).arg("--socket").arg(&socket);
         if let Some(t) = tokenizer {
             cmd.arg("--tokenizer").arg(t);
         }
-        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
         let child = cmd.spawn().expect("start leanstreamd");
         let started = Instant::now();
         while UnixStream::connect(&socket).is_err() {
@@ -588,4 +599,54 @@ fn openai_python_client_over_the_socket() {
     }
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("openai client: 4 passed"), "{stdout}");
+}
+
+#[test]
+fn tells_systemd_ready_pings_the_watchdog_and_says_stopping() {
+    let (Some(model), Some(tok)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+    ) else {
+        return;
+    };
+    let notify =
+        std::env::temp_dir().join(format!("ls-{}-systemd-notify.sock", std::process::id()));
+    let _ = std::fs::remove_file(&notify);
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let d = Daemon::start_env(
+        &model,
+        Some(&tok),
+        "notify",
+        &[],
+        &[
+            ("NOTIFY_SOCKET", notify.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    let started = Instant::now();
+    while !(seen.iter().any(|m: &String| m.contains("READY=1"))
+        && seen.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 2)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "got only {seen:?}"
+        );
+        let n = listener.recv(&mut buf).unwrap();
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert_eq!(d.stop(), 0);
+    let mut stopping = false;
+    listener
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    while let Ok(n) = listener.recv(&mut buf) {
+        stopping |= String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1");
+    }
+    assert!(stopping, "no STOPPING=1 after SIGTERM: {seen:?}");
+    let _ = std::fs::remove_file(&notify);
 }
