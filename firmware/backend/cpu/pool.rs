@@ -75,6 +75,8 @@ struct Shared {
     shutdown: AtomicBool,
     /// Parked workers (incremented under `lock`).
     sleepers: AtomicUsize,
+    /// Workers that have entered `worker_loop` (their thread start-up, which allocates, is over).
+    started: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
     spin: Duration,
@@ -100,6 +102,7 @@ impl WorkerPool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             spin,
@@ -112,7 +115,12 @@ impl WorkerPool {
                     .spawn(move || worker_loop(&shared))
                     .expect("spawning a worker thread")
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Boot waits for every worker to be up: a thread's start-up allocates (its thread-local
+        // destructors list), and that must not happen later, in the middle of decoding.
+        while shared.started.load(Ordering::Acquire) < workers.len() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
         WorkerPool { shared, workers }
     }
 
@@ -184,6 +192,10 @@ impl WorkerPool {
 }
 
 fn worker_loop(sh: &Shared) {
+    // Touch what a thread sets up lazily (its handle and thread-local destructors) before
+    // saying we are up.
+    let _ = std::thread::current().id();
+    sh.started.fetch_add(1, Ordering::Release);
     let mut seen = 0usize;
     loop {
         // Wait for a new generation: spin, then park.
