@@ -306,6 +306,11 @@ impl<'a> Engine<'a> {
             logits: c.take(h.vocab_size)?,
         };
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
+        // Touch every page of the cache and activations now: the memory the engine will ever
+        // use is resident from boot, so it does not grow while serving.
+        key_cache.fill(0.0);
+        value_cache.fill(0.0);
+        s.att.fill(0.0);
         let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
         Ok(Engine {
             hyper: h,

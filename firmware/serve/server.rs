@@ -125,6 +125,18 @@ pub struct Server<'a> {
     threads_up: AtomicU64,
 }
 
+/// A zeroed buffer whose pages are all resident now (a fresh allocation of zeros is only
+/// backed by memory as it is first written, which would make the daemon grow while serving).
+fn resident<T: Copy + Default>(n: usize) -> Box<[T]> {
+    let mut b = vec![T::default(); n].into_boxed_slice();
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for i in (0..n).step_by(step) {
+        // SAFETY: `i < n`, in bounds of the buffer we own; volatile so it is not elided.
+        unsafe { std::ptr::write_volatile(b.as_mut_ptr().add(i), T::default()) };
+    }
+    b
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -180,13 +192,13 @@ impl<'a> Server<'a> {
                 inbox_cv: Condvar::new(),
                 job: Mutex::new(Job {
                     stream: None,
-                    buf: vec![0u8; cfg.max_request_bytes].into_boxed_slice(),
+                    buf: resident(cfg.max_request_bytes),
                     body_start: 0,
                     body_end: 0,
                     chat: false,
                     id: 0,
                 }),
-                text: Mutex::new(vec![0u8; cfg.max_request_bytes].into_boxed_slice()),
+                text: Mutex::new(resident(cfg.max_request_bytes)),
                 done: Mutex::new(false),
                 done_cv: Condvar::new(),
             })
@@ -225,14 +237,19 @@ impl<'a> Server<'a> {
         let max_text = self.cfg.max_request_bytes;
         let context = engine.context;
         let mut bufs = EngineBuffers {
-            text: vec![0u8; max_text].into_boxed_slice(),
-            prompt: vec![0u8; max_text * 2 + 4096].into_boxed_slice(),
-            tokens: vec![0u32; context].into_boxed_slice(),
-            response: vec![0u8; context * TEXT_BYTES_PER_TOKEN].into_boxed_slice(),
-            json: vec![0u8; context * TEXT_BYTES_PER_TOKEN * 2 + 4096].into_boxed_slice(),
-            event: vec![0u8; 4096 + api::ERROR_BODY_MAX].into_boxed_slice(),
+            text: resident(max_text),
+            prompt: resident(max_text * 2 + 4096),
+            tokens: resident(context),
+            response: resident(context * TEXT_BYTES_PER_TOKEN),
+            json: resident(context * TEXT_BYTES_PER_TOKEN * 2 + 4096),
+            event: resident(4096 + api::ERROR_BODY_MAX),
             scratch: EncodeScratch::new(max_text * 2 + 4096),
         };
+        // Encode the longest text the scratch takes once, so its pages are resident too.
+        bufs.prompt.fill(b'a');
+        if let Ok(longest) = core::str::from_utf8(&bufs.prompt) {
+            let _ = tok.encode_into(longest, false, false, &mut bufs.scratch, &mut bufs.tokens);
+        }
         self.mark_engine_alive();
         std::thread::scope(|s| {
             for i in 0..self.slots.len() {
