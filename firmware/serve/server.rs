@@ -623,6 +623,8 @@ impl<'a> Server<'a> {
             },
             (None, None) => "",
         };
+        // Only with --log-prompts (a debugging aid): prompts stay out of the logs otherwise.
+        crate::sys::log::log_prompt(*id, text);
         let add_bos = tok.add_bos_default() || text.is_empty();
         let n = match tok.encode_into(text, add_bos, *is_chat, &mut bufs.scratch, &mut bufs.tokens)
         {
