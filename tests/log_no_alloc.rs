@@ -3,44 +3,26 @@
 //! including ring overflow, level filtering and every argument kind.
 //! `harness = false` so no test-runner thread allocates concurrently.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use leanstream::sys::log::{self, Level, RING, RING_CAPACITY};
 use leanstream::{log_debug, log_error, log_info, log_warn};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(ptr, layout, new_size)
-    }
-}
+use leanstream::serve::alloc_count::{self, CountingAllocator};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn main() {
     log::set_max_level(Level::Info);
-    let before = ALLOCS.load(Ordering::SeqCst);
+    alloc_count::reset();
+    alloc_count::arm();
     for i in 0..(3 * RING_CAPACITY as u64) {
         log_info!("request {} done: {} tokens", i, 17u32);
         log_warn!("kv cache {} of {} ({})", 0.75f32, 2048usize, "fp16");
         log_error!("code {} fatal {}", -5i32, false);
         log_debug!("filtered {}", i);
     }
-    let after = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(after - before, 0, "the log hot path allocated");
+    alloc_count::disarm();
+    assert_eq!(alloc_count::count(), 0, "the log hot path allocated");
     assert_eq!(RING.len(), RING_CAPACITY);
     assert_eq!(
         RING.dropped_total(),

@@ -9,35 +9,12 @@ use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(ptr, layout, new_size)
-    }
-}
+use leanstream::serve::alloc_count::{self, CountingAllocator};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// Generates 256 tokens (sampling with temperature, top-k and top-p, and a stop string that
 /// never matches) and returns the allocations made after the first token came out.
@@ -45,7 +22,7 @@ fn allocations_after_first_token(
     model: &Path,
     tokenizer: Option<&Path>,
     prompt: &str,
-) -> (usize, usize) {
+) -> (usize, u64) {
     let (file, tok) = open_model(model, tokenizer).unwrap();
     let mut arenas = Arenas::from_board().unwrap();
     let mut engine = Engine::boot(
@@ -73,6 +50,7 @@ fn allocations_after_first_token(
         deadline: None,
     };
     let mut generated = 0usize;
+    alloc_count::reset();
     let stats = generate(
         &mut engine,
         &mut sampler,
@@ -81,28 +59,25 @@ fn allocations_after_first_token(
         &params,
         &mut |bytes| {
             generated += bytes.len();
-            ARMED.store(true, Ordering::SeqCst);
+            alloc_count::arm();
             true
         },
     )
     .unwrap();
     // And 256 raw decode steps that ignore end-of-text, so the count covers a full 256.
-    ARMED.store(true, Ordering::SeqCst);
+    alloc_count::arm();
     let mut token = ids[0];
     for pos in 0..256 {
         token = sampler.sample(engine.forward(token, pos));
     }
-    ARMED.store(false, Ordering::SeqCst);
+    alloc_count::disarm();
     eprintln!(
         "{}: {} tokens, {} bytes of text",
         model.display(),
         stats.generated_tokens,
         generated
     );
-    (
-        stats.generated_tokens,
-        ALLOCATIONS.swap(0, Ordering::SeqCst),
-    )
+    (stats.generated_tokens, alloc_count::count())
 }
 
 fn main() {

@@ -7,47 +7,14 @@
 mod common;
 
 use leanstream::model::gguf::Gguf;
+use leanstream::serve::alloc_count::{count_allocations, CountingAllocator};
 use leanstream::tokenizer::{
     ChatFormat, ChatMessage, EncodeError, EncodeLimit, EncodeScratch, RenderError, Tokenizer,
 };
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(ptr, layout, new_size)
-    }
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Counts the allocations `f` makes.
-fn count_allocations<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    ALLOCATIONS.store(0, Ordering::SeqCst);
-    ARMED.store(true, Ordering::SeqCst);
-    let r = f();
-    ARMED.store(false, Ordering::SeqCst);
-    (r, ALLOCATIONS.load(Ordering::SeqCst))
-}
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 const MAX_TEXT_BYTES: usize = 16 * 1024;
 const MAX_IDS: usize = 16 * 1024;

@@ -134,6 +134,7 @@ fn run(args: Args) -> Result<(), String> {
         }
     };
     let on_ready = || {
+        alloc_count::reset();
         alloc_count::arm();
         let _ = sys::notify::ready();
         log_info!("ready: serving on the socket");

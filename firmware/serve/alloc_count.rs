@@ -1,6 +1,7 @@
-//! A global allocator that counts heap allocations once boot is over, so the daemon can show in
-//! `/metrics` (and its tests can assert) that serving allocates nothing. Counting is one relaxed
-//! atomic add per allocation; the binary opts in with `#[global_allocator]`.
+//! A global allocator that counts heap allocations while armed, so the daemon can show in
+//! `/metrics` that serving allocates nothing after boot, and the no-allocation tests can assert
+//! it. Counting is one relaxed atomic add per allocation; a binary opts in with
+//! `#[global_allocator] static A: CountingAllocator = CountingAllocator;`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,13 +38,35 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
-/// Boot is over: count from here on.
+/// Start counting (the count is kept; see [`reset`]).
 pub fn arm() {
-    COUNT.store(0, Ordering::Relaxed);
     ARMED.store(true, Ordering::SeqCst);
 }
 
-/// Allocations since [`arm`], or None when this allocator is not the process's.
+/// Stop counting.
+pub fn disarm() {
+    ARMED.store(false, Ordering::SeqCst);
+}
+
+/// Allocations counted while armed since the last [`reset`].
+pub fn count() -> u64 {
+    COUNT.load(Ordering::SeqCst)
+}
+
+pub fn reset() {
+    COUNT.store(0, Ordering::SeqCst);
+}
+
+/// Counts the allocations `f` makes (every thread's, while it runs).
+pub fn count_allocations<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    reset();
+    arm();
+    let r = f();
+    disarm();
+    (r, count())
+}
+
+/// Allocations counted so far, or None when this allocator is not the process's.
 pub fn allocations_after_boot() -> Option<u64> {
     if INSTALLED.load(Ordering::Relaxed) {
         Some(COUNT.load(Ordering::Relaxed))
