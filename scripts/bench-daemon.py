@@ -90,15 +90,17 @@ def main():
     ap.add_argument("--rss-tokenizer")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-daemon.json"))
+    ap.add_argument("--rss-only", action="store_true", help="skip the speed runs")
     a = ap.parse_args()
     prompt = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea,"
     out = {"model": os.path.basename(a.model), "max_tokens": a.max_tokens}
-    p, sock = start(a.model)
-    try:
-        out["one_client"] = stream_run(sock, 1, 4, a.max_tokens, prompt)
-        out["eight_clients"] = stream_run(sock, 8, 2, a.max_tokens, prompt)
-    finally:
-        p.terminate(); p.wait()
+    if not a.rss_only:
+        p, sock = start(a.model)
+        try:
+            out["one_client"] = stream_run(sock, 1, 4, a.max_tokens, prompt)
+            out["eight_clients"] = stream_run(sock, 8, 2, a.max_tokens, prompt)
+        finally:
+            p.terminate(); p.wait()
     p, sock = start(a.rss_model or a.model, a.rss_tokenizer)
     try:
         n = 0
@@ -111,22 +113,25 @@ def main():
                 n += 1
         burst(10)
         out["rss_after_10"] = rss(p.pid)
-        burst(990)
+        burst(290)
+        out["rss_after_300"] = rss(p.pid)
+        burst(700)
         out["rss_after_1000"] = rss(p.pid)
         out["rss_model"] = os.path.basename(a.rss_model or a.model)
     finally:
         p.terminate(); p.wait()
     with open(a.out, "w") as f:
         json.dump(out, f, indent=2)
-    o1, o8 = out["one_client"], out["eight_clients"]
-    print("| clients | requests | TTFT median (ms) | TTFT max (ms) | per-client tok/s | aggregate tok/s |")
-    print("|---|---|---|---|---|---|")
-    for o in (o1, o8):
-        print(f"| {o['clients']} | {o['ok']}/{o['requests']} | {o['ttft_ms_median']} | {o['ttft_ms_max']} | "
-              f"{o['per_client_tok_s_median']} | {o['aggregate_tok_s']} |")
-    r10, r1000 = out["rss_after_10"], out["rss_after_1000"]
-    print(f"\nRSS ({out['rss_model']}): after 10 requests {r10['VmRSS']} KiB (peak {r10['VmHWM']} KiB); "
-          f"after 1000 requests {r1000['VmRSS']} KiB (peak {r1000['VmHWM']} KiB)")
+    if not a.rss_only:
+        print("| clients | requests | TTFT median (ms) | TTFT max (ms) | per-client tok/s | aggregate tok/s |")
+        print("|---|---|---|---|---|---|")
+        for o in (out["one_client"], out["eight_clients"]):
+            print(f"| {o['clients']} | {o['ok']}/{o['requests']} | {o['ttft_ms_median']} | {o['ttft_ms_max']} | "
+                  f"{o['per_client_tok_s_median']} | {o['aggregate_tok_s']} |")
+    print(f"\nRSS of leanstreamd on {out['rss_model']}, KiB (VmRSS / peak VmHWM):")
+    for n in (10, 300, 1000):
+        r = out[f"rss_after_{n}"]
+        print(f"  after {n:4} requests: {r['VmRSS']} / {r['VmHWM']}")
 
 
 if __name__ == "__main__":
