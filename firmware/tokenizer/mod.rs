@@ -306,6 +306,21 @@ struct Sym {
 const NONE: u32 = u32::MAX;
 const NO_ID: u32 = u32::MAX;
 
+/// Merges symbol `l` with its right neighbour in the linked list (the neighbour is emptied and
+/// unlinked); returns the new right neighbour of `l`. Both BPE variants merge this way.
+fn absorb_right(syms: &mut [Sym], l: u32) -> u32 {
+    let li = l as usize;
+    let ri = syms[li].next as usize;
+    syms[li].len += syms[ri].len;
+    syms[ri].len = 0;
+    let rn = syms[ri].next;
+    syms[li].next = rn;
+    if rn != NONE {
+        syms[rn as usize].prev = l;
+    }
+    rn
+}
+
 /// A pending merge, smallest first. Byte-level BPE: (rank, left, right, left id, right id), the
 /// lowest rank, leftmost on ties. Score BPE: (!score key, left, !right, !merged length, 0), the
 /// highest score (in `f32::total_cmp` order), leftmost on ties.
@@ -597,15 +612,8 @@ impl Tokenizer {
             {
                 continue;
             }
-            let merged = self.merges[&(a, b)].1;
-            syms[li].len += syms[ri].len;
-            syms[li].id = merged;
-            syms[ri].len = 0;
-            let rn = syms[ri].next;
-            syms[li].next = rn;
-            if rn != NONE {
-                syms[rn as usize].prev = l;
-            }
+            syms[li].id = self.merges[&(a, b)].1;
+            let rn = absorb_right(syms, l);
             let lp = syms[li].prev;
             push(heap, syms, lp, l)?;
             push(heap, syms, l, rn)?;
@@ -703,13 +711,7 @@ impl Tokenizer {
             if syms[li].len == 0 || syms[ri].len == 0 || syms[li].len + syms[ri].len != size {
                 continue;
             }
-            syms[li].len += syms[ri].len;
-            syms[ri].len = 0;
-            let rn = syms[ri].next;
-            syms[li].next = rn;
-            if rn != NONE {
-                syms[rn as usize].prev = l;
-            }
+            let rn = absorb_right(syms, l);
             let lp = syms[li].prev;
             push(heap, syms, lp, l)?;
             push(heap, syms, l, rn)?;
