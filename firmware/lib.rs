@@ -5,7 +5,9 @@
 //! - `boot`: the arenas allocated once at boot, and the check that a model fits them.
 //! - `model`: file formats (GGUF, llama2.c checkpoints) and GGML tensor types.
 //! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
-//! - `backend`: compute kernels (CPU now: matrix-vector products, worker pool).
+//! - `backend`: compute kernels: `cpu` (matrix-vector products, worker pool) and `cuda`
+//!   (kernels from the committed PTX in kernels-ptx/, CUDA graphs, mapped-memory flags).
+//! - `bench`: `leanstream bench`, configurations side by side, JSON / Markdown / PNG.
 //! - `engine`: the forward pass, KV cache and sampling.
 //! - `serve`: the daemon: OpenAI-compatible HTTP/1.1 protocol layer, client slots, request
 //!   queue and engine thread (`serve/server.rs`), metrics.
@@ -14,6 +16,7 @@
 //! - `tables`: versioned, checksummed postcard files made offline (thresholds, cost models).
 
 pub mod backend;
+pub mod bench;
 pub mod board;
 pub mod boot;
 pub mod client;

@@ -9,7 +9,9 @@ if [ -x ../shared/scripts/fetch-models.sh ]; then
 else
   echo "skipped: ../shared not found: Qwen2.5-0.5B, stories260K, tokenizer vectors and WikiText-2 tests will skip"
 fi
-python3 -m pip install --quiet openai httpx
+python3 -m pip install --quiet openai httpx "nvidia-cuda-nvrtc-cu12==12.6.*"
+# The committed PTX must be what its .cu sources compile to (NVRTC 12.6 from PyPI, no GPU).
+python3 scripts/build-ptx.py --check
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test -- --show-output

@@ -204,3 +204,60 @@ fn model_that_does_not_fit_is_refused_with_bytes() {
         .expect("refused");
     assert!(err.to_string().contains("budget.kv"), "{err}");
 }
+
+/// `--backend cuda` where there is no GPU or driver: one clear sentence, exit 1, for the CLI
+/// and the daemon. (On the GPU machine this case cannot happen; the test says so.)
+#[test]
+fn cuda_backend_without_a_gpu_is_one_clear_sentence() {
+    if leanstream::backend::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a CUDA GPU (the refusal is for machines without)");
+        return;
+    }
+    let Some(model) = common::shared("data/stories260K/stories260K.bin") else {
+        return;
+    };
+    let tok = model.with_file_name("tok512.bin");
+    let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
+    let base = ["--model", m, "--tokenizer", t, "--backend", "cuda"];
+    let mut gen = vec!["generate", "--prompt", "Once"];
+    gen.extend(base);
+    assert_refused(&gen, "the CUDA backend needs an NVIDIA GPU and its driver");
+    let (_, _, err) = leanstream(&gen);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    let bench = ["bench", "--model", m, "--tokenizer", t, "--backend", "cuda"];
+    assert_refused(&bench, "the CUDA backend needs an NVIDIA GPU");
+    assert_refused(
+        &[
+            "generate",
+            "--prompt",
+            "x",
+            "--model",
+            m,
+            "--tokenizer",
+            t,
+            "--backend",
+            "tpu",
+        ],
+        "unknown backend 'tpu'",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+        .args([
+            "--model",
+            m,
+            "--tokenizer",
+            t,
+            "--backend",
+            "cuda",
+            "--socket",
+            "/tmp/ls-nogpu.sock",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the CUDA backend needs an NVIDIA GPU"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

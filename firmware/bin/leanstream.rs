@@ -1,10 +1,13 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
 use clap::{Args, Parser, Subcommand};
+use leanstream::backend::cuda::CudaOptions;
+use leanstream::board::MemoryModel;
+use leanstream::engine::any::{AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
-use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::engine::{Arenas, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ModelFile;
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
@@ -103,6 +106,16 @@ struct ModelArgs {
     /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
+    /// Where to run: cpu, or cuda (an NVIDIA GPU and its driver).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// CUDA weights in `unified` (pinned host memory the GPU reads, as on a Jetson) or
+    /// `discrete` (device) memory; default: the board's memory_model.
+    #[arg(long)]
+    memory: Option<String>,
+    /// CUDA: launch every kernel instead of replaying one captured graph per token.
+    #[arg(long)]
+    no_graph: bool,
 }
 
 #[derive(Args)]
@@ -148,8 +161,24 @@ struct PerplexityArgs {
 
 #[derive(Args)]
 struct BenchArgs {
-    #[command(flatten)]
-    model: ModelArgs,
+    /// Model files, comma-separated (each is run in every configuration).
+    #[arg(long, value_delimiter = ',', required = true)]
+    model: Vec<PathBuf>,
+    /// Tokenizer file for llama2.c checkpoints.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Backends, comma-separated: cpu, cuda.
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    backend: Vec<String>,
+    /// CUDA memory models, comma-separated: unified, discrete (default: the board's).
+    #[arg(long, value_delimiter = ',')]
+    memory: Vec<String>,
+    /// CUDA: also time without the per-token graph (every kernel launched).
+    #[arg(long)]
+    compare_graph: bool,
+    /// CPU worker threads (default: the board's cpu_threads).
+    #[arg(long)]
+    threads: Option<usize>,
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
     #[arg(long, default_value_t = 128)]
@@ -163,6 +192,9 @@ struct BenchArgs {
     /// Where to write the Markdown table.
     #[arg(long, default_value = "bench.md")]
     markdown: PathBuf,
+    /// Where to write the PNG plot.
+    #[arg(long, default_value = "bench.png")]
+    png: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -223,8 +255,35 @@ fn options(m: &ModelArgs) -> EngineOptions {
     o
 }
 
-fn boot<'a>(arenas: &'a mut Arenas, file: &ModelFile, m: &ModelArgs) -> Result<Engine<'a>, String> {
-    Engine::boot(arenas, file, options(m)).map_err(|e| format!("{}: {e}", m.model.display()))
+fn cuda_options(m: &ModelArgs) -> Result<CudaOptions, String> {
+    let mut o = CudaOptions {
+        graph: !m.no_graph,
+        ..CudaOptions::default()
+    };
+    if let Some(mem) = &m.memory {
+        o.memory = parse_memory(mem)?;
+    }
+    Ok(o)
+}
+
+fn parse_memory(s: &str) -> Result<MemoryModel, String> {
+    match s {
+        "unified" => Ok(MemoryModel::Unified),
+        "discrete" => Ok(MemoryModel::Discrete),
+        _ => Err(format!("unknown memory model '{s}' (unified or discrete)")),
+    }
+}
+
+fn boot<'a>(
+    arenas: &'a mut Arenas,
+    file: &ModelFile,
+    m: &ModelArgs,
+) -> Result<AnyEngine<'a>, String> {
+    let backend = Backend::parse(&m.backend)?;
+    AnyEngine::boot(arenas, file, backend, options(m), cuda_options(m)?).map_err(|e| match e {
+        leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+        _ => format!("{}: {e}", m.model.display()),
+    })
 }
 
 /// The prompt's tokens: plain text or the chat template, BOS as the model wants it.
@@ -278,7 +337,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let stats = generate(
-        &mut engine,
+        engine.decoder(),
         &mut sampler,
         &tok,
         &prompt,
@@ -287,13 +346,13 @@ fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let _ = writeln!(out);
-    eprintln!("{}", stats_line(&stats, engine.threads()));
+    eprintln!("{} | {}", stats_line(&stats), engine.describe());
     Ok(())
 }
 
-fn stats_line(s: &GenerateStats, threads: usize) -> String {
+fn stats_line(s: &GenerateStats) -> String {
     format!(
-        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | finish: {} | threads: {threads}",
+        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | finish: {}",
         s.prompt_tokens,
         s.prefill_tok_per_s(),
         s.generated_tokens,
@@ -312,7 +371,7 @@ fn cmd_perplexity(a: PerplexityArgs) -> Result<(), String> {
     let mut engine = boot(&mut arenas, &file, &a.model)?;
     drop(file);
     let started = Instant::now();
-    let r = perplexity(&mut engine, &tokens, a.ctx, a.chunks, &mut |w, p| {
+    let r = perplexity(engine.decoder(), &tokens, a.ctx, a.chunks, &mut |w, p| {
         eprintln!("window {}: ppl {p:.4}", w + 1);
     })?;
     let secs = started.elapsed().as_secs_f64();
@@ -439,74 +498,74 @@ fn cmd_inspect(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn cmd_bench(a: BenchArgs) -> Result<(), String> {
-    let (file, tok) = open_model(&a.model.model, a.model.tokenizer.as_deref())?;
-    let name = a
-        .model
-        .model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
-    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
-    let mut prompt = tok.encode(
-        &seed_text.repeat(1 + a.prompt_tokens / 8),
-        tok.add_bos_default(),
-    );
-    prompt.truncate(a.prompt_tokens.max(1));
-    let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-    let mut engine = boot(&mut arenas, &file, &a.model)?;
-    drop(file);
-    if prompt.len() + a.gen_tokens > engine.context {
-        return Err(format!(
-            "prompt + gen tokens ({}) exceed the context ({})",
-            prompt.len() + a.gen_tokens,
-            engine.context
-        ));
-    }
-    let idx = engine.take_sample_buffer().expect("fresh engine");
-    let mut sampler = Sampler::new(SamplerConfig::default(), idx);
-    // Greedy decoding may hit end-of-text early; decode a fixed count by forwarding sampled
-    // tokens directly.
-    let mut prefill = Vec::new();
-    let mut decode = Vec::new();
-    for _ in 0..a.reps.max(1) {
-        let t0 = Instant::now();
-        let mut logits_token = 0;
-        for (pos, &t) in prompt.iter().enumerate() {
-            logits_token = sampler.sample(engine.forward(t, pos));
+    use leanstream::bench;
+    let threads = a.threads.unwrap_or(leanstream::board::CPU_THREADS);
+    let memories = if a.memory.is_empty() {
+        vec![CudaOptions::default().memory]
+    } else {
+        a.memory
+            .iter()
+            .map(|m| parse_memory(m))
+            .collect::<Result<_, _>>()?
+    };
+    let mut configs = Vec::new();
+    for model in &a.model {
+        for b in &a.backend {
+            let backend = Backend::parse(b)?;
+            let base = bench::Config {
+                model: model.clone(),
+                tokenizer: a.tokenizer.clone(),
+                backend,
+                memory: MemoryModel::None,
+                graph: true,
+                threads,
+            };
+            match backend {
+                Backend::Cpu => configs.push(base),
+                Backend::Cuda => {
+                    for &memory in &memories {
+                        for graph in [true, false] {
+                            if graph || a.compare_graph {
+                                configs.push(bench::Config {
+                                    memory,
+                                    graph,
+                                    ..base.clone()
+                                });
+                            }
+                        }
+                    }
+                }
+            }
         }
-        let t1 = Instant::now();
-        let mut token = logits_token;
-        for i in 0..a.gen_tokens {
-            token = sampler.sample(engine.forward(token, prompt.len() + i));
-        }
-        let t2 = Instant::now();
-        prefill.push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
-        decode.push(a.gen_tokens as f64 / (t2 - t1).as_secs_f64());
     }
-    let (p, d) = (median(prefill), median(decode));
-    let threads = engine.threads();
-    let json = format!(
-        "{{\n  \"model\": {:?},\n  \"backend\": \"cpu\",\n  \"threads\": {threads},\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"prefill_tok_per_s\": {p:.2},\n  \"decode_tok_per_s\": {d:.2}\n}}\n",
-        name,
-        leanstream::board::NAME,
-        prompt.len(),
-        a.gen_tokens,
-        a.reps
-    );
-    let md = format!(
-        "| model | backend | threads | prompt tokens | gen tokens | prefill tok/s | decode tok/s |\n|---|---|---|---|---|---|---|\n| {name} | cpu | {threads} | {} | {} | {p:.1} | {d:.1} |\n",
-        prompt.len(),
-        a.gen_tokens
-    );
+    let settings = bench::Settings {
+        prompt_tokens: a.prompt_tokens,
+        gen_tokens: a.gen_tokens,
+        reps: a.reps,
+    };
+    let copy_gbps = if configs.iter().any(|c| c.backend == Backend::Cuda) {
+        leanstream::backend::cuda::probe()?;
+        let bw = bench::copy_bandwidth_gbps()?;
+        eprintln!("device-to-device copy: {bw:.0} GB/s");
+        Some(bw)
+    } else {
+        None
+    };
+    let rows = bench::run(&configs, &settings, copy_gbps, &mut |line| {
+        eprintln!("{line}")
+    })?;
+    let md = bench::markdown(&rows, copy_gbps);
+    let json = bench::json(&rows, copy_gbps, &settings);
     std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
     std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
+    let title = format!(
+        "leanstream bench on {} ({} prompt, {} generated tokens)",
+        leanstream::board::NAME,
+        a.prompt_tokens,
+        a.gen_tokens
+    );
+    bench::plot::decode_bars(&rows, &title, &a.png)?;
     print!("{md}");
     Ok(())
 }

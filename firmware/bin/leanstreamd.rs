@@ -2,10 +2,13 @@
 //! OpenAI-compatible HTTP over a Unix socket until SIGTERM or SIGINT.
 
 use clap::Parser;
+use leanstream::backend::cuda::CudaOptions;
 use leanstream::board;
+use leanstream::board::MemoryModel;
+use leanstream::engine::any::{AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
-use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::engine::{Arenas, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 use leanstream::serve::server::{Server, ServerConfig};
@@ -50,6 +53,13 @@ struct Args {
     /// Log prompt text (off by default: prompts may be private).
     #[arg(long)]
     log_prompts: bool,
+    /// Where to run: cpu, or cuda (an NVIDIA GPU and its driver).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// CUDA weights in `unified` (mapped host memory, as on a Jetson) or `discrete` (device)
+    /// memory; default: the board's memory_model.
+    #[arg(long)]
+    memory: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -102,8 +112,19 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(t) = args.threads {
         opts.threads = t;
     }
-    let mut engine = Engine::boot(&mut arenas, &file, opts)
-        .map_err(|e| format!("{}: {e}", args.model.display()))?;
+    let backend = Backend::parse(&args.backend)?;
+    let mut cuda = CudaOptions::default();
+    match args.memory.as_deref() {
+        None => {}
+        Some("unified") => cuda.memory = MemoryModel::Unified,
+        Some("discrete") => cuda.memory = MemoryModel::Discrete,
+        Some(m) => return Err(format!("unknown memory model '{m}' (unified or discrete)")),
+    }
+    let mut engine =
+        AnyEngine::boot(&mut arenas, &file, backend, opts, cuda).map_err(|e| match e {
+            leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+            _ => format!("{}: {e}", args.model.display()),
+        })?;
     drop(file);
     let idx = engine.take_sample_buffer().expect("fresh engine");
     let mut sampler = Sampler::new(SamplerConfig::default(), idx);
@@ -115,9 +136,14 @@ fn run(args: Args) -> Result<(), String> {
         stop: &[],
         deadline: None,
     };
-    generate(&mut engine, &mut sampler, &tok, &warm, &params, &mut |_| {
-        true
-    })
+    generate(
+        engine.decoder(),
+        &mut sampler,
+        &tok,
+        &warm,
+        &params,
+        &mut |_| true,
+    )
     .map_err(|e| e.to_string())?;
 
     let listener =
@@ -156,12 +182,13 @@ fn run(args: Args) -> Result<(), String> {
         on_ready: &on_ready,
     });
     eprintln!(
-        "leanstreamd: serving {} on {} (board {})",
+        "leanstreamd: serving {} on {} (board {}, {})",
         model_name,
         socket.display(),
-        board::NAME
+        board::NAME,
+        engine.describe()
     );
-    server.run(&listener, &mut engine, &mut sampler, &tok, &chat);
+    server.run(&listener, engine.decoder(), &mut sampler, &tok, &chat);
     let _ = sys::notify::stopping();
     drop(listener);
     let _ = std::fs::remove_file(&socket);

@@ -3,7 +3,7 @@
 //! After the prompt is in, it allocates nothing: stop strings are matched in a fixed window.
 
 use super::sample::Sampler;
-use super::Engine;
+use super::Decoder;
 use crate::tokenizer::Tokenizer;
 use std::time::Instant;
 
@@ -174,22 +174,22 @@ impl<'s> StopWindow<'s> {
 
 /// Checks a request before any decoding: prompt length against the context, stop strings.
 pub fn check_request(
-    engine: &Engine,
+    engine: &dyn Decoder,
     prompt: &[u32],
     params: &GenerateParams,
 ) -> Result<(), GenerateError> {
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
-    if prompt.len() >= engine.context {
+    if prompt.len() >= engine.context() {
         return Err(GenerateError::PromptTooLong {
             tokens: prompt.len(),
-            context: engine.context,
+            context: engine.context(),
         });
     }
     if let Some(&t) = prompt
         .iter()
-        .find(|&&t| t as usize >= engine.hyper.vocab_size)
+        .find(|&&t| t as usize >= engine.hyper().vocab_size)
     {
         return Err(GenerateError::TokenOutOfVocab(t));
     }
@@ -205,7 +205,7 @@ pub fn check_request(
 /// Generates after `prompt`, handing each piece of text to `emit` as soon as it is final.
 /// `emit` returns false to cancel (the request's client went away).
 pub fn generate(
-    engine: &mut Engine,
+    engine: &mut dyn Decoder,
     sampler: &mut Sampler,
     tokenizer: &Tokenizer,
     prompt: &[u32],
@@ -227,17 +227,20 @@ pub fn generate(
     };
     let last = prompt.len() - 1;
     for (pos, &t) in prompt[..last].iter().enumerate() {
-        engine.forward(t, pos);
+        engine.feed(t, pos);
     }
     let mut token = prompt[last];
     let mut pos = last;
     let mut decode_started = started;
-    while stats.generated_tokens < params.max_tokens && pos < engine.context {
+    while stats.generated_tokens < params.max_tokens && pos < engine.context() {
         if params.deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        let logits = engine.forward(token, pos);
-        let next = sampler.sample(logits);
+        let next = if sampler.is_greedy() {
+            engine.forward_greedy(token, pos)
+        } else {
+            sampler.sample(engine.forward(token, pos))
+        };
         if stats.generated_tokens == 0 {
             stats.prefill_secs = started.elapsed().as_secs_f64();
             decode_started = Instant::now();

@@ -1,6 +1,7 @@
 //! The engine: weights placed in the board's arenas at boot, the KV cache, and the forward pass
 //! of a llama-family decoder (llama, qwen2), readable top to bottom in `Engine::forward`.
 
+pub mod any;
 pub mod generate;
 pub mod perplexity;
 pub mod sample;
@@ -18,6 +19,8 @@ pub enum EngineError {
     Boot(BootError),
     /// A model this engine cannot run (a shape or type it does not support).
     Unsupported(String),
+    /// The GPU could not run it: no GPU or driver here (one sentence why), or a CUDA call failed.
+    Gpu(String),
 }
 
 impl fmt::Display for EngineError {
@@ -26,6 +29,7 @@ impl fmt::Display for EngineError {
             EngineError::Format(e) => write!(f, "{e}"),
             EngineError::Boot(e) => write!(f, "{e}"),
             EngineError::Unsupported(m) => write!(f, "unsupported model: {m}"),
+            EngineError::Gpu(m) => write!(f, "{m}"),
         }
     }
 }
@@ -132,6 +136,40 @@ pub struct Engine<'a> {
     sample_idx: Option<&'a mut [u32]>,
     pool: WorkerPool,
     act: ActScratch,
+}
+
+/// What generation, perplexity and the daemon need from a backend: one token in, logits out.
+/// `Engine` (CPU) and `backend::cuda::CudaEngine` implement it.
+pub trait Decoder {
+    fn hyper(&self) -> &Hyper;
+    /// Tokens the KV cache holds.
+    fn context(&self) -> usize;
+    /// Runs `token` at `pos` and returns the logits over the vocabulary. Writing position p
+    /// overwrites the cache from p on.
+    fn forward(&mut self, token: u32, pos: usize) -> &mut [f32];
+    /// Runs a prompt token whose logits nobody reads (a GPU need not copy them back).
+    fn feed(&mut self, token: u32, pos: usize) {
+        self.forward(token, pos);
+    }
+    /// The greedy next token: the first index of the largest logit (a GPU picks it on the
+    /// device and returns 4 bytes instead of the logits).
+    fn forward_greedy(&mut self, token: u32, pos: usize) -> u32 {
+        sample::argmax(self.forward(token, pos))
+    }
+    /// Called on a thread before it decodes (a GPU makes its context current there).
+    fn bind_thread(&mut self) {}
+}
+
+impl Decoder for Engine<'_> {
+    fn hyper(&self) -> &Hyper {
+        &self.hyper
+    }
+    fn context(&self) -> usize {
+        self.context
+    }
+    fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
+        Engine::forward(self, token, pos)
+    }
 }
 
 /// Bytes a tensor takes once placed: quantized matrices as stored, vectors as f32.

@@ -2,7 +2,7 @@
 //! of a window is scored against the logits of the one before it (as llama.cpp's tool does with
 //! `--ppl-stride 0` and no BOS; the figures in the issues are measured this way).
 
-use super::Engine;
+use super::Decoder;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Perplexity {
@@ -16,7 +16,7 @@ pub struct Perplexity {
 /// `tokens` are the text's tokens; `ctx` must fit the engine's context. `chunks` caps the number
 /// of windows (0 = all that fit). `progress` is told each finished window's perplexity.
 pub fn perplexity(
-    engine: &mut Engine,
+    engine: &mut dyn Decoder,
     tokens: &[u32],
     ctx: usize,
     chunks: usize,
@@ -25,10 +25,10 @@ pub fn perplexity(
     if ctx < 2 {
         return Err(format!("--ctx must be at least 2, got {ctx}"));
     }
-    if ctx > engine.context {
+    if ctx > engine.context() {
         return Err(format!(
             "--ctx {ctx} is larger than the engine's context of {}",
-            engine.context
+            engine.context()
         ));
     }
     let mut windows = tokens.len() / ctx;

@@ -96,10 +96,15 @@ impl<'a> Sampler<'a> {
         self.rng = Rng::new(config.seed);
     }
 
+    /// Whether `sample` is plain argmax (so a backend may pick the token itself).
+    pub fn is_greedy(&self) -> bool {
+        self.config.temperature == 0.0 || self.config.top_k == 1
+    }
+
     /// Picks the next token; may overwrite `logits`.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         let c = self.config;
-        if c.temperature == 0.0 || c.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         let n = logits.len();

@@ -22,7 +22,7 @@ use crate::engine::generate::{
     check_request, generate, FinishReason, GenerateError, GenerateParams,
 };
 use crate::engine::sample::{Sampler, SamplerConfig};
-use crate::engine::Engine;
+use crate::engine::Decoder;
 use crate::tokenizer::chat::ChatFormat;
 use crate::tokenizer::{EncodeError, EncodeScratch, Tokenizer};
 use std::io::Read;
@@ -229,13 +229,13 @@ impl<'a> Server<'a> {
     pub fn run(
         &self,
         listener: &UnixListener,
-        engine: &mut Engine,
+        engine: &mut (dyn Decoder + Send),
         sampler: &mut Sampler,
         tok: &Tokenizer,
         chat: &ChatFormat,
     ) {
         let max_text = self.cfg.max_request_bytes;
-        let context = engine.context;
+        let context = engine.context();
         let mut bufs = EngineBuffers {
             text: resident(max_text),
             prompt: resident(max_text * 2 + 4096),
@@ -262,6 +262,7 @@ impl<'a> Server<'a> {
             std::thread::Builder::new()
                 .name("engine".into())
                 .spawn_scoped(s, move || {
+                    engine.bind_thread();
                     self.engine_loop(engine, sampler, tok, chat, bufs)
                 })
                 .expect("spawn engine thread");
@@ -530,7 +531,7 @@ impl<'a> Server<'a> {
 
     fn engine_loop(
         &self,
-        engine: &mut Engine,
+        engine: &mut (dyn Decoder + Send),
         sampler: &mut Sampler,
         tok: &Tokenizer,
         chat: &ChatFormat,
@@ -577,7 +578,7 @@ impl<'a> Server<'a> {
     fn run_job(
         &self,
         job: &mut Job,
-        engine: &mut Engine,
+        engine: &mut (dyn Decoder + Send),
         sampler: &mut Sampler,
         tok: &Tokenizer,
         chat: &ChatFormat,
@@ -637,14 +638,14 @@ impl<'a> Server<'a> {
                         Some(if *is_chat { "messages" } else { "prompt" }),
                         format_args!(
                             "the prompt is {needed} tokens or more, but the context holds {}",
-                            engine.context
+                            engine.context()
                         ),
                     ),
                 );
             }
         };
         let prompt = &bufs.tokens[..n];
-        let max_tokens = (params.max_tokens as usize).min(engine.context.saturating_sub(n));
+        let max_tokens = (params.max_tokens as usize).min(engine.context().saturating_sub(n));
         let stops: heapless::Vec<&str, 4> = params.stop.iter().copied().collect();
         let gp = GenerateParams {
             max_tokens,

@@ -1,0 +1,518 @@
+//! A thin, checked layer over the CUDA driver API (cudarc's `sys` bindings, loaded at run time:
+//! building needs no CUDA). Every call's result is checked and turned into a `CudaError` that
+//! names the call. The `unsafe` here is FFI: each block states what the driver needs.
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use std::ffi::{c_void, CStr, CString};
+use std::fmt;
+
+/// A failed driver call.
+#[derive(Debug, Clone)]
+pub struct CudaError {
+    pub call: &'static str,
+    pub code: String,
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CUDA {} failed: {}", self.call, self.code)
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+pub type CudaResult<T> = Result<T, CudaError>;
+
+fn check(call: &'static str, r: CUresult) -> CudaResult<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it null).
+    let code = unsafe {
+        if sys::cuGetErrorName(r, &mut name) == CUresult::CUDA_SUCCESS && !name.is_null() {
+            CStr::from_ptr(name).to_string_lossy().into_owned()
+        } else {
+            format!("{r:?}")
+        }
+    };
+    Err(CudaError { call, code })
+}
+
+/// Whether this machine can run the CUDA backend; `Err` is one sentence saying why not.
+pub fn probe() -> Result<(), String> {
+    // SAFETY: only tries to dlopen libcuda.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("the CUDA backend needs an NVIDIA GPU and its driver, and this machine has no CUDA driver (libcuda.so was not found)".into());
+    }
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        check("cuInit", sys::cuInit(0))
+            .map_err(|e| format!("the CUDA driver is present but could not start ({e})"))?;
+        let mut n = 0;
+        check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut n)).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the CUDA driver is present but sees no GPU".into());
+        }
+    }
+    Ok(())
+}
+
+/// The GPU: its primary context made current on this thread, and one stream.
+pub struct Gpu {
+    _dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    pub stream: sys::CUstream,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub driver_version: i32,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+}
+
+// SAFETY: the context is made current by `bind` on any thread that uses the Gpu; the driver
+// API is thread-safe.
+unsafe impl Send for Gpu {}
+
+impl Gpu {
+    pub fn open(ordinal: i32) -> Result<Gpu, String> {
+        probe()?;
+        Gpu::open_checked(ordinal).map_err(|e| e.to_string())
+    }
+
+    fn open_checked(ordinal: i32) -> CudaResult<Gpu> {
+        // SAFETY: driver calls with valid out-pointers; the name buffer is 256 bytes as passed.
+        unsafe {
+            let mut dev = 0;
+            check("cuDeviceGet", sys::cuDeviceGet(&mut dev, ordinal))?;
+            let mut ctx = std::ptr::null_mut();
+            check(
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            )?;
+            check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
+            let mut stream = std::ptr::null_mut();
+            check("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1))?;
+            let mut buf = [0i8; 256];
+            check(
+                "cuDeviceGetName",
+                sys::cuDeviceGetName(buf.as_mut_ptr() as _, 256, dev),
+            )?;
+            let name = CStr::from_ptr(buf.as_ptr() as _)
+                .to_string_lossy()
+                .into_owned();
+            let attr = |a| -> CudaResult<i32> {
+                let mut v = 0;
+                check(
+                    "cuDeviceGetAttribute",
+                    sys::cuDeviceGetAttribute(&mut v, a, dev),
+                )?;
+                Ok(v)
+            };
+            use sys::CUdevice_attribute::*;
+            let cc = (
+                attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            );
+            let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let mut driver_version = 0;
+            check(
+                "cuDriverGetVersion",
+                sys::cuDriverGetVersion(&mut driver_version),
+            )?;
+            Ok(Gpu {
+                _dev: dev,
+                ctx,
+                stream,
+                name,
+                compute_capability: cc,
+                driver_version,
+                sm_count,
+            })
+        }
+    }
+
+    /// Makes this GPU's context current on the calling thread (the daemon's engine thread).
+    pub fn bind(&self) -> CudaResult<()> {
+        // SAFETY: the context was retained in `open` and is released only in Drop.
+        unsafe { check("cuCtxSetCurrent", sys::cuCtxSetCurrent(self.ctx)) }
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> CudaResult<(usize, usize)> {
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { check("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free, &mut total))? };
+        Ok((free, total))
+    }
+
+    /// Loads a PTX module (JIT-compiled by the driver for this GPU).
+    pub fn load_module(&self, ptx: &str) -> CudaResult<Module> {
+        let text = CString::new(ptx).expect("PTX has no NUL bytes");
+        let mut m = std::ptr::null_mut();
+        // SAFETY: `text` is a NUL-terminated PTX image that outlives the call.
+        unsafe {
+            check(
+                "cuModuleLoadData",
+                sys::cuModuleLoadData(&mut m, text.as_ptr() as *const c_void),
+            )?
+        };
+        Ok(Module(m))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> CudaResult<DeviceBuffer> {
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; a zero-byte request is rounded up (the driver refuses 0).
+        unsafe { check("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, bytes.max(256)))? };
+        let b = DeviceBuffer { ptr, bytes };
+        // SAFETY: `ptr` spans at least `bytes`.
+        unsafe { check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, bytes.max(256)))? };
+        Ok(b)
+    }
+
+    /// Pinned host memory that the GPU reads and writes directly (`cuMemHostAlloc` with
+    /// DEVICEMAP), zeroed: the Jetson's one memory, or the flags' home on a discrete GPU.
+    pub fn alloc_mapped(&self, bytes: usize) -> CudaResult<MappedHost> {
+        let bytes_alloc = bytes.max(256);
+        let mut host = std::ptr::null_mut();
+        let mut dev = 0;
+        // SAFETY: valid out-pointers; the host pointer is freed only in Drop.
+        unsafe {
+            check(
+                "cuMemHostAlloc(DEVICEMAP)",
+                sys::cuMemHostAlloc(
+                    &mut host,
+                    bytes_alloc,
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                ),
+            )?;
+            std::ptr::write_bytes(host as *mut u8, 0, bytes_alloc);
+            check(
+                "cuMemHostGetDevicePointer",
+                sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0),
+            )?;
+        }
+        Ok(MappedHost {
+            host: host as *mut u8,
+            dev,
+            bytes,
+        })
+    }
+
+    pub fn upload(&self, dst: CUdeviceptr, src: &[u8]) -> CudaResult<()> {
+        // SAFETY: the caller's `dst` spans `src.len()` bytes of device memory.
+        unsafe {
+            check(
+                "cuMemcpyHtoD",
+                sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()),
+            )
+        }
+    }
+
+    /// Queues a small host-to-device copy on the stream (the host buffer must stay put until
+    /// the stream has run it: callers pass buffers they own for the engine's lifetime).
+    pub fn upload_async(&self, dst: CUdeviceptr, src: &[u8]) -> CudaResult<()> {
+        // SAFETY: as `upload`, and `src` outlives the queued copy (see above).
+        unsafe {
+            check(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst,
+                    src.as_ptr() as *const c_void,
+                    src.len(),
+                    self.stream,
+                ),
+            )
+        }
+    }
+
+    /// Queues a device-to-host copy; valid after `sync`.
+    pub fn download_async(&self, dst: &mut [u8], src: CUdeviceptr) -> CudaResult<()> {
+        // SAFETY: `src` spans `dst.len()` bytes; the caller syncs before reading `dst`.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.as_mut_ptr() as *mut c_void,
+                    src,
+                    dst.len(),
+                    self.stream,
+                ),
+            )
+        }
+    }
+
+    /// Queues a device-to-device copy on the stream.
+    pub fn copy_d2d_async(
+        &self,
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        bytes: usize,
+    ) -> CudaResult<()> {
+        // SAFETY: both ranges are device allocations of at least `bytes`.
+        unsafe {
+            check(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream),
+            )
+        }
+    }
+
+    pub fn sync(&self) -> CudaResult<()> {
+        // SAFETY: the stream lives as long as the Gpu.
+        unsafe { check("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream)) }
+    }
+
+    /// Launches `f` on the stream. `args` are the kernel's parameters in order.
+    pub fn launch(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        args: &mut KernelArgs,
+    ) -> CudaResult<()> {
+        self.launch_shared(f, grid, block, 0, args)
+    }
+
+    /// `launch` with `shared` bytes of dynamic shared memory.
+    pub fn launch_shared(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: &mut KernelArgs,
+    ) -> CudaResult<()> {
+        let mut ptrs = args.pointers();
+        // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
+        // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
+        // bytes; the kernel's signature is matched by the caller (firmware/backend/cuda/mod.rs).
+        unsafe {
+            check(
+                "cuLaunchKernel",
+                sys::cuLaunchKernel(
+                    f.0,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    shared,
+                    self.stream,
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )
+        }
+    }
+
+    /// Records every launch made by `body` on the stream into a graph instead of running it.
+    pub fn capture(&self, body: impl FnOnce() -> CudaResult<()>) -> CudaResult<Graph> {
+        // SAFETY: the stream is ours; capture is ended on this thread whatever `body` returns.
+        unsafe {
+            check(
+                "cuStreamBeginCapture",
+                sys::cuStreamBeginCapture_v2(
+                    self.stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                ),
+            )?;
+            let recorded = body();
+            let mut graph = std::ptr::null_mut();
+            let ended = check(
+                "cuStreamEndCapture",
+                sys::cuStreamEndCapture(self.stream, &mut graph),
+            );
+            recorded?;
+            ended?;
+            let mut exec = std::ptr::null_mut();
+            let made = check(
+                "cuGraphInstantiate",
+                sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+            );
+            check("cuGraphDestroy", sys::cuGraphDestroy(graph))?;
+            made?;
+            Ok(Graph(exec))
+        }
+    }
+
+    pub fn launch_graph(&self, g: &Graph) -> CudaResult<()> {
+        // SAFETY: the graph was instantiated on this context and lives until Drop.
+        unsafe { check("cuGraphLaunch", sys::cuGraphLaunch(g.0, self.stream)) }
+    }
+
+    /// Milliseconds the stream takes to run `body`'s work (CUDA events around it).
+    pub fn time_ms(&self, body: impl FnOnce() -> CudaResult<()>) -> CudaResult<f32> {
+        // SAFETY: events are created, recorded on our stream and destroyed here.
+        unsafe {
+            let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
+            check("cuEventCreate", sys::cuEventCreate(&mut a, 0))?;
+            check("cuEventCreate", sys::cuEventCreate(&mut b, 0))?;
+            check("cuEventRecord", sys::cuEventRecord(a, self.stream))?;
+            body()?;
+            check("cuEventRecord", sys::cuEventRecord(b, self.stream))?;
+            check("cuEventSynchronize", sys::cuEventSynchronize(b))?;
+            let mut ms = 0f32;
+            check("cuEventElapsedTime", sys::cuEventElapsedTime(&mut ms, a, b))?;
+            sys::cuEventDestroy_v2(a);
+            sys::cuEventDestroy_v2(b);
+            Ok(ms)
+        }
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The primary context stays retained for the life of the process: releasing it would
+        // tear it down under anything else still using it (another engine, a bench run).
+        // SAFETY: the stream is ours and nothing queued on it remains (callers sync).
+        unsafe {
+            sys::cuStreamSynchronize(self.stream);
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Module(sys::CUmodule);
+
+// SAFETY: module handles are usable from any thread with the context current.
+unsafe impl Send for Module {}
+
+impl Module {
+    pub fn function(&self, name: &str) -> CudaResult<Function> {
+        let c = CString::new(name).expect("kernel names have no NUL");
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and NUL-terminated name.
+        unsafe {
+            check(
+                "cuModuleGetFunction",
+                sys::cuModuleGetFunction(&mut f, self.0, c.as_ptr()),
+            )?
+        };
+        Ok(Function(f))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Function(sys::CUfunction);
+
+impl Function {
+    /// Lets launches of this kernel use up to `bytes` of dynamic shared memory (above the
+    /// default 48 KiB the GPU must allow it per kernel).
+    pub fn allow_shared(&self, bytes: usize) -> CudaResult<()> {
+        // SAFETY: a valid function handle and attribute.
+        unsafe {
+            check(
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                sys::cuFuncSetAttribute(
+                    self.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                ),
+            )
+        }
+    }
+}
+
+// SAFETY: as Module.
+unsafe impl Send for Function {}
+
+pub struct Graph(sys::CUgraphExec);
+
+// SAFETY: as Module.
+unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: instantiated by `capture`, destroyed once.
+        unsafe {
+            sys::cuGraphExecDestroy(self.0);
+        }
+    }
+}
+
+/// Device memory, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    pub ptr: CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc, freed once.
+        unsafe {
+            sys::cuMemFree_v2(self.ptr);
+        }
+    }
+}
+
+/// Pinned, device-mapped host memory: `host` for the CPU, `dev` for kernels; freed on drop.
+#[derive(Debug)]
+pub struct MappedHost {
+    pub host: *mut u8,
+    pub dev: CUdeviceptr,
+    pub bytes: usize,
+}
+
+// SAFETY: plain memory; concurrent access is governed by the users (flags use atomics).
+unsafe impl Send for MappedHost {}
+unsafe impl Sync for MappedHost {}
+
+impl MappedHost {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `host` spans `bytes` bytes for the life of self; &mut self gives exclusivity
+        // on the CPU side (a kernel must not be writing while the slice is used).
+        unsafe { std::slice::from_raw_parts_mut(self.host, self.bytes) }
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc, freed once.
+        unsafe {
+            sys::cuMemFreeHost(self.host as *mut c_void);
+        }
+    }
+}
+
+/// Kernel parameters, each in an 8-byte slot (pointers, u64, and i32/f32 in the low bytes).
+#[derive(Default)]
+pub struct KernelArgs {
+    slots: [u64; 16],
+    n: usize,
+}
+
+impl KernelArgs {
+    fn push(&mut self, v: u64) -> &mut Self {
+        assert!(self.n < 16, "more than 16 kernel parameters");
+        self.slots[self.n] = v;
+        self.n += 1;
+        self
+    }
+    pub fn ptr(&mut self, p: CUdeviceptr) -> &mut Self {
+        self.push(p)
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.push(v as u32 as u64)
+    }
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.push(v.to_bits() as u64)
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.push(v)
+    }
+    /// Ends a chain of pushes and hands back `f` (for `let f = match .. { args.ptr(..).then(f) }`).
+    pub fn then(&mut self, f: Function) -> Function {
+        f
+    }
+    fn pointers(&mut self) -> [*mut c_void; 16] {
+        let mut p = [std::ptr::null_mut(); 16];
+        for (i, slot) in self.slots[..self.n].iter_mut().enumerate() {
+            p[i] = slot as *mut u64 as *mut c_void;
+        }
+        p
+    }
+}

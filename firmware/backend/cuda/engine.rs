@@ -1,0 +1,674 @@
+//! The decode step on the GPU: the same forward pass as `Engine::forward` (engine/mod.rs), as a
+//! fixed sequence of kernel launches (`record_step`, readable top to bottom) that boot captures
+//! once into a CUDA graph. The token and position live in device memory and the last kernel
+//! advances them, so a step is one graph launch: launch overhead, which rules small models, is
+//! paid once per token instead of once per kernel.
+
+use super::driver::{
+    CudaError, CudaResult, DeviceBuffer, Function, Gpu, Graph, KernelArgs, MappedHost, Module,
+};
+use super::weights::{GpuType, ImageWriter, MatLayout};
+use crate::board::MemoryModel;
+use crate::boot::{ArenaKind, Plan};
+use crate::engine::{Arenas, Decoder, EngineError};
+use crate::model::{Hyper, ModelFile, RopeStyle};
+
+/// Choices made at boot.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaOptions {
+    /// Where the weights live: `Unified` = pinned, device-mapped host memory read by the GPU
+    /// directly (a Jetson); `Discrete` = device memory.
+    pub memory: MemoryModel,
+    /// Context length; 0 = the smaller of the board's and the model's.
+    pub context: usize,
+    /// Replay one captured CUDA graph per token (true) or launch every kernel (false).
+    pub graph: bool,
+    /// Every quantized matrix converted to f16 at load (the f16 precision; f32 stays f32).
+    pub f16_weights: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            memory: match crate::board::MEMORY_MODEL {
+                MemoryModel::Unified => MemoryModel::Unified,
+                _ => MemoryModel::Discrete,
+            },
+            context: 0,
+            graph: true,
+            f16_weights: false,
+        }
+    }
+}
+
+/// A matrix in the weight image: device addresses of its arrays (0 when absent).
+#[derive(Clone, Copy, Debug)]
+struct Mat {
+    ty: GpuType,
+    rows: usize,
+    cols: usize,
+    q: u64,
+    d: u64,
+    m: u64,
+    qh: u64,
+}
+
+/// Matrices that share an input and write consecutive slices of one output ([q|k|v],
+/// [gate|up]); one entry when their types match and they were stacked at load.
+type MatGroup = heapless::Vec<(Mat, usize), 3>;
+
+struct GpuLayer {
+    attn_norm: u64,
+    qkv: MatGroup,
+    qkv_bias: u64,
+    wo: Mat,
+    ffn_norm: u64,
+    gate_up: MatGroup,
+    down: Mat,
+}
+
+struct Kernels {
+    embed: Function,
+    rope_store: Function,
+    attention: Function,
+    argmax_advance: Function,
+    matvec_f32: Function,
+    matvec_f16: Function,
+    matvec_q8_0: Function,
+    matvec_q4_0: Function,
+    matvec_q4_1: Function,
+    matvec_q5_0: Function,
+}
+
+/// Held only so the weights are freed when the engine goes.
+#[allow(dead_code)]
+enum WeightMemory {
+    Device(DeviceBuffer),
+    Mapped(MappedHost),
+}
+
+/// Device buffers for one token's activations and the KV cache.
+struct Activations {
+    _buf: DeviceBuffer,
+    x: u64,
+    qkv: u64,
+    att_out: u64,
+    /// [gate | up] of the FFN.
+    gu: u64,
+    logits: u64,
+    att: u64,
+    /// [token, position] of the step.
+    state: u64,
+}
+
+/// What a product kernel computes its input from, in its prologue (kernels-ptx/decode.cu).
+#[derive(Clone, Copy)]
+enum Input {
+    /// The vector as it is.
+    Plain(u64),
+    /// RMSNorm of the vector with these weights.
+    Norm(u64, u64),
+    /// SwiGLU of [gate | up].
+    SwiGlu(u64),
+}
+
+/// Dynamic shared memory of a product kernel over `cols` inputs: the float input, plus its int8
+/// blocks (values, scales, sums) for the integer kernels.
+fn input_shared_bytes(cols: usize, int8: bool) -> usize {
+    4 * cols
+        + if int8 {
+            cols + 8 * cols.div_ceil(32)
+        } else {
+            0
+        }
+}
+
+/// Fields drop in order: everything made on the GPU goes before `gpu` (declared last).
+pub struct CudaEngine<'a> {
+    _module: Module,
+    k: Kernels,
+    pub hyper: Hyper,
+    pub context: usize,
+    pub memory: MemoryModel,
+    /// Bytes of weights one token reads (every matrix once; the embedding row is negligible).
+    pub weight_bytes_per_token: usize,
+    _weights: WeightMemory,
+    embd: Mat,
+    output: Mat,
+    output_norm: u64,
+    layers: Vec<GpuLayer>,
+    a: Activations,
+    kcache: DeviceBuffer,
+    vcache: DeviceBuffer,
+    /// Where the argmax kernel also writes the token, for the host to read without a copy.
+    host_token: MappedHost,
+    /// Host copy of [token, position] for the state upload (stable address).
+    step: Box<[i32; 2]>,
+    logits_host: &'a mut [f32],
+    sample_idx: Option<&'a mut [u32]>,
+    graph: Option<Graph>,
+    /// What the device's `state` holds after the last step (token, position), so a step that
+    /// continues from there needs no upload.
+    device_state: Option<(u32, usize)>,
+    pub gpu: Gpu,
+}
+
+/// The committed PTX for a GPU of compute capability `cc`: compute_87 for 8.0 and newer (the
+/// driver JIT-compiles it forward, e.g. for the H200's 9.0), compute_72 for Volta/Xavier.
+pub fn ptx_for(module: &str, cc: (i32, i32)) -> Option<&'static str> {
+    let want = if cc.0 >= 8 { 87 } else { 72 };
+    super::PTX
+        .iter()
+        .find(|(m, arch, _)| *m == module && *arch == want)
+        .map(|(_, _, text)| *text)
+}
+
+fn cuda(e: CudaError) -> EngineError {
+    EngineError::Gpu(format!("GPU: {e}"))
+}
+
+impl<'a> CudaEngine<'a> {
+    pub fn boot(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        opts: CudaOptions,
+    ) -> Result<CudaEngine<'a>, EngineError> {
+        let h = model.hyper()?;
+        model.validate(&h)?;
+        let q_dim = h.n_heads * h.head_dim;
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        if h.head_dim % 2 != 0 || h.head_dim > 256 || h.n_heads % h.n_kv_heads != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "the CUDA backend needs an even head_dim of at most 256 and n_heads a multiple of n_kv_heads (head_dim {}, heads {}/{})",
+                h.head_dim, h.n_heads, h.n_kv_heads
+            )));
+        }
+        let mut context = crate::board::MAX_CONTEXT.min(h.ctx_train.max(1));
+        if opts.context > 0 {
+            context = opts.context.min(context);
+        }
+        let gpu = Gpu::open(0).map_err(EngineError::Gpu)?;
+
+        // Plan the weight image (same code as the write pass, without writing).
+        let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
+        let build = |w: &mut ImageWriter| -> Result<_, EngineError> {
+            let embd = w.matrix(&[model.tensor("token_embd.weight")?]);
+            let output = if h.tied_output {
+                embd
+            } else {
+                w.matrix(&[model.tensor("output.weight")?])
+            };
+            let output_norm = w.vector(&[model.tensor("output_norm.weight")?]);
+            let mut layers = Vec::with_capacity(h.n_layers);
+            for i in 0..h.n_layers {
+                let qkv = [
+                    layer(i, "attn_q.weight")?,
+                    layer(i, "attn_k.weight")?,
+                    layer(i, "attn_v.weight")?,
+                ];
+                let gate_up = [layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?];
+                let bias = if h.qkv_bias {
+                    Some(w.vector(&[
+                        layer(i, "attn_q.bias")?,
+                        layer(i, "attn_k.bias")?,
+                        layer(i, "attn_v.bias")?,
+                    ]))
+                } else {
+                    None
+                };
+                layers.push((
+                    w.vector(&[layer(i, "attn_norm.weight")?]),
+                    group(w, &qkv),
+                    bias,
+                    w.matrix(&[layer(i, "attn_output.weight")?]),
+                    w.vector(&[layer(i, "ffn_norm.weight")?]),
+                    group(w, &gate_up),
+                    w.matrix(&[layer(i, "ffn_down.weight")?]),
+                ));
+            }
+            Ok((embd, output, output_norm, layers))
+        };
+        let mut plan = ImageWriter::plan();
+        plan.f16 = opts.f16_weights;
+        build(&mut plan)?;
+        let image_bytes = plan.len;
+
+        let mut need = Plan::default();
+        need.add_bytes(image_bytes);
+        need.check(
+            ArenaKind::DenseWeights,
+            arenas.dense.len() + arenas.ffn.len(),
+            "the GPU weight image (dense and FFN budgets together)",
+        )?;
+        let kv_bytes = h.n_layers * context * kv_dim * 4;
+        let mut kv = Plan::default();
+        kv.add_bytes(2 * kv_bytes);
+        kv.check(
+            ArenaKind::Kv,
+            arenas.kv.len(),
+            &format!("the f32 KV cache for {context} tokens"),
+        )?;
+        let mut host = Plan::default();
+        host.add::<f32>(h.vocab_size);
+        host.add::<u32>(h.vocab_size);
+        host.check(
+            ArenaKind::ActivationScratch,
+            arenas.scratch.len(),
+            "the host logits and sampler buffer",
+        )?;
+        let (free, _) = gpu.memory().map_err(cuda)?;
+        let device_need = 2 * kv_bytes
+            + if opts.memory == MemoryModel::Unified {
+                0
+            } else {
+                image_bytes
+            };
+        if device_need > free {
+            return Err(EngineError::Gpu(format!(
+                "the GPU has {free} bytes free and this model needs {device_need}"
+            )));
+        }
+
+        // Write the image where the GPU will read it.
+        let (weights, base, layout) = match opts.memory {
+            MemoryModel::Unified => {
+                let mut m = gpu.alloc_mapped(image_bytes).map_err(cuda)?;
+                let mut w = ImageWriter::write_into(m.as_mut_slice());
+                w.f16 = opts.f16_weights;
+                let l = build(&mut w)?;
+                let base = m.dev;
+                (WeightMemory::Mapped(m), base, l)
+            }
+            _ => {
+                let mut staging = vec![0u8; image_bytes];
+                let mut w = ImageWriter::write_into(&mut staging);
+                w.f16 = opts.f16_weights;
+                let l = build(&mut w)?;
+                let buf = gpu.alloc(image_bytes).map_err(cuda)?;
+                gpu.upload(buf.ptr, &staging).map_err(cuda)?;
+                let base = buf.ptr;
+                (WeightMemory::Device(buf), base, l)
+            }
+        };
+        let (embd_l, output_l, output_norm_off, layer_ls) = layout;
+        let at = |off: usize| base + off as u64;
+        let mat = |l: &MatLayout| Mat {
+            ty: l.ty,
+            rows: l.rows,
+            cols: l.cols,
+            q: at(l.q),
+            d: if l.d == usize::MAX { 0 } else { at(l.d) },
+            m: if l.m == usize::MAX { 0 } else { at(l.m) },
+            qh: if l.qh == usize::MAX { 0 } else { at(l.qh) },
+        };
+        let grp = |g: &heapless::Vec<(MatLayout, usize), 3>| -> MatGroup {
+            g.iter().map(|(l, off)| (mat(l), *off)).collect()
+        };
+        let mut bytes_per_token = output_l.bytes;
+        let mut layers = Vec::with_capacity(h.n_layers);
+        for (norm, qkv, bias, wo, ffn_norm, gate_up, down) in &layer_ls {
+            bytes_per_token += qkv.iter().map(|(l, _)| l.bytes).sum::<usize>()
+                + wo.bytes
+                + gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>()
+                + down.bytes;
+            layers.push(GpuLayer {
+                attn_norm: at(*norm),
+                qkv: grp(qkv),
+                qkv_bias: bias.map(at).unwrap_or(0),
+                wo: mat(wo),
+                ffn_norm: at(*ffn_norm),
+                gate_up: grp(gate_up),
+                down: mat(down),
+            });
+        }
+
+        let ptx = ptx_for("decode", gpu.compute_capability).ok_or_else(|| {
+            EngineError::Unsupported("no decode PTX embedded in this build".into())
+        })?;
+        let module = gpu.load_module(ptx).map_err(cuda)?;
+        let f = |n: &str| module.function(n).map_err(cuda);
+        let k = Kernels {
+            embed: f("embed")?,
+            rope_store: f("rope_store")?,
+            attention: f("attention")?,
+            argmax_advance: f("argmax_advance")?,
+            matvec_f32: f("matvec_f32")?,
+            matvec_f16: f("matvec_f16")?,
+            matvec_q8_0: f("matvec_q8_0")?,
+            matvec_q4_0: f("matvec_q4_0")?,
+            matvec_q4_1: f("matvec_q4_1")?,
+            matvec_q5_0: f("matvec_q5_0")?,
+        };
+
+        // The product kernels build their input in shared memory (float, then int8 blocks).
+        let widest = h.dim.max(q_dim).max(h.hidden_dim);
+        for mv in [
+            k.matvec_f32,
+            k.matvec_f16,
+            k.matvec_q8_0,
+            k.matvec_q4_0,
+            k.matvec_q4_1,
+            k.matvec_q5_0,
+        ] {
+            mv.allow_shared(input_shared_bytes(widest, true))
+                .map_err(cuda)?;
+        }
+
+        // Activations: one device buffer carved into aligned slices.
+        let sizes = [
+            h.dim * 4,                // x
+            (q_dim + 2 * kv_dim) * 4, // qkv
+            q_dim * 4,                // att_out
+            2 * h.hidden_dim * 4,     // gu
+            h.vocab_size * 4,         // logits
+            h.n_heads * context * 4,  // att
+            8,                        // state
+        ];
+        let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
+        let buf = gpu.alloc(total).map_err(cuda)?;
+        let mut ptrs = [0u64; 7];
+        let mut off = 0u64;
+        for (p, s) in ptrs.iter_mut().zip(sizes) {
+            *p = buf.ptr + off;
+            off += s.next_multiple_of(256) as u64;
+        }
+        let [x, qkv, att_out, gu, logits, att, state] = ptrs;
+        let a = Activations {
+            _buf: buf,
+            x,
+            qkv,
+            att_out,
+            gu,
+            logits,
+            att,
+            state,
+        };
+        let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
+        let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
+        let host_token = gpu.alloc_mapped(4).map_err(cuda)?;
+
+        let mut c = arenas.scratch.carver();
+        let logits_host = c.take::<f32>(h.vocab_size)?;
+        let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
+        let mut e = CudaEngine {
+            gpu,
+            _module: module,
+            k,
+            hyper: h,
+            context,
+            memory: opts.memory,
+            weight_bytes_per_token: bytes_per_token,
+            _weights: weights,
+            embd: mat(&embd_l),
+            output: mat(&output_l),
+            output_norm: at(output_norm_off),
+            layers,
+            a,
+            kcache,
+            vcache,
+            host_token,
+            step: Box::new([0, 0]),
+            logits_host,
+            sample_idx,
+            graph: None,
+            device_state: None,
+        };
+        if opts.graph {
+            let g = e.gpu.capture(|| e.record_step()).map_err(cuda)?;
+            e.graph = Some(g);
+        }
+        e.gpu.sync().map_err(cuda)?;
+        Ok(e)
+    }
+
+    /// The sampler's sort buffer (vocab entries); handed out once.
+    pub fn take_sample_buffer(&mut self) -> Option<&'a mut [u32]> {
+        self.sample_idx.take()
+    }
+
+    /// Every kernel of one decode step, in order. Reads the token and position from
+    /// `state` and leaves the next greedy token and position there.
+    fn record_step(&self) -> CudaResult<()> {
+        let h = &self.hyper;
+        let (g, k, a) = (&self.gpu, &self.k, &self.a);
+        let (dim, head_dim) = (h.dim, h.head_dim);
+        let kv_dim = h.n_kv_heads * head_dim;
+        let ctx = self.context;
+        let blocks = |n: usize, per: usize| n.div_ceil(per) as u32;
+
+        // Embedding of the token.
+        let e = &self.embd;
+        g.launch(
+            k.embed,
+            blocks(dim, 256),
+            256,
+            KernelArgs::default()
+                .i32(e.ty as i32)
+                .ptr(e.q)
+                .ptr(e.d)
+                .ptr(e.m)
+                .ptr(e.qh)
+                .i32(dim as i32)
+                .ptr(a.state)
+                .ptr(a.x),
+        )?;
+
+        for (l, w) in self.layers.iter().enumerate() {
+            let kc = self.kcache.ptr + (l * ctx * kv_dim * 4) as u64;
+            let vc = self.vcache.ptr + (l * ctx * kv_dim * 4) as u64;
+            // Attention: q, k, v of the normed input; rotate q and k, store k and v in the cache.
+            for &(m, off) in &w.qkv {
+                let bias = if w.qkv_bias != 0 {
+                    w.qkv_bias + off as u64 * 4
+                } else {
+                    0
+                };
+                let out = a.qkv + off as u64 * 4;
+                self.matvec(&m, Input::Norm(a.x, w.attn_norm), out, bias, false)?;
+            }
+            let pairs = (h.n_heads + h.n_kv_heads) * head_dim / 2;
+            g.launch(
+                k.rope_store,
+                blocks(pairs.max(kv_dim), 256),
+                256,
+                KernelArgs::default()
+                    .ptr(a.qkv)
+                    .i32(h.n_heads as i32)
+                    .i32(h.n_kv_heads as i32)
+                    .i32(head_dim as i32)
+                    .f32(h.rope_base)
+                    .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
+                    .ptr(a.state)
+                    .ptr(kc)
+                    .ptr(vc),
+            )?;
+            // Each head attends over positions 0..=pos of its KV head.
+            g.launch(
+                k.attention,
+                h.n_heads as u32,
+                256,
+                KernelArgs::default()
+                    .ptr(a.qkv)
+                    .ptr(kc)
+                    .ptr(vc)
+                    .i32(kv_dim as i32)
+                    .i32(head_dim as i32)
+                    .i32((h.n_heads / h.n_kv_heads) as i32)
+                    .i32(ctx as i32)
+                    .ptr(a.state)
+                    .ptr(a.att)
+                    .ptr(a.att_out),
+            )?;
+            self.matvec(&w.wo, Input::Plain(a.att_out), a.x, 0, true)?;
+
+            // Feed-forward: SwiGLU of the normed input, added to the residual.
+            for &(m, off) in &w.gate_up {
+                let out = a.gu + off as u64 * 4;
+                self.matvec(&m, Input::Norm(a.x, w.ffn_norm), out, 0, false)?;
+            }
+            self.matvec(&w.down, Input::SwiGlu(a.gu), a.x, 0, true)?;
+        }
+
+        let logits_in = Input::Norm(a.x, self.output_norm);
+        self.matvec(&self.output, logits_in, a.logits, 0, false)?;
+        g.launch(
+            k.argmax_advance,
+            1,
+            1024,
+            KernelArgs::default()
+                .ptr(a.logits)
+                .i32(h.vocab_size as i32)
+                .ptr(a.state)
+                .ptr(self.host_token.dev),
+        )
+    }
+
+    /// `out = (acc ? out : 0) + W in + bias`, `in` built by the kernel's prologue.
+    fn matvec(&self, m: &Mat, input: Input, out: u64, bias: u64, acc: bool) -> CudaResult<()> {
+        let (rows, cols) = (m.rows as i32, m.cols as i32);
+        let mut args = KernelArgs::default();
+        let f = match m.ty {
+            GpuType::F32 => args.ptr(m.q).i32(rows).i32(cols).then(self.k.matvec_f32),
+            GpuType::F16 => args.ptr(m.q).i32(rows).i32(cols).then(self.k.matvec_f16),
+            GpuType::Q8_0 => args
+                .ptr(m.q)
+                .ptr(m.d)
+                .i32(rows)
+                .i32(cols)
+                .then(self.k.matvec_q8_0),
+            GpuType::Q4_0 => args
+                .ptr(m.q)
+                .ptr(m.d)
+                .i32(rows)
+                .i32(cols)
+                .then(self.k.matvec_q4_0),
+            GpuType::Q4_1 => args
+                .ptr(m.q)
+                .ptr(m.d)
+                .ptr(m.m)
+                .i32(rows)
+                .i32(cols)
+                .then(self.k.matvec_q4_1),
+            GpuType::Q5_0 => args
+                .ptr(m.q)
+                .ptr(m.d)
+                .ptr(m.qh)
+                .i32(rows)
+                .i32(cols)
+                .then(self.k.matvec_q5_0),
+        };
+        let (x, norm_w, mode) = match input {
+            Input::Plain(x) => (x, 0, 0),
+            Input::Norm(x, w) => (x, w, 1),
+            Input::SwiGlu(gu) => (gu, 0, 2),
+        };
+        args.ptr(x).ptr(norm_w).f32(self.hyper.norm_eps).i32(mode);
+        args.ptr(out).ptr(bias).i32(acc as i32);
+        let shared = input_shared_bytes(m.cols, m.ty.int8_activations()) as u32;
+        // 8 warps per block, one row at a time; at most 4 blocks per multiprocessor, each
+        // walking rows grid-stride, so the input prologue is paid a bounded number of times.
+        let grid = m.rows.div_ceil(8).min(4 * self.gpu.sm_count as usize);
+        self.gpu
+            .launch_shared(f, grid as u32, 256, shared, &mut args)
+    }
+
+    /// Queues one step for `token` at `pos` (state upload, then the graph or every kernel).
+    fn queue_step(&mut self, token: u32, pos: usize) -> CudaResult<()> {
+        assert!(
+            pos < self.context,
+            "position {pos} past the context of {}",
+            self.context
+        );
+        assert!(
+            (token as usize) < self.hyper.vocab_size,
+            "token {token} past the vocabulary of {}",
+            self.hyper.vocab_size
+        );
+        if self.device_state != Some((token, pos)) {
+            *self.step = [token as i32, pos as i32];
+            let bytes: &[u8; 8] = bytemuck_step(&self.step);
+            self.gpu.upload_async(self.a.state, bytes)?;
+        }
+        // The step's last kernel writes its greedy pick and the next position (read in
+        // `step_greedy`); until then the device state is not known here.
+        self.device_state = None;
+        match &self.graph {
+            Some(g) => self.gpu.launch_graph(g),
+            None => self.record_step(),
+        }
+    }
+
+    fn step_logits(&mut self, token: u32, pos: usize) -> CudaResult<()> {
+        self.queue_step(token, pos)?;
+        let dst = f32_bytes_mut(self.logits_host);
+        self.gpu.download_async(dst, self.a.logits)?;
+        self.gpu.sync()
+    }
+
+    fn step_greedy(&mut self, token: u32, pos: usize) -> CudaResult<u32> {
+        self.queue_step(token, pos)?;
+        self.gpu.sync()?;
+        // SAFETY: the mapped word is 4-byte aligned and the kernel that wrote it has finished
+        // (the stream was synchronized above).
+        let next = unsafe { std::ptr::read_volatile(self.host_token.host as *const u32) };
+        self.device_state = Some((next, pos + 1));
+        Ok(next)
+    }
+}
+
+fn bytemuck_step(s: &[i32; 2]) -> &[u8; 8] {
+    // SAFETY: [i32; 2] is 8 plain bytes with no padding; u8 has alignment 1.
+    unsafe { &*(s as *const [i32; 2] as *const [u8; 8]) }
+}
+
+fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {
+    // SAFETY: f32 has no invalid bit patterns and u8 alignment 1; the length is exact.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len() * 4) }
+}
+
+/// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
+fn group(
+    w: &mut ImageWriter,
+    parts: &[crate::model::TensorRef],
+) -> heapless::Vec<(MatLayout, usize), 3> {
+    let mut out = heapless::Vec::new();
+    let same = parts
+        .iter()
+        .all(|t| t.ty == parts[0].ty && t.cols == parts[0].cols);
+    if same {
+        let _ = out.push((w.matrix(parts), 0));
+    } else {
+        let mut off = 0;
+        for t in parts {
+            let _ = out.push((w.matrix(std::slice::from_ref(t)), off));
+            off += t.rows;
+        }
+    }
+    out
+}
+
+fn fault(e: CudaError) -> ! {
+    panic!("GPU fault during decode: {e}")
+}
+
+impl Decoder for CudaEngine<'_> {
+    fn hyper(&self) -> &Hyper {
+        &self.hyper
+    }
+    fn context(&self) -> usize {
+        self.context
+    }
+    fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
+        self.step_logits(token, pos).unwrap_or_else(|e| fault(e));
+        self.logits_host
+    }
+    fn feed(&mut self, token: u32, pos: usize) {
+        self.queue_step(token, pos).unwrap_or_else(|e| fault(e));
+    }
+    fn forward_greedy(&mut self, token: u32, pos: usize) -> u32 {
+        self.step_greedy(token, pos).unwrap_or_else(|e| fault(e))
+    }
+    fn bind_thread(&mut self) {
+        self.gpu.bind().unwrap_or_else(|e| fault(e));
+    }
+}

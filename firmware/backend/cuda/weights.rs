@@ -1,0 +1,276 @@
+//! GGUF tensors repacked into the layout the CUDA kernels read (kernels-ptx/decode.cu): per
+//! matrix, struct-of-arrays — quants of all blocks, then their f16 scales (and mins or high
+//! bits) — so every quant word is 4-byte aligned for dp4a. The values are the file's, unchanged;
+//! types without a kernel (Q5_1, Q4_K, Q6_K, BF16) become f16 at load.
+
+use crate::model::ggml::{dequantize_row, f32_to_f16, GgmlType};
+use crate::model::TensorRef;
+
+/// Types the kernels read directly; the numbers are the kernels' `type` codes (= GGML ids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q8_0 = 8,
+}
+
+impl GpuType {
+    pub fn of(ty: GgmlType) -> Option<GpuType> {
+        Some(match ty {
+            GgmlType::F32 => GpuType::F32,
+            GgmlType::F16 => GpuType::F16,
+            GgmlType::Q4_0 => GpuType::Q4_0,
+            GgmlType::Q4_1 => GpuType::Q4_1,
+            GgmlType::Q5_0 => GpuType::Q5_0,
+            GgmlType::Q8_0 => GpuType::Q8_0,
+            _ => return None,
+        })
+    }
+    /// Whether its kernel takes int8 activation blocks (dp4a) rather than f32.
+    pub fn int8_activations(self) -> bool {
+        !matches!(self, GpuType::F32 | GpuType::F16)
+    }
+}
+
+/// Byte offsets of one matrix's arrays inside the weight image (`usize::MAX`: absent).
+#[derive(Clone, Copy, Debug)]
+pub struct MatLayout {
+    pub ty: GpuType,
+    pub rows: usize,
+    pub cols: usize,
+    pub q: usize,
+    pub d: usize,
+    pub m: usize,
+    pub qh: usize,
+    /// Bytes of weights a product with this matrix reads.
+    pub bytes: usize,
+}
+
+pub const ALIGN: usize = 256;
+
+fn align(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// The image being planned (first pass, `out` = None) or written (second pass).
+pub struct ImageWriter<'o> {
+    pub len: usize,
+    out: Option<&'o mut [u8]>,
+    /// Every matrix as f16 (the `f16` precision), whatever its file type.
+    pub f16: bool,
+}
+
+impl<'o> ImageWriter<'o> {
+    pub fn plan() -> ImageWriter<'static> {
+        ImageWriter {
+            len: 0,
+            out: None,
+            f16: false,
+        }
+    }
+    pub fn write_into(out: &'o mut [u8]) -> ImageWriter<'o> {
+        ImageWriter {
+            len: 0,
+            out: Some(out),
+            f16: false,
+        }
+    }
+
+    /// Reserves `bytes` (aligned) and lets `fill` write them on the second pass.
+    fn region(&mut self, bytes: usize, fill: impl FnOnce(&mut [u8])) -> usize {
+        let at = align(self.len);
+        self.len = at + bytes;
+        if let Some(out) = self.out.as_deref_mut() {
+            fill(&mut out[at..at + bytes]);
+        }
+        at
+    }
+
+    /// A vector (norm weights, biases) as f32.
+    pub fn vector(&mut self, parts: &[TensorRef]) -> usize {
+        let n: usize = parts.iter().map(|t| t.rows * t.cols).sum();
+        self.region(n * 4, |dst| {
+            let mut at = 0;
+            for t in parts {
+                let len = t.rows * t.cols;
+                let mut tmp = vec![0f32; len];
+                dequantize_row(t.ty, t.data, &mut tmp);
+                for (d, v) in dst[at * 4..(at + len) * 4].chunks_exact_mut(4).zip(&tmp) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+                at += len;
+            }
+        })
+    }
+
+    /// Matrices with the same type and columns stacked by rows into one (q|k|v, gate|up), so
+    /// one launch computes them all.
+    pub fn matrix(&mut self, parts: &[TensorRef]) -> MatLayout {
+        let cols = parts[0].cols;
+        let rows: usize = parts.iter().map(|t| t.rows).sum();
+        let ty0 = parts[0].ty;
+        assert!(parts.iter().all(|t| t.ty == ty0 && t.cols == cols));
+        let nb = cols / 32;
+        let blocks = rows * nb;
+        let gty = match GpuType::of(ty0) {
+            Some(GpuType::F32) => GpuType::F32,
+            Some(t) if !self.f16 => t,
+            _ => GpuType::F16,
+        };
+        let none = usize::MAX;
+        // Block bytes in the file, and where d / m / qh / qs sit inside a block.
+        let (bb, d_at, m_at, qh_at, qs_at, qs_len) = match gty {
+            GpuType::Q8_0 => (34, 0, none, none, 2, 32),
+            GpuType::Q4_0 => (18, 0, none, none, 2, 16),
+            GpuType::Q4_1 => (20, 0, 2, none, 4, 16),
+            GpuType::Q5_0 => (22, 0, none, 2, 6, 16),
+            _ => (0, none, none, none, none, 0),
+        };
+        let blocks_of = |f: &mut dyn FnMut(usize, &[u8])| {
+            let mut b = 0;
+            for t in parts {
+                for blk in t.data.chunks_exact(bb) {
+                    f(b, blk);
+                    b += 1;
+                }
+            }
+        };
+        let (q, d, m, qh, bytes) = match gty {
+            GpuType::F32 | GpuType::F16 => {
+                let width = if gty == GpuType::F32 { 4 } else { 2 };
+                let q = self.region(rows * cols * width, |dst| {
+                    let mut row = vec![0f32; cols];
+                    let mut r = 0;
+                    for t in parts {
+                        let rb = t.data.len() / t.rows;
+                        for src in t.data.chunks_exact(rb) {
+                            let out = &mut dst[r * cols * width..(r + 1) * cols * width];
+                            if t.ty == ggml_of(gty) {
+                                out.copy_from_slice(src);
+                            } else {
+                                dequantize_row(t.ty, src, &mut row);
+                                for (o, v) in out.chunks_exact_mut(2).zip(&row) {
+                                    o.copy_from_slice(&f32_to_f16(*v).to_le_bytes());
+                                }
+                            }
+                            r += 1;
+                        }
+                    }
+                });
+                (q, none, none, none, rows * cols * width)
+            }
+            _ => {
+                let q = self.region(blocks * qs_len, |dst| {
+                    blocks_of(&mut |b, blk| {
+                        dst[b * qs_len..(b + 1) * qs_len]
+                            .copy_from_slice(&blk[qs_at..qs_at + qs_len])
+                    })
+                });
+                let d = self.region(blocks * 2, |dst| {
+                    blocks_of(&mut |b, blk| {
+                        dst[b * 2..b * 2 + 2].copy_from_slice(&blk[d_at..d_at + 2])
+                    })
+                });
+                let m = if m_at != none {
+                    self.region(blocks * 2, |dst| {
+                        blocks_of(&mut |b, blk| {
+                            dst[b * 2..b * 2 + 2].copy_from_slice(&blk[m_at..m_at + 2])
+                        })
+                    })
+                } else {
+                    none
+                };
+                let qh = if qh_at != none {
+                    self.region(blocks * 4, |dst| {
+                        blocks_of(&mut |b, blk| {
+                            dst[b * 4..b * 4 + 4].copy_from_slice(&blk[qh_at..qh_at + 4])
+                        })
+                    })
+                } else {
+                    none
+                };
+                let extra = if m_at != none { 2 } else { 0 } + if qh_at != none { 4 } else { 0 };
+                (q, d, m, qh, blocks * (qs_len + 2 + extra))
+            }
+        };
+        MatLayout {
+            ty: gty,
+            rows,
+            cols,
+            q,
+            d,
+            m,
+            qh,
+            bytes,
+        }
+    }
+}
+
+fn ggml_of(t: GpuType) -> GgmlType {
+    match t {
+        GpuType::F32 => GgmlType::F32,
+        GpuType::F16 => GgmlType::F16,
+        GpuType::Q4_0 => GgmlType::Q4_0,
+        GpuType::Q4_1 => GgmlType::Q4_1,
+        GpuType::Q5_0 => GgmlType::Q5_0,
+        GpuType::Q8_0 => GgmlType::Q8_0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repacked Q4_1 matrix holds the file's blocks, split into quants / scales / mins.
+    #[test]
+    fn q4_1_blocks_are_split_not_changed() {
+        let mut data = vec![0u8; 2 * 20 * 2]; // 2 rows x 64 cols
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 7 % 251) as u8;
+        }
+        let t = TensorRef {
+            ty: GgmlType::Q4_1,
+            cols: 64,
+            rows: 2,
+            data: &data,
+        };
+        let mut plan = ImageWriter::plan();
+        let l = plan.matrix(&[t]);
+        let mut img = vec![0u8; plan.len];
+        let l2 = ImageWriter::write_into(&mut img).matrix(&[t]);
+        assert_eq!((l.q, l.d, l.m), (l2.q, l2.d, l2.m));
+        for b in 0..4 {
+            let blk = &data[b * 20..b * 20 + 20];
+            assert_eq!(&img[l.q + b * 16..l.q + b * 16 + 16], &blk[4..20]);
+            assert_eq!(&img[l.d + b * 2..l.d + b * 2 + 2], &blk[0..2]);
+            assert_eq!(&img[l.m + b * 2..l.m + b * 2 + 2], &blk[2..4]);
+        }
+        assert_eq!(l.bytes, 4 * 20);
+    }
+
+    /// Types without a kernel become f16 of their dequantized values.
+    #[test]
+    fn q6_k_becomes_f16() {
+        let data = vec![3u8; 210];
+        let t = TensorRef {
+            ty: GgmlType::Q6_K,
+            cols: 256,
+            rows: 1,
+            data: &data,
+        };
+        let mut plan = ImageWriter::plan();
+        plan.matrix(&[t]);
+        let mut img = vec![0u8; plan.len];
+        let l = ImageWriter::write_into(&mut img).matrix(&[t]);
+        assert_eq!(l.ty, GpuType::F16);
+        let mut want = vec![0f32; 256];
+        dequantize_row(GgmlType::Q6_K, &data, &mut want);
+        for (i, w) in want.iter().enumerate() {
+            let h = u16::from_le_bytes([img[l.q + 2 * i], img[l.q + 2 * i + 1]]);
+            assert_eq!(h, f32_to_f16(*w));
+        }
+    }
+}

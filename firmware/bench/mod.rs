@@ -1,0 +1,300 @@
+//! `leanstream bench`: several configurations (models x backends x memory models x graph on or
+//! off) measured side by side in one process, written as JSON, a Markdown table and a PNG plot.
+//! A CUDA configuration is checked against the CPU backend on the same prompt before it is
+//! timed, and refused if it differs; its figures come with the memory-bandwidth bound (weight
+//! bytes per token over a device-to-device copy bandwidth measured in the same run).
+
+pub mod plot;
+
+use crate::backend::cuda::CudaOptions;
+use crate::board::MemoryModel;
+use crate::engine::any::{AnyEngine, Backend};
+use crate::engine::sample::argmax;
+use crate::engine::{Arenas, Decoder, Engine, EngineOptions};
+use crate::load::open_model;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub model: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    pub backend: Backend,
+    pub memory: MemoryModel,
+    pub graph: bool,
+    pub threads: usize,
+}
+
+impl Config {
+    pub fn label(&self) -> String {
+        let model = self
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match self.backend {
+            Backend::Cpu => format!("{model} cpu x{}", self.threads),
+            Backend::Cuda => format!(
+                "{model} cuda {}{}",
+                memory_name(self.memory),
+                if self.graph { "" } else { " no-graph" }
+            ),
+        }
+    }
+}
+
+pub fn memory_name(m: MemoryModel) -> &'static str {
+    match m {
+        MemoryModel::Unified => "unified",
+        _ => "discrete",
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub reps: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    pub label: String,
+    pub model: String,
+    pub backend: String,
+    pub detail: String,
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub prefill_tok_per_s: f64,
+    pub decode_tok_per_s: f64,
+    pub ms_per_token: f64,
+    /// CUDA only: L2 relative error of the logits against the CPU backend after the prompt.
+    pub rel_err_vs_cpu: Option<f64>,
+    /// CUDA only: weight bytes one token reads, the bound they set at the measured copy
+    /// bandwidth, and the fraction of it reached.
+    pub weight_bytes_per_token: Option<usize>,
+    pub bound_tok_per_s: Option<f64>,
+    pub fraction_of_bound: Option<f64>,
+}
+
+/// A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
+const SEED_TEXT: &str = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times prefill (prompt fed, last logits read) and greedy decode of a fixed count of tokens
+/// (end-of-text is not a stop: speed does not depend on the values).
+fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for _ in 0..s.reps.max(1) {
+        let t0 = Instant::now();
+        let last = prompt.len() - 1;
+        for (pos, &t) in prompt[..last].iter().enumerate() {
+            d.feed(t, pos);
+        }
+        let mut token = d.forward_greedy(prompt[last], last);
+        let t1 = Instant::now();
+        for i in 0..s.gen_tokens {
+            token = d.forward_greedy(token, prompt.len() + i);
+        }
+        let t2 = Instant::now();
+        prefill.push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
+        decode.push(s.gen_tokens as f64 / (t2 - t1).as_secs_f64());
+    }
+    (median(prefill), median(decode))
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let (mut d, mut n) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += ((x - y) as f64).powi(2);
+        n += (*y as f64).powi(2);
+    }
+    (d / n.max(1e-30)).sqrt()
+}
+
+/// Runs every configuration; `log` gets progress lines. A configuration that fails is an error
+/// (the run stops: figures from a half-working setup are not reported).
+pub fn run(
+    configs: &[Config],
+    s: &Settings,
+    copy_gbps: Option<f64>,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    for c in configs {
+        let (file, tok) = open_model(&c.model, c.tokenizer.as_deref())?;
+        let mut prompt = tok.encode(
+            &SEED_TEXT.repeat(1 + s.prompt_tokens / 8),
+            tok.add_bos_default(),
+        );
+        prompt.truncate(s.prompt_tokens.max(1));
+        let opts = EngineOptions {
+            threads: c.threads,
+            context: prompt.len() + s.gen_tokens + 1,
+        };
+        let cuda = CudaOptions {
+            memory: c.memory,
+            graph: c.graph,
+            context: 0,
+            f16_weights: false,
+        };
+        let mut row = Row {
+            label: c.label(),
+            model: c
+                .model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            backend: c.backend.name().into(),
+            prompt_tokens: prompt.len(),
+            gen_tokens: s.gen_tokens,
+            ..Row::default()
+        };
+        let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+        let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts, cuda)
+            .map_err(|e| format!("{}: {e}", c.label()))?;
+        row.detail = engine.describe();
+        if let AnyEngine::Cuda(g) = &mut engine {
+            // Check against the CPU backend on the same prompt before timing anything.
+            let mut cpu_arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+            let mut cpu = Engine::boot(&mut cpu_arenas, &file, opts)
+                .map_err(|e| format!("{}: cpu reference: {e}", c.label()))?;
+            // The first 16 prompt tokens (the CPU reference of a large model is slow).
+            let check = &prompt[..prompt.len().min(16)];
+            let mut want = &mut [][..];
+            for (pos, &t) in check.iter().enumerate() {
+                want = cpu.forward(t, pos);
+            }
+            let mut got = &mut [][..];
+            for (pos, &t) in check.iter().enumerate() {
+                got = g.forward(t, pos);
+            }
+            let spread = got.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if spread == 0.0 || !spread.is_finite() {
+                return Err(format!("{}: logits are all zero or not finite", c.label()));
+            }
+            let e = rel_err(got, want);
+            log(&format!(
+                "{}: logits vs cpu rel err {e:.2e}, argmax {} vs {}",
+                c.label(),
+                argmax(got),
+                argmax(want)
+            ));
+            if e > 1e-2 {
+                return Err(format!(
+                    "{}: CUDA logits differ from the CPU backend (rel err {e:.3e}); not timing",
+                    c.label()
+                ));
+            }
+            row.rel_err_vs_cpu = Some(e);
+            row.weight_bytes_per_token = Some(g.weight_bytes_per_token);
+        }
+        let (p, d) = time(engine.decoder(), &prompt, s);
+        row.prefill_tok_per_s = p;
+        row.decode_tok_per_s = d;
+        row.ms_per_token = 1e3 / d;
+        if let (Some(b), Some(bw)) = (row.weight_bytes_per_token, copy_gbps) {
+            let bound = bw * 1e9 / b as f64;
+            row.bound_tok_per_s = Some(bound);
+            row.fraction_of_bound = Some(d / bound);
+        }
+        log(&format!(
+            "{}: prefill {p:.1} tok/s, decode {d:.1} tok/s",
+            c.label()
+        ));
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Device-to-device copy bandwidth in GB/s (bytes read + written per second), the yardstick
+/// for the memory-bandwidth bound.
+pub fn copy_bandwidth_gbps() -> Result<f64, String> {
+    let gpu = crate::backend::cuda::driver::Gpu::open(0)?;
+    let bytes = 1usize << 30;
+    let a = gpu.alloc(bytes).map_err(|e| e.to_string())?;
+    let b = gpu.alloc(bytes).map_err(|e| e.to_string())?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let ms = gpu
+            .time_ms(|| gpu.copy_d2d_async(b.ptr, a.ptr, bytes))
+            .map_err(|e| e.to_string())?;
+        best = best.min(ms as f64);
+    }
+    Ok(2.0 * bytes as f64 / (best * 1e-3) / 1e9)
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+pub fn markdown(rows: &[Row], copy_gbps: Option<f64>) -> String {
+    let mut md = String::from(
+        "| configuration | where | prompt | gen | prefill tok/s | decode tok/s | ms/token | rel err vs cpu | MB/token | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} |\n",
+            r.label,
+            r.detail,
+            r.prompt_tokens,
+            r.gen_tokens,
+            r.prefill_tok_per_s,
+            r.decode_tok_per_s,
+            r.ms_per_token,
+            r.rel_err_vs_cpu
+                .map(|e| format!("{e:.1e}"))
+                .unwrap_or_else(|| "-".into()),
+            opt(r.weight_bytes_per_token.map(|b| b as f64 / 1e6), 1),
+            opt(r.bound_tok_per_s, 0),
+            r.fraction_of_bound
+                .map(|f| format!("{:.1}%", f * 100.0))
+                .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    if let Some(bw) = copy_gbps {
+        md.push_str(&format!(
+            "\nDevice-to-device copy bandwidth measured in this run: {bw:.0} GB/s (read + write).\n"
+        ));
+    }
+    md
+}
+
+pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
+    let num = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or("null".into());
+    let mut out = format!(
+        "{{\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"copy_gbps\": {},\n  \"rows\": [\n",
+        crate::board::NAME,
+        s.prompt_tokens,
+        s.gen_tokens,
+        s.reps,
+        num(copy_gbps)
+    );
+    for (i, r) in rows.iter().enumerate() {
+        out.push_str(&format!(
+            "    {{\"label\": {:?}, \"model\": {:?}, \"backend\": {:?}, \"detail\": {:?}, \"prompt_tokens\": {}, \"gen_tokens\": {}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"ms_per_token\": {:.4}, \"rel_err_vs_cpu\": {}, \"weight_bytes_per_token\": {}, \"bound_tok_per_s\": {}, \"fraction_of_bound\": {}}}{}\n",
+            r.label,
+            r.model,
+            r.backend,
+            r.detail,
+            r.prompt_tokens,
+            r.gen_tokens,
+            r.prefill_tok_per_s,
+            r.decode_tok_per_s,
+            r.ms_per_token,
+            r.rel_err_vs_cpu.map(|e| format!("{e:.3e}")).unwrap_or("null".into()),
+            r.weight_bytes_per_token.map(|b| b.to_string()).unwrap_or("null".into()),
+            num(r.bound_tok_per_s),
+            num(r.fraction_of_bound),
+            if i + 1 < rows.len() { "," } else { "" }
+        ));
+    }
+    out.push_str("  ]\n}\n");
+    out
+}

@@ -1,0 +1,87 @@
+//! The engine of the backend chosen at boot (`--backend cpu|cuda`), for the CLI and the daemon.
+
+use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
+use crate::backend::cuda::{CudaEngine, CudaOptions};
+use crate::model::ModelFile;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    pub fn parse(s: &str) -> Result<Backend, String> {
+        match s {
+            "cpu" => Ok(Backend::Cpu),
+            "cuda" => Ok(Backend::Cuda),
+            _ => Err(format!("unknown backend '{s}' (cpu or cuda)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+pub enum AnyEngine<'a> {
+    Cpu(Engine<'a>),
+    Cuda(CudaEngine<'a>),
+}
+
+impl<'a> AnyEngine<'a> {
+    /// Boots `model` on `backend`. For CUDA, a machine without a GPU or driver is refused with
+    /// one sentence before anything is placed.
+    pub fn boot(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        backend: Backend,
+        cpu: EngineOptions,
+        cuda: CudaOptions,
+    ) -> Result<AnyEngine<'a>, EngineError> {
+        Ok(match backend {
+            Backend::Cpu => AnyEngine::Cpu(Engine::boot(arenas, model, cpu)?),
+            Backend::Cuda => {
+                crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
+                let cuda = CudaOptions {
+                    context: cpu.context,
+                    ..cuda
+                };
+                AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?)
+            }
+        })
+    }
+
+    pub fn decoder(&mut self) -> &mut (dyn Decoder + Send) {
+        match self {
+            AnyEngine::Cpu(e) => e,
+            AnyEngine::Cuda(e) => e,
+        }
+    }
+
+    pub fn take_sample_buffer(&mut self) -> Option<&'a mut [u32]> {
+        match self {
+            AnyEngine::Cpu(e) => e.take_sample_buffer(),
+            AnyEngine::Cuda(e) => e.take_sample_buffer(),
+        }
+    }
+
+    /// One line naming where the model runs.
+    pub fn describe(&self) -> String {
+        match self {
+            AnyEngine::Cpu(e) => format!("cpu, {} threads", e.threads()),
+            AnyEngine::Cuda(e) => format!(
+                "cuda {} (sm_{}{}), {} memory",
+                e.gpu.name,
+                e.gpu.compute_capability.0,
+                e.gpu.compute_capability.1,
+                match e.memory {
+                    crate::board::MemoryModel::Unified => "unified",
+                    _ => "discrete",
+                }
+            ),
+        }
+    }
+}

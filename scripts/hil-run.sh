@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Hardware-in-the-loop, part 2: runs on the GPU machine over what scripts/hil.sh staged in
+# hil-out/. Builds nothing. GPU tests first (flags; CPU/CUDA parity in both memory models),
+# then the benchmarks on same-shape random-weight models written here from bench-shapes/
+# (every CUDA configuration is checked against the CPU backend before it is timed), then a
+# short table last. Results land in $OUT (else hil-out/results): tests.txt, bench-*.md/json/png.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+h=hil-out
+res=${OUT:-$h/results}; mkdir -p "$res"
+m=$h/models
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
+
+parity=$m/stories260K.bin
+for f in $m/*.gguf; do parity="$parity,$f"; done
+echo "== GPU tests (parity models: $parity)"
+LEANSTREAM_HIL_MODELS=$parity timeout 240 $h/cuda-tests --test-threads=1 --nocapture 2>&1 | tee "$res/tests.txt"
+tests_rc=${PIPESTATUS[0]}
+
+bench_rc=0
+if [ "${HIL_BENCH:-1}" = 1 ]; then
+  echo "== same-shape random-weight models"
+  if ! python3 -c 'import gguf' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
+  fi
+  syn=/tmp/synth; mkdir -p $syn
+  for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-0.5b qwen2.5-1.5b}; do
+    [ -f $syn/.$shape ] || { python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn && touch $syn/.$shape; } || bench_rc=1
+  done
+  list() { ls $syn/$1*.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
+  run_bench() {  # name, then bench arguments
+    local name=$1; shift
+    echo "== bench $name"
+    timeout ${HIL_BENCH_TIMEOUT:-240} $h/leanstream bench "$@" --prompt-tokens 64 --gen-tokens ${HIL_GEN:-128} --reps 3 --threads 16 \
+      --json "$res/bench-$name.json" --markdown "$res/bench-$name.md" --png "$res/bench-$name.png" 2>&1 \
+      | tee "$res/bench-$name.txt"
+    bench_rc=$(( bench_rc | ${PIPESTATUS[0]} ))
+  }
+  run_bench gpu --model "$(list '')" --backend cuda --memory discrete --compare-graph
+  run_bench unified --model "$(list smollm2)" --backend cuda,cpu --memory unified
+fi
+
+echo "== summary"
+grep -E "^test .*(ok|FAILED)$|^parity|^flags" "$res/tests.txt"
+for f in "$res"/bench-*.md; do [ -f "$f" ] && { echo "-- $(basename "$f")"; cat "$f"; }; done
+echo "tests rc=$tests_rc bench rc=$bench_rc"
+exit $(( tests_rc | bench_rc ))

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Hardware-in-the-loop, part 1 (here, on the developer machine): builds the release binaries
+# and the CUDA test binary for the h200-hil board and stages them with the parity models in
+# hil-out/ (ignored by git, under the device call's 64 MiB). Part 2 runs on the GPU machine:
+# the device call carries hil-out/ and runs `bash scripts/hil-run.sh` (docs/HIL.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LEANSTREAM_BOARD=h200-hil
+export CARGO_TARGET_DIR=target/hil
+out=hil-out
+rm -rf "$out"; mkdir -p "$out/models"
+
+cargo build --release --bins
+test_bin=$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="cuda" and m.get("executable"): print(m["executable"])' | tail -1)
+cp target/hil/release/leanstream target/hil/release/leanstreamd "$out/"
+cp "$test_bin" "$out/cuda-tests"
+
+# Parity models: stories260K whole, SmolLM2-135M and Qwen2.5-0.5B cut to a few layers (and
+# Qwen's vocabulary cut) so that they travel (scripts/cut-gguf.py; same tensors, fewer of them).
+shared=../shared/data/stories260K
+models=~/.cache/leanstream/models
+cp "$shared/stories260K.bin" "$shared/tok512.bin" "$out/models/"
+if [ -f "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+  python3 scripts/cut-gguf.py "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$out/models/smollm2-135m-q4_1-cut4.gguf" --layers 4 --vocab 8192
+fi
+if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
+  python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut2.gguf" --layers 2 --vocab 8192
+fi
+strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" 2>/dev/null || true
+# The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
+mkdir -p .whl
+[ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+du -sh "$out"; ls -la "$out" "$out/models"

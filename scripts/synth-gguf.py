@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Writes same-shape models with random weights from a shape file (bench-shapes/*.toml), one
+GGUF per weight type listed there, for speed runs where a real model would not travel (speed
+depends on shapes and types, not values; random values are never all zero).
+
+    python3 scripts/synth-gguf.py bench-shapes/smollm2-135m.toml OUT_DIR [--types q4_0,f16] [--seed 0]
+
+Every matrix (embedding included) gets the file's type; norms are 1.0, biases small. The
+vocabulary is a SentencePiece-style one (specials, 256 byte tokens, fillers) so text encodes
+through byte fallback. Needs numpy and the `gguf` package.
+"""
+import argparse
+import os
+import tomllib
+
+import gguf
+import numpy as np
+
+T = gguf.GGMLQuantizationType
+TYPES = {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}
+
+
+def f16_bits(rng, n, scale):
+    return (rng.standard_normal(n, dtype=np.float32) * scale).astype(np.float16).view(np.uint8)
+
+
+def matrix(rng, rows, cols, ty):
+    """Bytes of a rows x cols matrix in `ty`, as (rows, row_bytes) uint8 (or f16 values)."""
+    if ty == "f16":
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+    nb = cols // 32
+    blocks = rows * nb
+    if ty == "q8_0":
+        d = np.full(blocks, 0.02 / 64, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+        qs = rng.integers(-127, 128, size=(blocks, 32), dtype=np.int8).view(np.uint8)
+        out = np.concatenate([d, qs], axis=1)
+    elif ty == "q4_0":
+        d = np.full(blocks, 0.02 / 4, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+        qs = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
+        out = np.concatenate([d, qs], axis=1)
+    elif ty == "q4_1":
+        d = np.full(blocks, 0.02 / 4, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+        m = np.full(blocks, -0.02 * 2, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+        qs = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
+        out = np.concatenate([d, m, qs], axis=1)
+    else:
+        raise SystemExit(f"unknown type {ty}")
+    return out.reshape(rows, -1)
+
+
+def write(shape, ty, path, seed):
+    rng = np.random.default_rng(seed)
+    arch = shape["arch"]
+    w = gguf.GGUFWriter(path, arch)
+    L, dim, hid = shape["layers"], shape["dim"], shape["hidden"]
+    heads, kvh, vocab = shape["heads"], shape["kv_heads"], shape["vocab"]
+    hd = dim // heads
+    w.add_block_count(L)
+    w.add_context_length(shape["context"])
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hid)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kvh)
+    w.add_rope_freq_base(shape["rope_base"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("llama")
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    toks += [f"t{i}" for i in range(vocab - len(toks))]
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    raw = TYPES[ty]
+    w.add_tensor("token_embd.weight", matrix(rng, vocab, dim, ty), raw_dtype=raw)
+    if not shape.get("tied_output", True):
+        w.add_tensor("output.weight", matrix(rng, vocab, dim, ty), raw_dtype=raw)
+    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    for i in range(L):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(dim, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(dim, dtype=np.float32))
+        for n, r, c in [("attn_q", dim, dim), ("attn_k", kvh * hd, dim), ("attn_v", kvh * hd, dim),
+                        ("attn_output", dim, dim), ("ffn_gate", hid, dim), ("ffn_up", hid, dim),
+                        ("ffn_down", dim, hid)]:
+            w.add_tensor(p + n + ".weight", matrix(rng, r, c, ty), raw_dtype=raw)
+        if arch == "qwen2":
+            for n, r in [("attn_q", dim), ("attn_k", kvh * hd), ("attn_v", kvh * hd)]:
+                w.add_tensor(p + n + ".bias", (rng.standard_normal(r) * 0.02).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("out_dir")
+    ap.add_argument("--types", default="")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    shape = tomllib.load(open(a.shape, "rb"))
+    name = os.path.basename(a.shape)[: -len(".toml")]
+    os.makedirs(a.out_dir, exist_ok=True)
+    for ty in (a.types.split(",") if a.types else shape["types"]):
+        path = os.path.join(a.out_dir, f"{name}-{ty}.gguf")
+        write(shape, ty, path, a.seed)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
