@@ -342,28 +342,32 @@ extern "C" __global__ void rope_store(float* qkv, int n_heads, int n_kv_heads, i
 }
 
 // One block per query head: scores over positions 0..=pos of its kv head, softmax, weighted sum
-// of values. `att` is scratch of n_heads * ctx floats.
+// of values. `att` is scratch of n_heads * ctx floats. Every phase keeps many independent loads
+// in flight (one position per thread for the scores, (partition, dim) pairs for the values):
+// a chain of dependent loads per warp would make decode latency-bound here.
 extern "C" __global__ void attention(const float* q, const float* kcache, const float* vcache,
                                      int kv_dim, int head_dim, int group, int ctx,
                                      const int* state, float* att, float* out) {
     __shared__ float shared32[32];
+    __shared__ float qh[256];
     __shared__ float partial[1024];
     int h = blockIdx.x, pos = state[1], kvh = h / group;
-    const float* qh = q + h * head_dim;
     float* a = att + (size_t)h * ctx;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qh[i] = q[h * head_dim + i];
+    __syncthreads();
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = NEG_INF;
-    // Scores: one warp per position, lanes over the head dimension.
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int t = warp; t <= pos; t += nw) {
-        const float* k = kcache + (size_t)t * kv_dim + kvh * head_dim;
+    for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
+        const float4* k4 = (const float4*)(kcache + (size_t)t * kv_dim + kvh * head_dim);
         float s = 0.0f;
-        for (int i = lane; i < head_dim; i += 32) s += qh[i] * k[i];
-        s = warp_sum(s) * scale;
-        if (lane == 0) a[t] = s;
+        for (int i = 0; i < head_dim / 4; i++) {
+            float4 k = k4[i];
+            s += qh[4 * i] * k.x + qh[4 * i + 1] * k.y + qh[4 * i + 2] * k.z + qh[4 * i + 3] * k.w;
+        }
+        s *= scale;
+        a[t] = s;
+        mx = fmaxf(mx, s);
     }
-    __syncthreads();
-    for (int t = threadIdx.x; t <= pos; t += blockDim.x) mx = fmaxf(mx, a[t]);
     mx = block_max(mx, shared32);
     float sum = 0.0f;
     for (int t = threadIdx.x; t <= pos; t += blockDim.x) {

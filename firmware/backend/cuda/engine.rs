@@ -177,9 +177,9 @@ impl<'a> CudaEngine<'a> {
         model.validate(&h)?;
         let q_dim = h.n_heads * h.head_dim;
         let kv_dim = h.n_kv_heads * h.head_dim;
-        if h.head_dim % 2 != 0 || h.head_dim > 256 || h.n_heads % h.n_kv_heads != 0 {
+        if h.head_dim % 4 != 0 || h.head_dim > 256 || h.n_heads % h.n_kv_heads != 0 {
             return Err(EngineError::Unsupported(format!(
-                "the CUDA backend needs an even head_dim of at most 256 and n_heads a multiple of n_kv_heads (head_dim {}, heads {}/{})",
+                "the CUDA backend needs a head_dim that is a multiple of 4, at most 256, and n_heads a multiple of n_kv_heads (head_dim {}, heads {}/{})",
                 h.head_dim, h.n_heads, h.n_kv_heads
             )));
         }
@@ -486,7 +486,7 @@ impl<'a> CudaEngine<'a> {
             g.launch(
                 k.attention,
                 h.n_heads as u32,
-                256,
+                1024,
                 KernelArgs::default()
                     .ptr(a.qkv)
                     .ptr(kc)
