@@ -393,9 +393,10 @@ extern "C" __global__ void attention(const float* q, const float* kcache, const 
 }
 
 // Greedy pick: state[0] = argmax(logits) (lowest index on ties, as the CPU sampler),
-// state[1] += 1, and the token is also written to `host_token` (mapped host memory) if given.
+// state[1] += 1, and the token is also written to host_tokens[position] (mapped host memory),
+// so steps can run back to back and the host reads every token afterwards.
 extern "C" __global__ void argmax_advance(const float* logits, int n, int* state,
-                                          volatile int* host_token) {
+                                          volatile int* host_tokens) {
     __shared__ float best_v[1024];
     __shared__ int best_i[1024];
     float bv = NEG_INF;
@@ -419,8 +420,8 @@ extern "C" __global__ void argmax_advance(const float* logits, int n, int* state
         __syncthreads();
     }
     if (threadIdx.x == 0) {
+        if (host_tokens) host_tokens[state[1]] = best_i[0];
         state[0] = best_i[0];
         state[1] += 1;
-        if (host_token) *host_token = best_i[0];
     }
 }

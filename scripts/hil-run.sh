@@ -37,7 +37,7 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
     bench_rc=$(( bench_rc | ${PIPESTATUS[0]} ))
   }
   run_bench gpu --model "$(list '')" --backend cuda --memory discrete --compare-graph
-  [ "${HIL_UNIFIED:-1}" = 1 ] && run_bench unified --model "$(list smollm2)" --backend cuda,cpu --memory unified
+  [ "${HIL_UNIFIED:-1}" = 1 ] && run_bench unified --model "$(list ${HIL_UNIFIED_MODELS:-smollm2})" --backend cuda,cpu --memory unified
 fi
 
 echo "== summary"

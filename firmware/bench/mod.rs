@@ -68,6 +68,9 @@ pub struct Row {
     pub prefill_tok_per_s: f64,
     pub decode_tok_per_s: f64,
     pub ms_per_token: f64,
+    /// CUDA only: greedy steps launched back to back (the argmax feeds the next step on the
+    /// device; one synchronization at the end), tokens per second.
+    pub free_running_tok_per_s: Option<f64>,
     /// CUDA only: L2 relative error of the logits against the CPU backend after the prompt.
     pub rel_err_vs_cpu: Option<f64>,
     /// CUDA only: weight bytes one token reads, the bound they set at the measured copy
@@ -185,9 +188,14 @@ pub fn run(
                 argmax(got),
                 argmax(want)
             ));
-            if e > 1e-2 {
+            // Float weights: the same f32 arithmetic in another order (1e-2 is loose). Integer
+            // kernels quantize activations to int8 on both sides; summation order alone moves
+            // these models' logits by up to ~1.5e-2 between the CPU's own AVX2 and scalar
+            // kernels (docs/HIL.md), so they get 5e-2: a broken kernel is off by ~1.
+            let tol = if g.int8_activations { 5e-2 } else { 1e-2 };
+            if e > tol {
                 return Err(format!(
-                    "{}: CUDA logits differ from the CPU backend (rel err {e:.3e}); not timing",
+                    "{}: CUDA logits differ from the CPU backend (rel err {e:.3e} > {tol}); not timing",
                     c.label()
                 ));
             }
@@ -195,6 +203,17 @@ pub fn run(
             row.weight_bytes_per_token = Some(g.weight_bytes_per_token);
         }
         let (p, d) = time(engine.decoder(), &prompt, s);
+        if let AnyEngine::Cuda(g) = &mut engine {
+            let mut out = vec![0u32; s.gen_tokens];
+            let mut runs = Vec::new();
+            for _ in 0..s.reps.max(1) {
+                let t = Instant::now();
+                g.greedy_run(prompt[0], 0, &mut out)
+                    .map_err(|e| format!("{}: {e}", c.label()))?;
+                runs.push(s.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            }
+            row.free_running_tok_per_s = Some(median(runs));
+        }
         row.prefill_tok_per_s = p;
         row.decode_tok_per_s = d;
         row.ms_per_token = 1e3 / d;
@@ -236,11 +255,11 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 
 pub fn markdown(rows: &[Row], copy_gbps: Option<f64>) -> String {
     let mut md = String::from(
-        "| configuration | where | prompt | gen | prefill tok/s | decode tok/s | ms/token | rel err vs cpu | MB/token | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| configuration | where | prompt | gen | prefill tok/s | decode tok/s | ms/token | free-running tok/s | rel err vs cpu | MB/token | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} | {} |\n",
             r.label,
             r.detail,
             r.prompt_tokens,
@@ -248,6 +267,7 @@ pub fn markdown(rows: &[Row], copy_gbps: Option<f64>) -> String {
             r.prefill_tok_per_s,
             r.decode_tok_per_s,
             r.ms_per_token,
+            opt(r.free_running_tok_per_s, 1),
             r.rel_err_vs_cpu
                 .map(|e| format!("{e:.1e}"))
                 .unwrap_or_else(|| "-".into()),
@@ -278,7 +298,7 @@ pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
     );
     for (i, r) in rows.iter().enumerate() {
         out.push_str(&format!(
-            "    {{\"label\": {:?}, \"model\": {:?}, \"backend\": {:?}, \"detail\": {:?}, \"prompt_tokens\": {}, \"gen_tokens\": {}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"ms_per_token\": {:.4}, \"rel_err_vs_cpu\": {}, \"weight_bytes_per_token\": {}, \"bound_tok_per_s\": {}, \"fraction_of_bound\": {}}}{}\n",
+            "    {{\"label\": {:?}, \"model\": {:?}, \"backend\": {:?}, \"detail\": {:?}, \"prompt_tokens\": {}, \"gen_tokens\": {}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"ms_per_token\": {:.4}, \"free_running_tok_per_s\": {}, \"rel_err_vs_cpu\": {}, \"weight_bytes_per_token\": {}, \"bound_tok_per_s\": {}, \"fraction_of_bound\": {}}}{}\n",
             r.label,
             r.model,
             r.backend,
@@ -288,6 +308,7 @@ pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
             r.prefill_tok_per_s,
             r.decode_tok_per_s,
             r.ms_per_token,
+            num(r.free_running_tok_per_s),
             r.rel_err_vs_cpu.map(|e| format!("{e:.3e}")).unwrap_or("null".into()),
             r.weight_bytes_per_token.map(|b| b.to_string()).unwrap_or("null".into()),
             num(r.bound_tok_per_s),

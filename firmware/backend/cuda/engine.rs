@@ -132,6 +132,8 @@ pub struct CudaEngine<'a> {
     pub memory: MemoryModel,
     /// Bytes of weights one token reads (every matrix once; the embedding row is negligible).
     pub weight_bytes_per_token: usize,
+    /// Some product kernel quantizes its input to int8 (a quantized matrix is kept as such).
+    pub int8_activations: bool,
     _weights: WeightMemory,
     embd: Mat,
     output: Mat,
@@ -140,8 +142,9 @@ pub struct CudaEngine<'a> {
     a: Activations,
     kcache: DeviceBuffer,
     vcache: DeviceBuffer,
-    /// Where the argmax kernel also writes the token, for the host to read without a copy.
-    host_token: MappedHost,
+    /// Where the argmax kernel also writes each step's token (indexed by position), for the
+    /// host to read without a copy.
+    host_tokens: MappedHost,
     /// Host copy of [token, position] for the state upload (stable address).
     step: Box<[i32; 2]>,
     logits_host: &'a mut [f32],
@@ -305,8 +308,13 @@ impl<'a> CudaEngine<'a> {
             g.iter().map(|(l, off)| (mat(l), *off)).collect()
         };
         let mut bytes_per_token = output_l.bytes;
+        let mut int8_activations = output_l.ty.int8_activations();
         let mut layers = Vec::with_capacity(h.n_layers);
         for (norm, qkv, bias, wo, ffn_norm, gate_up, down) in &layer_ls {
+            int8_activations |= [wo.ty, down.ty]
+                .iter()
+                .chain(qkv.iter().chain(gate_up).map(|(l, _)| &l.ty))
+                .any(|t| t.int8_activations());
             bytes_per_token += qkv.iter().map(|(l, _)| l.bytes).sum::<usize>()
                 + wo.bytes
                 + gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>()
@@ -385,7 +393,7 @@ impl<'a> CudaEngine<'a> {
         };
         let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
         let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
-        let host_token = gpu.alloc_mapped(4).map_err(cuda)?;
+        let host_tokens = gpu.alloc_mapped(4 * context).map_err(cuda)?;
 
         let mut c = arenas.scratch.carver();
         let logits_host = c.take::<f32>(h.vocab_size)?;
@@ -398,6 +406,7 @@ impl<'a> CudaEngine<'a> {
             context,
             memory: opts.memory,
             weight_bytes_per_token: bytes_per_token,
+            int8_activations,
             _weights: weights,
             embd: mat(&embd_l),
             output: mat(&output_l),
@@ -406,7 +415,7 @@ impl<'a> CudaEngine<'a> {
             a,
             kcache,
             vcache,
-            host_token,
+            host_tokens,
             step: Box::new([0, 0]),
             logits_host,
             sample_idx,
@@ -519,7 +528,7 @@ impl<'a> CudaEngine<'a> {
                 .ptr(a.logits)
                 .i32(h.vocab_size as i32)
                 .ptr(a.state)
-                .ptr(self.host_token.dev),
+                .ptr(self.host_tokens.dev),
         )
     }
 
@@ -592,6 +601,11 @@ impl<'a> CudaEngine<'a> {
         // The step's last kernel writes its greedy pick and the next position (read in
         // `step_greedy`); until then the device state is not known here.
         self.device_state = None;
+        self.launch_step()
+    }
+
+    /// One step from whatever token and position the device state holds.
+    fn launch_step(&self) -> CudaResult<()> {
         match &self.graph {
             Some(g) => self.gpu.launch_graph(g),
             None => self.record_step(),
@@ -608,11 +622,37 @@ impl<'a> CudaEngine<'a> {
     fn step_greedy(&mut self, token: u32, pos: usize) -> CudaResult<u32> {
         self.queue_step(token, pos)?;
         self.gpu.sync()?;
-        // SAFETY: the mapped word is 4-byte aligned and the kernel that wrote it has finished
-        // (the stream was synchronized above).
-        let next = unsafe { std::ptr::read_volatile(self.host_token.host as *const u32) };
+        let next = self.host_token_at(pos);
         self.device_state = Some((next, pos + 1));
         Ok(next)
+    }
+
+    fn host_token_at(&self, pos: usize) -> u32 {
+        assert!(pos < self.context);
+        // SAFETY: the mapping holds `context` aligned words, and the kernel that wrote this one
+        // has finished (callers synchronize the stream first).
+        unsafe { std::ptr::read_volatile((self.host_tokens.host as *const u32).add(pos)) }
+    }
+
+    /// Greedy decoding of `out.len()` tokens after `token` at `pos`, steps launched back to back
+    /// with no host round trip between them (each step's argmax feeds the next on the device);
+    /// one synchronization at the end. End-of-text is not a stop: this is for measuring.
+    pub fn greedy_run(&mut self, token: u32, pos: usize, out: &mut [u32]) -> CudaResult<()> {
+        assert!(pos + out.len() <= self.context);
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.queue_step(token, pos)?;
+        for _ in 1..out.len() {
+            // The device state already holds the last pick and the next position.
+            self.launch_step()?;
+        }
+        self.gpu.sync()?;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.host_token_at(pos + i);
+        }
+        self.device_state = None;
+        Ok(())
     }
 }
 
