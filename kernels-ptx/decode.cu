@@ -208,6 +208,7 @@ extern "C" __global__ void matvec_f16(const f16* w, int rows, int cols, INPUT_AR
         if ((cols & 7) == 0) {
             // 8 halves (16 bytes) per lane per step.
             const uint4* row8 = (const uint4*)row;
+#pragma unroll 4
             for (int c8 = lane; c8 < cols / 8; c8 += 32) {
                 uint4 p = row8[c8];
                 const float* a = in + c8 * 8;
@@ -232,6 +233,7 @@ extern "C" __global__ void matvec_q8_0(const i8* q, const f16* d, int rows, int 
         const int* rowq = (const int*)(q + (size_t)r * cols);
         const f16* rowd = d + (size_t)r * nb;
         float sum = 0.0f;
+#pragma unroll 4
         for (int b = lane >> 3; b < nb; b += 4) {
             int w = lane & 7;
             int i = __dp4a(rowq[b * 8 + w], xq4[b * 8 + w], 0);
@@ -250,6 +252,7 @@ extern "C" __global__ void matvec_q4_0(const u32* q, const f16* d, int rows, int
         const u32* rowq = q + (size_t)r * nb * 4;
         const f16* rowd = d + (size_t)r * nb;
         float sum = 0.0f;
+#pragma unroll 4
         for (int b = lane >> 2; b < nb; b += 8) {
             int w = lane & 3;
             u32 word = rowq[b * 4 + w];
@@ -270,6 +273,7 @@ extern "C" __global__ void matvec_q4_1(const u32* q, const f16* d, const f16* m,
         const f16* rowd = d + (size_t)r * nb;
         const f16* rowm = m + (size_t)r * nb;
         float sum = 0.0f;
+#pragma unroll 4
         for (int b = lane >> 2; b < nb; b += 8) {
             int w = lane & 3;
             u32 word = rowq[b * 4 + w];
@@ -295,6 +299,7 @@ extern "C" __global__ void matvec_q5_0(const u32* q, const f16* d, const u32* qh
         const u32* rowh = qh + (size_t)r * nb;
         const f16* rowd = d + (size_t)r * nb;
         float sum = 0.0f;
+#pragma unroll 4
         for (int b = lane >> 2; b < nb; b += 8) {
             int w = lane & 3;
             u32 word = rowq[b * 4 + w], h = rowh[b];

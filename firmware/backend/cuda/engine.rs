@@ -574,9 +574,9 @@ impl<'a> CudaEngine<'a> {
         args.ptr(x).ptr(norm_w).f32(self.hyper.norm_eps).i32(mode);
         args.ptr(out).ptr(bias).i32(acc as i32);
         let shared = input_shared_bytes(m.cols, m.ty.int8_activations()) as u32;
-        // 8 warps per block, one row at a time; at most 4 blocks per multiprocessor, each
+        // 8 warps per block, one row at a time; at most 8 blocks per multiprocessor, each
         // walking rows grid-stride, so the input prologue is paid a bounded number of times.
-        let grid = m.rows.div_ceil(8).min(4 * self.gpu.sm_count as usize);
+        let grid = m.rows.div_ceil(8).min(8 * self.gpu.sm_count as usize);
         self.gpu
             .launch_shared(f, grid as u32, 256, shared, &mut args)
     }
