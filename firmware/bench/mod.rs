@@ -139,6 +139,7 @@ pub fn run(
         let opts = EngineOptions {
             threads: c.threads,
             context: prompt.len() + s.gen_tokens + 1,
+            ..EngineOptions::default()
         };
         let cuda = CudaOptions {
             memory: c.memory,
