@@ -7,6 +7,7 @@ use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
+use leanstream::quant::{Packing, Precision};
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 use leanstream::serve::server::{Server, ServerConfig};
 use leanstream::sys;
@@ -50,6 +51,18 @@ struct Args {
     /// Log prompt text (off by default: prompts may be private).
     #[arg(long)]
     log_prompts: bool,
+    /// native (the file's own types, f32 KV; the default), f16, w8a8 or w4a8 (int8 KV).
+    #[arg(long, default_value = "native", value_parser = Precision::parse)]
+    precision: Precision,
+    /// int4 packing for w4a8: contiguous, interleaved or swizzled.
+    #[arg(long, default_value = "interleaved", value_parser = Packing::parse)]
+    packing: Packing,
+    /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
+    #[arg(long, default_value = "adaptive")]
+    kv_layout: String,
+    /// A kvcost table from `leanstream calibrate-kv` (default: built-in constants).
+    #[arg(long)]
+    kv_cost: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -102,8 +115,19 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(t) = args.threads {
         opts.threads = t;
     }
+    opts.precision = args.precision;
+    opts.packing = args.packing;
+    opts.kv_policy = leanstream::kv::policy_from(&file, args.kv_cost.as_deref(), &args.kv_layout)?;
     let mut engine = Engine::boot(&mut arenas, &file, opts)
         .map_err(|e| format!("{}: {e}", args.model.display()))?;
+    if args.precision != Precision::Native {
+        eprintln!(
+            "leanstreamd: precision {}: {} | KV cache {:?}",
+            args.precision,
+            engine.conversions,
+            engine.kv_precision()
+        );
+    }
     drop(file);
     let idx = engine.take_sample_buffer().expect("fresh engine");
     let mut sampler = Sampler::new(SamplerConfig::default(), idx);
