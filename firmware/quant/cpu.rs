@@ -8,7 +8,10 @@
 //! Kernels: AVX2 (x86-64, `maddubs`/`madd` with the sign trick, four rows at a time sharing each
 //! activation group, one horizontal add per group for four rows), chosen at run time by
 //! `backend::cpu::matvec`; the scalar code is the definition and the fallback everywhere else
-//! (aarch64 included, until a NEON `sdot` path can be built and tested there).
+//! (aarch64 included, until a NEON `sdot` path can be built and tested there). An AVX-VNNI
+//! variant (`vpdpbusd` for `maddubs`+`madd`, the same int32 lanes) needs Rust 1.89 for the
+//! `avxvnni` target feature, past this crate's `rust-version` of 1.80, and this machine has no
+//! AVX-VNNI to test it on: not built yet.
 
 use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
 use crate::backend::cpu::matvec::{Act, ChunkFn};
