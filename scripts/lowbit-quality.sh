@@ -4,6 +4,8 @@
 # the targets (w8a8 within +2% of f16, w4a8 within +8%), and one greedy answer per precision to
 # read for coherence. Takes about an hour on the 2-core developer machine.
 #   usage: scripts/lowbit-quality.sh [OUT.md] [CHUNKS]
+#   LOWBIT_MODELS="a.gguf b.gguf" and LOWBIT_PRECISIONS="f16 w8a8 w4a8" narrow a run (f16 first:
+#   the other rows are measured against it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/LOWBIT.md}
@@ -26,11 +28,11 @@ tmp=$(mktemp -d)
   echo "|---|---|---|---|---|---|---|"
 } > "$tmp/table.md"
 : > "$tmp/text.md"
-for m in SmolLM2-135M-Instruct.Q4_1.gguf qwen2.5-coder-0.5b-instruct.gguf; do
+for m in ${LOWBIT_MODELS:-SmolLM2-135M-Instruct.Q4_1.gguf qwen2.5-coder-0.5b-instruct.gguf}; do
   path=$models/$m
   if [ ! -f "$path" ]; then echo "| $m | - | skipped: not fetched | | | | |" >> "$tmp/table.md"; continue; fi
   f16=
-  for p in f16 native w8a8 w4a8; do
+  for p in ${LOWBIT_PRECISIONS:-f16 native w8a8 w4a8}; do
     log=$tmp/$m.$p.log
     "$bin" perplexity --model "$path" --file "$wiki" --ctx 512 --chunks "$chunks" --precision $p > "$log" 2>&1
     ppl=$(grep '^ppl = ' "$log" | awk '{print $3}')

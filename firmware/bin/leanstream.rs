@@ -648,62 +648,78 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
         tok.add_bos_default(),
     );
     prompt.truncate(a.prompt_tokens.max(1));
-    let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-    let mut rows_json = Vec::new();
-    let mut rows_md = Vec::new();
-    let mut threads = 0;
-    let mut baseline_ms = None;
-    for (label, low) in &configs {
-        let mut engine = boot_with(&mut arenas, &file, &a.model, low, true)?;
-        threads = engine.threads();
+    // Every configuration is booted at once, each in its own arenas (mapped at the board's
+    // budgets, backed only where touched), and the repetitions go round-robin over them, so a
+    // busy moment of the machine lands on all of them alike.
+    let mut arenas: Vec<Arenas> = configs
+        .iter()
+        .map(|_| Arenas::from_board().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut engines = Vec::new();
+    for (ar, (_, low)) in arenas.iter_mut().zip(&configs) {
+        let mut engine = boot_with(ar, &file, &a.model, low, true)?;
         let idx = engine.take_sample_buffer().expect("fresh engine");
-        let mut sampler = Sampler::new(SamplerConfig::default(), idx);
-        if let Some(n) = a.long_context {
-            let (json, md) = long_context(&mut engine, &mut sampler, &prompt, n, label)?;
-            rows_json.push(json);
-            rows_md.push(md);
-            continue;
-        }
-        if prompt.len() + a.gen_tokens > engine.context {
-            return Err(format!(
-                "prompt + gen tokens ({}) exceed the context ({})",
-                prompt.len() + a.gen_tokens,
-                engine.context
-            ));
-        }
-        // Greedy decoding may hit end-of-text early; decode a fixed count by forwarding sampled
-        // tokens directly.
-        let mut prefill = Vec::new();
-        let mut decode = Vec::new();
-        for _ in 0..a.reps.max(1) {
-            let t0 = Instant::now();
-            let mut logits_token = 0;
-            for (pos, &t) in prompt.iter().enumerate() {
-                logits_token = sampler.sample(engine.forward(t, pos));
-            }
-            let t1 = Instant::now();
-            let mut token = logits_token;
-            for i in 0..a.gen_tokens {
-                token = sampler.sample(engine.forward(token, prompt.len() + i));
-            }
-            let t2 = Instant::now();
-            prefill.push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
-            decode.push(a.gen_tokens as f64 / (t2 - t1).as_secs_f64());
-        }
-        let (p, d) = (median(prefill), median(decode));
-        let ms = 1000.0 / d;
-        let base = *baseline_ms.get_or_insert(ms);
-        let segs = segments_text(&engine);
-        rows_json.push(format!(
-            "    {{\"config\": {label:?}, \"prefill_tok_per_s\": {p:.2}, \"decode_tok_per_s\": {d:.2}, \"decode_ms_per_token\": {ms:.3}, \"vs_first\": {:.3}, \"kv_segments\": {segs:?}}}",
-            base / ms
-        ));
-        rows_md.push(format!(
-            "| {label} | {p:.1} | {d:.1} | {ms:.2} | {:.2}x | {segs} |",
-            base / ms
-        ));
+        engines.push((engine, Sampler::new(SamplerConfig::default(), idx)));
     }
     drop(file);
+    let threads = engines[0].0.threads();
+    let mut rows_json = Vec::new();
+    let mut rows_md = Vec::new();
+    if let Some(n) = a.long_context {
+        for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
+            leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+            let (json, md) = long_context(engine, sampler, &prompt, n, label)?;
+            rows_json.push(json);
+            rows_md.push(md);
+        }
+    } else {
+        let context = engines[0].0.context;
+        if prompt.len() + a.gen_tokens > context {
+            return Err(format!(
+                "prompt + gen tokens ({}) exceed the context ({context})",
+                prompt.len() + a.gen_tokens,
+            ));
+        }
+        let mut prefill = vec![Vec::new(); configs.len()];
+        let mut decode = vec![Vec::new(); configs.len()];
+        for _ in 0..a.reps.max(1) {
+            for (i, ((engine, sampler), (_, low))) in engines.iter_mut().zip(&configs).enumerate() {
+                leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+                // Greedy decoding may hit end-of-text early; decode a fixed count by forwarding
+                // sampled tokens directly.
+                let t0 = Instant::now();
+                let mut logits_token = 0;
+                for (pos, &t) in prompt.iter().enumerate() {
+                    logits_token = sampler.sample(engine.forward(t, pos));
+                }
+                let t1 = Instant::now();
+                let mut token = logits_token;
+                for g in 0..a.gen_tokens {
+                    token = sampler.sample(engine.forward(token, prompt.len() + g));
+                }
+                let t2 = Instant::now();
+                prefill[i].push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
+                decode[i].push(a.gen_tokens as f64 / (t2 - t1).as_secs_f64());
+            }
+        }
+        let mut base = None;
+        for (i, (engine, _)) in engines.iter().enumerate() {
+            let label = &configs[i].0;
+            let (p, d) = (median(prefill[i].clone()), median(decode[i].clone()));
+            let ms = 1000.0 / d;
+            let base = *base.get_or_insert(ms);
+            let segs = segments_text(engine);
+            rows_json.push(format!(
+                "    {{\"config\": {label:?}, \"prefill_tok_per_s\": {p:.2}, \"decode_tok_per_s\": {d:.2}, \"decode_ms_per_token\": {ms:.3}, \"vs_first\": {:.3}, \"kv_segments\": {segs:?}}}",
+                base / ms
+            ));
+            rows_md.push(format!(
+                "| {label} | {p:.1} | {d:.1} | {ms:.2} | {:.2}x | {segs} |",
+                base / ms
+            ));
+        }
+    }
+    leanstream::quant::cpu::set_deferred_dequant(true);
     let header = if a.long_context.is_some() {
         "| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | KV segments |\n|---|---|---|---|---|---|---|---|"
     } else {
