@@ -680,26 +680,38 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
                 prompt.len() + a.gen_tokens,
             ));
         }
+        // Token by token, every configuration in turn: on a shared machine a busy moment then
+        // lands on all of them alike. Greedy decoding may hit end-of-text early; decode a fixed
+        // count by forwarding sampled tokens directly.
         let mut prefill = vec![Vec::new(); configs.len()];
         let mut decode = vec![Vec::new(); configs.len()];
+        let n = configs.len();
         for _ in 0..a.reps.max(1) {
-            for (i, ((engine, sampler), (_, low))) in engines.iter_mut().zip(&configs).enumerate() {
-                leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
-                // Greedy decoding may hit end-of-text early; decode a fixed count by forwarding
-                // sampled tokens directly.
-                let t0 = Instant::now();
-                let mut logits_token = 0;
-                for (pos, &t) in prompt.iter().enumerate() {
-                    logits_token = sampler.sample(engine.forward(t, pos));
+            let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
+            let mut next = vec![0u32; n];
+            for pos in 0..prompt.len() + a.gen_tokens {
+                for (i, ((engine, sampler), (_, low))) in
+                    engines.iter_mut().zip(&configs).enumerate()
+                {
+                    leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+                    let token = if pos < prompt.len() {
+                        prompt[pos]
+                    } else {
+                        next[i]
+                    };
+                    let t0 = Instant::now();
+                    next[i] = sampler.sample(engine.forward(token, pos));
+                    let dt = t0.elapsed().as_secs_f64();
+                    if pos < prompt.len() {
+                        tp[i] += dt;
+                    } else {
+                        td[i] += dt;
+                    }
                 }
-                let t1 = Instant::now();
-                let mut token = logits_token;
-                for g in 0..a.gen_tokens {
-                    token = sampler.sample(engine.forward(token, prompt.len() + g));
-                }
-                let t2 = Instant::now();
-                prefill[i].push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
-                decode[i].push(a.gen_tokens as f64 / (t2 - t1).as_secs_f64());
+            }
+            for i in 0..n {
+                prefill[i].push(prompt.len() as f64 / tp[i]);
+                decode[i].push(a.gen_tokens as f64 / td[i]);
             }
         }
         let mut base = None;

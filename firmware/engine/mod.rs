@@ -460,6 +460,7 @@ impl<'a> Engine<'a> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
+        let ctx = self.context;
         let s = &mut self.s;
         let pool = &self.pool;
         let act = &mut self.act;
@@ -496,7 +497,6 @@ impl<'a> Engine<'a> {
 
             // Each head attends over positions 0..=pos of its KV head.
             let kv = &self.kv;
-            let ctx = self.context;
             let out = Disjoint::new(&mut s.xb2[..q_dim]);
             let att = Disjoint::new(s.att);
             let q = &*s.q;
