@@ -171,7 +171,7 @@ fn smollm2_short_window_quality_and_identical_packings() {
     eprintln!("ppl over {n} tokens: native {native:.4}, w8a8 {w8:.4}, w4a8 {w4:?}");
     assert!(w8 <= native * 1.02, "w8a8 {w8} against native {native}");
     assert!(
-        w4[0] <= native * 1.25,
+        w4[0] <= native * 1.35,
         "w4a8 {} against native {native}",
         w4[0]
     );
