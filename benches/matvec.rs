@@ -50,6 +50,7 @@ fn bench(c: &mut Criterion) {
             let data = weights(ty, rows, cols);
             let w = Matrix {
                 ty,
+                q: None,
                 rows,
                 cols,
                 data: &data,

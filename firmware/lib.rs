@@ -13,6 +13,9 @@
 //!   queue and engine thread (`serve/server.rs`), metrics.
 //! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
 //! - `client`: the CLI's HTTP/1.1 client for the daemon's Unix socket.
+//! - `quant`: low-bit weight formats (w8, w4 and its packings), requantization, integer kernels.
+//! - `kv`: the KV cache as a chain of append-only segments, each with its own layout, and the
+//!   cost model that picks the layout of new tokens.
 //! - `tables`: versioned, checksummed postcard files made offline (thresholds, cost models).
 
 pub mod backend;
@@ -21,8 +24,10 @@ pub mod board;
 pub mod boot;
 pub mod client;
 pub mod engine;
+pub mod kv;
 pub mod load;
 pub mod model;
+pub mod quant;
 pub mod serve;
 pub mod sys;
 pub mod tables;

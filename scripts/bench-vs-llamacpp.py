@@ -3,8 +3,11 @@
 
 llama.cpp comes from llama-cpp-python on PyPI, built from source on this machine:
     CMAKE_ARGS="-DGGML_NATIVE=ON" python3 -m pip install llama-cpp-python==0.3.36
-usage: scripts/bench-vs-llamacpp.py --model M [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3]
-Run `cargo build --release` first. Prints a Markdown table; the ratio is LeanStream / llama.cpp."""
+usage: scripts/bench-vs-llamacpp.py --model M [--precision native|f16|w8a8|w4a8] [--packing P]
+       [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3]
+Run `cargo build --release` first. Prints a Markdown table; the ratio is LeanStream / llama.cpp.
+For the low-bit comparison give a Q8_0 GGUF with `--precision w8a8` and a Q4_0 GGUF with
+`--precision w4a8`: both engines then run the very same weights."""
 import argparse, json, os, statistics, subprocess, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,8 +18,9 @@ def leanstream(a):
     subprocess.run([os.path.join(ROOT, "target/release/leanstream"), "bench", "--model", a.model,
                     "--threads", str(a.threads), "--prompt-tokens", str(a.prompt_tokens),
                     "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps), "--json", out,
-                    "--markdown", os.devnull], check=True, stdout=subprocess.DEVNULL)
-    r = json.load(open(out))
+                    "--markdown", os.devnull, "--precision", a.precision, "--packing", a.packing],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = json.load(open(out))["configs"][0]
     return r["prefill_tok_per_s"], r["decode_tok_per_s"]
 
 
@@ -52,6 +56,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--precision", default="native")
+    ap.add_argument("--packing", default="interleaved")
     a = ap.parse_args()
     # Alternate the two twice so a busy moment does not land on one side only.
     ls, lc = [], []
@@ -63,7 +69,7 @@ def main():
     name = os.path.basename(a.model)
     print(f"| engine | model | threads | prompt tokens | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|---|---|")
-    print(f"| LeanStream (CPU) | {name} | {a.threads} | {a.prompt_tokens} | {lsp:.1f} | {lsd:.1f} |")
+    print(f"| LeanStream (CPU, {a.precision}) | {name} | {a.threads} | {a.prompt_tokens} | {lsp:.1f} | {lsd:.1f} |")
     print(f"| llama.cpp (CPU) | {name} | {a.threads} | {a.prompt_tokens} | {lcp:.1f} | {lcd:.1f} |")
     print(f"| ratio LeanStream / llama.cpp | | | | {lsp / lcp:.2f} | {lsd / lcd:.2f} |")
 

@@ -8,7 +8,9 @@ mod common;
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
+use leanstream::quant::{Packing, Precision};
 use std::path::Path;
 
 use leanstream::serve::alloc_count::{self, CountingAllocator};
@@ -16,24 +18,19 @@ use leanstream::serve::alloc_count::{self, CountingAllocator};
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
 
-/// Generates 256 tokens (sampling with temperature, top-k and top-p, and a stop string that
-/// never matches) and returns the allocations made after the first token came out.
+/// Generates `steps` tokens (sampling with temperature, top-k and top-p, and a stop string that
+/// never matches), then decodes `steps` more, and returns the allocations made after the first
+/// token came out (and the KV segments the engine ended with).
 fn allocations_after_first_token(
     model: &Path,
     tokenizer: Option<&Path>,
     prompt: &str,
-) -> (usize, u64) {
+    opts: EngineOptions,
+    steps: usize,
+) -> (usize, u64, usize) {
     let (file, tok) = open_model(model, tokenizer).unwrap();
     let mut arenas = Arenas::from_board().unwrap();
-    let mut engine = Engine::boot(
-        &mut arenas,
-        &file,
-        EngineOptions {
-            threads: 2,
-            context: 0,
-        },
-    )
-    .unwrap();
+    let mut engine = Engine::boot(&mut arenas, &file, opts).unwrap();
     let idx = engine.take_sample_buffer().unwrap();
     let config = SamplerConfig {
         temperature: 0.8,
@@ -45,7 +42,7 @@ fn allocations_after_first_token(
     let ids = tok.encode(prompt, true);
     let stops = ["\u{1F600}never-appears"];
     let params = GenerateParams {
-        max_tokens: 256,
+        max_tokens: steps,
         stop: &stops,
         deadline: None,
     };
@@ -64,10 +61,10 @@ fn allocations_after_first_token(
         },
     )
     .unwrap();
-    // And 256 raw decode steps that ignore end-of-text, so the count covers a full 256.
+    // And raw decode steps that ignore end-of-text, so the count covers `steps` in full.
     alloc_count::arm();
     let mut token = ids[0];
-    for pos in 0..256 {
+    for pos in 0..steps {
         token = sampler.sample(engine.forward(token, pos));
     }
     alloc_count::disarm();
@@ -77,7 +74,23 @@ fn allocations_after_first_token(
         stats.generated_tokens,
         generated
     );
-    (stats.generated_tokens, alloc_count::count())
+    let segments = engine.kv_segments().len();
+    (stats.generated_tokens, alloc_count::count(), segments)
+}
+
+fn opts(precision: Precision, packing: Packing) -> EngineOptions {
+    EngineOptions {
+        threads: 2,
+        precision,
+        packing,
+        // Switch KV layouts early, so the segment chain grows during the counted steps.
+        kv_policy: Policy::Adaptive(CostModel {
+            persist: 4,
+            margin: 0.0,
+            ..CostModel::default()
+        }),
+        ..EngineOptions::default()
+    }
 }
 
 fn main() {
@@ -87,7 +100,13 @@ fn main() {
         common::shared("data/stories260K/tok512.bin"),
     ) {
         // A story model ends stories with EOS; the count that matters is of steps decoded.
-        let (steps, allocs) = allocations_after_first_token(&model, Some(&tok), "Once upon a time");
+        let (steps, allocs, _) = allocations_after_first_token(
+            &model,
+            Some(&tok),
+            "Once upon a time",
+            opts(Precision::Native, Packing::Interleaved),
+            256,
+        );
         assert!(steps > 20, "only {steps} steps decoded");
         assert_eq!(
             allocs, 0,
@@ -96,14 +115,34 @@ fn main() {
         checked += 1;
     }
     if let Some(model) = common::model(common::SMOLLM2) {
-        let (steps, allocs) =
-            allocations_after_first_token(&model, None, "Here is a long list of fruits: apple,");
-        assert!(steps > 20, "only {steps} steps decoded");
-        assert_eq!(
-            allocs, 0,
-            "{allocs} heap allocations while decoding SmolLM2"
-        );
-        checked += 1;
+        // The model's own types with the f32 KV cache; then w8a8 and w4a8 (integer kernels,
+        // the segmented int8 KV cache switching layouts on the way).
+        for (precision, packing, steps) in [
+            (Precision::Native, Packing::Interleaved, 256),
+            (Precision::W8a8, Packing::Interleaved, 128),
+            (Precision::W4a8, Packing::Swizzled, 128),
+        ] {
+            let prompt = "Here is a long list of fruits: apple,";
+            let (n, allocs, segments) = allocations_after_first_token(
+                &model,
+                None,
+                prompt,
+                opts(precision, packing),
+                steps,
+            );
+            assert!(n > 20, "only {n} steps decoded");
+            assert_eq!(
+                allocs, 0,
+                "{allocs} heap allocations while decoding SmolLM2 at {precision}"
+            );
+            if precision != Precision::Native {
+                assert!(
+                    segments >= 2,
+                    "{precision}: the KV chain never grew ({segments})"
+                );
+            }
+            checked += 1;
+        }
     }
     if checked == 0 {
         eprintln!("skipped: no model available for the allocation test");

@@ -23,6 +23,9 @@ pub struct Config {
     pub memory: MemoryModel,
     pub graph: bool,
     pub threads: usize,
+    /// Weight precision on both backends (CUDA runs native and f16).
+    pub precision: crate::quant::Precision,
+    pub packing: crate::quant::Packing,
 }
 
 impl Config {
@@ -32,6 +35,10 @@ impl Config {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let model = match self.precision {
+            crate::quant::Precision::Native => model,
+            p => format!("{model} {p}"),
+        };
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
@@ -139,13 +146,15 @@ pub fn run(
         let opts = EngineOptions {
             threads: c.threads,
             context: prompt.len() + s.gen_tokens + 1,
+            precision: c.precision,
+            packing: c.packing,
             ..EngineOptions::default()
         };
         let cuda = CudaOptions {
             memory: c.memory,
             graph: c.graph,
             context: 0,
-            f16_weights: false,
+            f16_weights: c.precision == crate::quant::Precision::F16,
         };
         let mut row = Row {
             label: c.label(),
@@ -159,6 +168,15 @@ pub fn run(
             gen_tokens: s.gen_tokens,
             ..Row::default()
         };
+        use crate::quant::Precision;
+        if c.backend == Backend::Cuda && !matches!(c.precision, Precision::Native | Precision::F16)
+        {
+            return Err(format!(
+                "{}: precision {} on the CUDA backend: bench a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file at native precision",
+                c.label(),
+                c.precision
+            ));
+        }
         let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
         let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts, cuda)
             .map_err(|e| format!("{}: {e}", c.label()))?;

@@ -7,9 +7,10 @@ use leanstream::engine::any::{AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
-use leanstream::engine::{Arenas, EngineOptions};
+use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ModelFile;
+use leanstream::quant::{Packing, Precision};
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
 use leanstream::tokenizer::Tokenizer;
 use std::io::Write;
@@ -38,6 +39,9 @@ enum Command {
     Inspect { path: PathBuf },
     /// Prefill and decode speed; writes JSON and a Markdown table.
     Bench(BenchArgs),
+    /// Fit the int8 KV cache's layout cost model on this board (a short microbenchmark) and
+    /// write it as a `kvcost` table for the model.
+    CalibrateKv(CalibrateArgs),
     /// Ask a running leanstreamd; the answer streams as it comes.
     Ask(AskArgs),
     /// An interactive chat with a running leanstreamd (/exit to leave, /reset to forget).
@@ -116,6 +120,27 @@ struct ModelArgs {
     /// CUDA: launch every kernel instead of replaying one captured graph per token.
     #[arg(long)]
     no_graph: bool,
+    #[command(flatten)]
+    low: LowBitArgs,
+}
+
+#[derive(Args, Clone)]
+struct LowBitArgs {
+    /// native (the file's own types, f32 KV), f16, w8a8 or w4a8 (int8 KV for the last two).
+    #[arg(long, default_value = "native", value_parser = Precision::parse)]
+    precision: Precision,
+    /// int4 packing for w4a8: contiguous, interleaved or swizzled (bit-identical results).
+    #[arg(long, default_value = "interleaved", value_parser = Packing::parse)]
+    packing: Packing,
+    /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
+    #[arg(long, default_value = "adaptive")]
+    kv_layout: String,
+    /// A kvcost table from `leanstream calibrate-kv` (default: built-in constants).
+    #[arg(long)]
+    kv_cost: Option<PathBuf>,
+    /// Ablation: dequantize each weight group to f32 before the dot product (w8a8/w4a8).
+    #[arg(long)]
+    no_deferred_dequant: bool,
 }
 
 #[derive(Args)]
@@ -146,6 +171,16 @@ struct GenerateArgs {
 }
 
 #[derive(Args)]
+struct CalibrateArgs {
+    /// The model the table is for (its KV shape is benchmarked; the table carries its identity).
+    #[arg(long)]
+    model: PathBuf,
+    /// Where to write the table (default: tables/kvcost-<model file stem>.bin).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -170,6 +205,8 @@ struct BenchArgs {
     /// Backends, comma-separated: cpu, cuda.
     #[arg(long, value_delimiter = ',', default_value = "cpu")]
     backend: Vec<String>,
+    #[command(flatten)]
+    low: LowBitArgs,
     /// CUDA memory models, comma-separated: unified, discrete (default: the board's).
     #[arg(long, value_delimiter = ',')]
     memory: Vec<String>,
@@ -195,6 +232,51 @@ struct BenchArgs {
     /// Where to write the PNG plot.
     #[arg(long, default_value = "bench.png")]
     png: PathBuf,
+    /// Configurations to run side by side, comma-separated: PRECISION[/PACKING][+FLAG]...,
+    /// flags `no-adaptive-kv` (one token-major KV segment), `head-tiles` (one head-tiled
+    /// segment), `no-deferred-dequant`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
+    /// Default: the one configuration the model flags give.
+    #[arg(long)]
+    configs: Option<String>,
+    /// Long-context mode: decode positions 0..N one token at a time (N capped at the context)
+    /// and report latency per 512-token window instead of prefill/decode rates.
+    #[arg(long)]
+    long_context: Option<usize>,
+}
+
+/// One bench configuration: its label and low-bit options.
+fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), String> {
+    let mut low = base.clone();
+    low.no_deferred_dequant = false;
+    low.kv_layout = "adaptive".into();
+    let mut parts = spec.split('+');
+    let head = parts.next().unwrap_or_default();
+    let (prec, pack) = match head.split_once('/') {
+        Some((a, b)) => (a, Some(b)),
+        None => (head, None),
+    };
+    low.precision = Precision::parse(prec)?;
+    if let Some(p) = pack {
+        low.packing = Packing::parse(p)?;
+    }
+    for flag in parts {
+        match flag {
+            "no-adaptive-kv" => low.kv_layout = "token-major".into(),
+            "head-tiles" => low.kv_layout = "head-tiles".into(),
+            "no-deferred-dequant" => low.no_deferred_dequant = true,
+            _ => {
+                return Err(format!(
+                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant)"
+                ))
+            }
+        }
+    }
+    let label = if low.precision == Precision::W4a8 && !spec.contains('/') {
+        format!("{spec} ({})", low.packing.name())
+    } else {
+        spec.to_string()
+    };
+    Ok((label, low))
 }
 
 fn main() -> ExitCode {
@@ -204,6 +286,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
         Command::Bench(a) => cmd_bench(a),
+        Command::CalibrateKv(a) => cmd_calibrate(a),
         Command::Ask(a) => cmd_ask(a),
         Command::Chat(a) => {
             let stdin = std::io::stdin();
@@ -247,12 +330,16 @@ fn cmd_ask(a: AskArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn options(m: &ModelArgs) -> EngineOptions {
+fn options(m: &ModelArgs, low: &LowBitArgs, file: &ModelFile) -> Result<EngineOptions, String> {
     let mut o = EngineOptions::default();
     if let Some(t) = m.threads {
         o.threads = t;
     }
-    o
+    o.precision = low.precision;
+    o.packing = low.packing;
+    o.kv_policy = leanstream::kv::policy_from(file, low.kv_cost.as_deref(), &low.kv_layout)?;
+    leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+    Ok(o)
 }
 
 fn cuda_options(m: &ModelArgs) -> Result<CudaOptions, String> {
@@ -279,11 +366,71 @@ fn boot<'a>(
     file: &ModelFile,
     m: &ModelArgs,
 ) -> Result<AnyEngine<'a>, String> {
+    boot_with(arenas, file, m, &m.low, true)
+}
+
+/// Boots on `m`'s backend at `low`'s precision; says on stderr what the conversion did
+/// (unless native).
+fn boot_with<'a>(
+    arenas: &'a mut Arenas,
+    file: &ModelFile,
+    m: &ModelArgs,
+    low: &LowBitArgs,
+    report: bool,
+) -> Result<AnyEngine<'a>, String> {
     let backend = Backend::parse(&m.backend)?;
-    AnyEngine::boot(arenas, file, backend, options(m), cuda_options(m)?).map_err(|e| match e {
-        leanstream::engine::EngineError::Gpu(_) => e.to_string(),
-        _ => format!("{}: {e}", m.model.display()),
-    })
+    let mut cuda = cuda_options(m)?;
+    if backend == Backend::Cuda {
+        match low.precision {
+            Precision::Native => {}
+            Precision::F16 => cuda.f16_weights = true,
+            p => {
+                return Err(format!(
+                    "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is (--precision native); requantizing at load is CPU-only for now"
+                ))
+            }
+        }
+    }
+    let e =
+        AnyEngine::boot(arenas, file, backend, options(m, low, file)?, cuda).map_err(
+            |e| match e {
+                leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+                _ => format!("{}: {e}", m.model.display()),
+            },
+        )?;
+    if let (true, AnyEngine::Cpu(cpu)) = (report && low.precision != Precision::Native, &e) {
+        eprintln!("{}", precision_line(cpu, low));
+    }
+    Ok(e)
+}
+/// Boots on the CPU backend (the low-bit configurations, calibration and traces).
+fn boot_cpu<'a>(
+    arenas: &'a mut Arenas,
+    file: &ModelFile,
+    m: &ModelArgs,
+    low: &LowBitArgs,
+    report: bool,
+) -> Result<Engine<'a>, String> {
+    let e = Engine::boot(arenas, file, options(m, low, file)?)
+        .map_err(|e| format!("{}: {e}", m.model.display()))?;
+    if report && low.precision != Precision::Native {
+        eprintln!("{}", precision_line(&e, low));
+    }
+    Ok(e)
+}
+
+fn precision_line(e: &Engine, low: &LowBitArgs) -> String {
+    format!(
+        "precision {}{}: {} | KV cache {:?}",
+        low.precision,
+        if low.precision == Precision::W4a8 {
+            format!(" ({})", low.packing.name())
+        } else {
+            String::new()
+        },
+        e.conversions,
+        e.kv_precision()
+    )
 }
 
 /// The prompt's tokens: plain text or the chat template, BOS as the model wants it.
@@ -499,6 +646,17 @@ fn cmd_inspect(path: &Path) -> Result<(), String> {
 }
 
 fn cmd_bench(a: BenchArgs) -> Result<(), String> {
+    if a.configs.is_some() || a.long_context.is_some() {
+        if a.model.len() != 1 || a.backend.iter().any(|b| b != "cpu") {
+            return Err("--configs and --long-context take one model on the cpu backend".into());
+        }
+        return cmd_bench_configs(a);
+    }
+    cmd_bench_backends(a)
+}
+
+/// Models x backends x memory models (x graph on/off), at the model flags' precision.
+fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     use leanstream::bench;
     let threads = a.threads.unwrap_or(leanstream::board::CPU_THREADS);
     let memories = if a.memory.is_empty() {
@@ -520,6 +678,8 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
                 memory: MemoryModel::None,
                 graph: true,
                 threads,
+                precision: a.low.precision,
+                packing: a.low.packing,
             };
             match backend {
                 Backend::Cpu => configs.push(base),
@@ -568,4 +728,302 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
     bench::plot::decode_bars(&rows, &title, &a.png)?;
     print!("{md}");
     Ok(())
+}
+
+fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
+    use leanstream::kv::{self, Layout, Shape};
+    let file = ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
+    let h = file
+        .hyper()
+        .map_err(|e| format!("{}: {e}", a.model.display()))?;
+    if h.head_dim % 32 != 0 || h.head_dim > kv::MAX_HEAD_DIM {
+        return Err(format!(
+            "head_dim {} has no int8 KV cache (needs a multiple of 32, at most {})",
+            h.head_dim,
+            kv::MAX_HEAD_DIM
+        ));
+    }
+    let shape = Shape {
+        n_layers: h.n_layers,
+        kv_heads: h.n_kv_heads,
+        head_dim: h.head_dim,
+        context: 4096,
+    };
+    let (model, points) = kv::calibrate::calibrate(shape, &[64, 256, 1024, 4096]);
+    println!("bandwidth: {:.2} GB/s", model.bandwidth / 1e9);
+    println!(
+        "| layout | tokens | measured us | model us | bytes | ops |\n|---|---|---|---|---|---|"
+    );
+    let one = Shape {
+        n_layers: 1,
+        ..shape
+    };
+    for p in &points {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
+            p.layout.name(),
+            p.tokens,
+            p.seconds * 1e6,
+            model.cost(p.layout, &one, p.tokens) * 1e6,
+            p.bytes,
+            p.ops
+        );
+    }
+    println!(
+        "alpha1 = {:.4}, alpha2 = {:.3e} s/op; margin {}, persist {} tokens",
+        model.alpha1, model.alpha2, model.margin, model.persist
+    );
+    let choice: Vec<String> = [1, 64, 256, 512, 1024, 4096]
+        .iter()
+        .map(|&t| {
+            let b = model.best(&one, t);
+            let gain = 1.0 - model.cost(b, &one, t) / model.cost(Layout::TokenMajor, &one, t);
+            format!("{t}: {} ({:.1}% under token-major)", b.name(), gain * 100.0)
+        })
+        .collect();
+    println!("best layout by length: {}", choice.join(", "));
+    let out = a.out.unwrap_or_else(|| {
+        let stem = a
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        PathBuf::from(format!("tables/kvcost-{stem}.bin"))
+    });
+    let id = leanstream::tables::model_identity(&file);
+    leanstream::tables::write(&out, kv::TABLE_KIND, kv::TABLE_VERSION, id, &model)
+        .map_err(|e| e.to_string())?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Low-bit configurations of one model on the CPU (`--configs`, `--long-context`).
+fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
+    let model = ModelArgs {
+        model: a.model[0].clone(),
+        tokenizer: a.tokenizer.clone(),
+        threads: a.threads,
+        backend: "cpu".into(),
+        memory: None,
+        no_graph: false,
+        low: a.low.clone(),
+    };
+    let (file, tok) = open_model(&model.model, model.tokenizer.as_deref())?;
+    let name = model
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let configs: Vec<(String, LowBitArgs)> = match &a.configs {
+        None => vec![(model.low.precision.to_string(), model.low.clone())],
+        Some(list) => list
+            .split(',')
+            .map(|c| parse_config(c.trim(), &model.low))
+            .collect::<Result<_, _>>()?,
+    };
+    // A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
+    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
+    let mut prompt = tok.encode(
+        &seed_text.repeat(1 + a.prompt_tokens / 8),
+        tok.add_bos_default(),
+    );
+    prompt.truncate(a.prompt_tokens.max(1));
+    // Every configuration is booted at once, each in its own arenas (mapped at the board's
+    // budgets, backed only where touched), and the repetitions go round-robin over them, so a
+    // busy moment of the machine lands on all of them alike.
+    let mut arenas: Vec<Arenas> = configs
+        .iter()
+        .map(|_| Arenas::from_board().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut engines = Vec::new();
+    for (ar, (_, low)) in arenas.iter_mut().zip(&configs) {
+        let mut engine = boot_cpu(ar, &file, &model, low, true)?;
+        let idx = engine.take_sample_buffer().expect("fresh engine");
+        engines.push((engine, Sampler::new(SamplerConfig::default(), idx)));
+    }
+    drop(file);
+    let threads = engines[0].0.threads();
+    let mut rows_json = Vec::new();
+    let mut rows_md = Vec::new();
+    if let Some(n) = a.long_context {
+        for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
+            leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+            let (json, md) = long_context(engine, sampler, &prompt, n, label)?;
+            rows_json.push(json);
+            rows_md.push(md);
+        }
+    } else {
+        let context = engines[0].0.context;
+        if prompt.len() + a.gen_tokens > context {
+            return Err(format!(
+                "prompt + gen tokens ({}) exceed the context ({context})",
+                prompt.len() + a.gen_tokens,
+            ));
+        }
+        // Token by token, every configuration in turn: on a shared machine a busy moment then
+        // lands on all of them alike. Greedy decoding may hit end-of-text early; decode a fixed
+        // count by forwarding sampled tokens directly.
+        let mut prefill = vec![Vec::new(); configs.len()];
+        let mut decode = vec![Vec::new(); configs.len()];
+        let n = configs.len();
+        for _ in 0..a.reps.max(1) {
+            let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
+            let mut next = vec![0u32; n];
+            for pos in 0..prompt.len() + a.gen_tokens {
+                for (i, ((engine, sampler), (_, low))) in
+                    engines.iter_mut().zip(&configs).enumerate()
+                {
+                    leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+                    let token = if pos < prompt.len() {
+                        prompt[pos]
+                    } else {
+                        next[i]
+                    };
+                    let t0 = Instant::now();
+                    next[i] = sampler.sample(engine.forward(token, pos));
+                    let dt = t0.elapsed().as_secs_f64();
+                    if pos < prompt.len() {
+                        tp[i] += dt;
+                    } else {
+                        td[i] += dt;
+                    }
+                }
+            }
+            for i in 0..n {
+                prefill[i].push(prompt.len() as f64 / tp[i]);
+                decode[i].push(a.gen_tokens as f64 / td[i]);
+            }
+        }
+        let mut base = None;
+        for (i, (engine, _)) in engines.iter().enumerate() {
+            let label = &configs[i].0;
+            let (p, d) = (median(prefill[i].clone()), median(decode[i].clone()));
+            let ms = 1000.0 / d;
+            let base = *base.get_or_insert(ms);
+            let segs = segments_text(engine);
+            rows_json.push(format!(
+                "    {{\"config\": {label:?}, \"prefill_tok_per_s\": {p:.2}, \"decode_tok_per_s\": {d:.2}, \"decode_ms_per_token\": {ms:.3}, \"vs_first\": {:.3}, \"kv_segments\": {segs:?}}}",
+                base / ms
+            ));
+            rows_md.push(format!(
+                "| {label} | {p:.1} | {d:.1} | {ms:.2} | {:.2}x | {segs} |",
+                base / ms
+            ));
+        }
+    }
+    leanstream::quant::cpu::set_deferred_dequant(true);
+    let header = if a.long_context.is_some() {
+        "| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | KV segments |\n|---|---|---|---|---|---|---|---|"
+    } else {
+        "| config | prefill tok/s | decode tok/s | decode ms/token | speed vs first row | KV segments |\n|---|---|---|---|---|---|"
+    };
+    let json = format!(
+        "{{\n  \"model\": {:?},\n  \"backend\": \"cpu\",\n  \"threads\": {threads},\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"long_context\": {},\n  \"configs\": [\n{}\n  ]\n}}\n",
+        name,
+        leanstream::board::NAME,
+        prompt.len(),
+        a.gen_tokens,
+        a.reps,
+        a.long_context.map_or("null".to_string(), |n| n.to_string()),
+        rows_json.join(",\n")
+    );
+    let md = format!(
+        "{name}, cpu, {threads} threads, board {}\n\n{header}\n{}\n",
+        leanstream::board::NAME,
+        rows_md.join("\n")
+    );
+    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
+    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
+    print!("{md}");
+    Ok(())
+}
+
+/// The KV chain as `layout[start..end]` items.
+fn segments_text(e: &Engine) -> String {
+    e.kv_segments()
+        .iter()
+        .map(|s| format!("{}[{}..{}]", s.layout.name(), s.start, s.start + s.len))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Decodes positions 0..n (the prompt's tokens, then sampled ones), timing each step; per
+/// window of 512 positions, the median and p99. The linear bound is the growth the work
+/// predicts: matrix MACs per token plus attention MACs growing with the position.
+fn long_context(
+    engine: &mut Engine,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    n: usize,
+    label: &str,
+) -> Result<(String, String), String> {
+    let n = n.min(engine.context);
+    const W: usize = 512;
+    if n < 2 * W {
+        return Err(format!(
+            "--long-context needs at least {} positions (context {})",
+            2 * W,
+            engine.context
+        ));
+    }
+    let mut ms = Vec::with_capacity(n);
+    let mut token = prompt[0];
+    for pos in 0..n {
+        let t0 = Instant::now();
+        let logits = engine.forward(token, pos);
+        let next = sampler.sample(logits);
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        token = if pos + 1 < prompt.len() {
+            prompt[pos + 1]
+        } else {
+            next
+        };
+    }
+    let mut worst = (0f64, 0usize);
+    let mut medians = Vec::new();
+    for (w, chunk) in ms.chunks(W).enumerate() {
+        if chunk.len() < W {
+            break;
+        }
+        let mut v = chunk.to_vec();
+        v.sort_by(f64::total_cmp);
+        let med = v[v.len() / 2];
+        let p99 = v[(v.len() * 99) / 100];
+        medians.push(med);
+        if p99 / med > worst.0 {
+            worst = (p99 / med, w);
+        }
+    }
+    let h = &engine.hyper;
+    let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
+    let matrix = (h.n_layers * (2 * h.dim * q_dim + 2 * h.dim * kv_dim + 3 * h.dim * h.hidden_dim)
+        + h.vocab_size * h.dim) as f64;
+    let attn_per_pos = (2 * h.n_layers * q_dim) as f64;
+    let mid = |w: usize| (w * W + W / 2) as f64;
+    let last = medians.len() - 1;
+    let bound = (matrix + attn_per_pos * mid(last)) / (matrix + attn_per_pos * mid(0));
+    let growth = medians[last] / medians[0];
+    let segs = segments_text(engine);
+    let json = format!(
+        "    {{\"config\": {label:?}, \"positions\": {n}, \"window_median_ms\": {:?}, \"first_median_ms\": {:.3}, \"last_median_ms\": {:.3}, \"growth\": {growth:.3}, \"linear_bound\": {bound:.3}, \"worst_p99_over_median\": {:.3}, \"worst_window\": {}, \"kv_segments\": {segs:?}}}",
+        medians.iter().map(|m| (m * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+        medians[0],
+        medians[last],
+        worst.0,
+        worst.1
+    );
+    let md = format!(
+        "| {label} | {n} | {:.2} | {:.2} | {growth:.2}x | {bound:.2}x | {:.2} ({}..{}) | {segs} |",
+        medians[0],
+        medians[last],
+        worst.0,
+        worst.1 * W,
+        (worst.1 + 1) * W
+    );
+    Ok((json, md))
 }

@@ -10,6 +10,7 @@ use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, EngineOptions};
 use leanstream::load::open_model;
+use leanstream::quant::{Packing, Precision};
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 use leanstream::serve::server::{Server, ServerConfig};
 use leanstream::sys;
@@ -60,6 +61,18 @@ struct Args {
     /// memory; default: the board's memory_model.
     #[arg(long)]
     memory: Option<String>,
+    /// native (the file's own types, f32 KV; the default), f16, w8a8 or w4a8 (int8 KV).
+    #[arg(long, default_value = "native", value_parser = Precision::parse)]
+    precision: Precision,
+    /// int4 packing for w4a8: contiguous, interleaved or swizzled.
+    #[arg(long, default_value = "interleaved", value_parser = Packing::parse)]
+    packing: Packing,
+    /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
+    #[arg(long, default_value = "adaptive")]
+    kv_layout: String,
+    /// A kvcost table from `leanstream calibrate-kv` (default: built-in constants).
+    #[arg(long)]
+    kv_cost: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -112,6 +125,9 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(t) = args.threads {
         opts.threads = t;
     }
+    opts.precision = args.precision;
+    opts.packing = args.packing;
+    opts.kv_policy = leanstream::kv::policy_from(&file, args.kv_cost.as_deref(), &args.kv_layout)?;
     let backend = Backend::parse(&args.backend)?;
     let mut cuda = CudaOptions::default();
     match args.memory.as_deref() {
@@ -120,11 +136,30 @@ fn run(args: Args) -> Result<(), String> {
         Some("discrete") => cuda.memory = MemoryModel::Discrete,
         Some(m) => return Err(format!("unknown memory model '{m}' (unified or discrete)")),
     }
+    if backend == Backend::Cuda {
+        match args.precision {
+            Precision::Native => {}
+            Precision::F16 => cuda.f16_weights = true,
+            p => {
+                return Err(format!(
+                    "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is; requantizing at load is CPU-only for now"
+                ))
+            }
+        }
+    }
     let mut engine =
         AnyEngine::boot(&mut arenas, &file, backend, opts, cuda).map_err(|e| match e {
             leanstream::engine::EngineError::Gpu(_) => e.to_string(),
             _ => format!("{}: {e}", args.model.display()),
         })?;
+    if let (true, AnyEngine::Cpu(cpu)) = (args.precision != Precision::Native, &engine) {
+        eprintln!(
+            "leanstreamd: precision {}: {} | KV cache {:?}",
+            args.precision,
+            cpu.conversions,
+            cpu.kv_precision()
+        );
+    }
     drop(file);
     let idx = engine.take_sample_buffer().expect("fresh engine");
     let mut sampler = Sampler::new(SamplerConfig::default(), idx);

@@ -26,6 +26,8 @@ impl Backend {
     }
 }
 
+/// One per process, alive for the whole run: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyEngine<'a> {
     Cpu(Engine<'a>),
     Cuda(CudaEngine<'a>),

@@ -8,8 +8,10 @@ pub mod sample;
 
 use crate::backend::cpu::{matvec, matvec_many, ActScratch, Matrix, WorkerPool};
 use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
+use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
 use crate::model::{FormatError, Hyper, ModelFile, RopeStyle, TensorRef};
+use crate::quant::{ConversionReport, Packing, Precision, Role, Target};
 use std::fmt;
 
 /// Why an engine could not boot.
@@ -81,6 +83,12 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Context length; 0 means the smaller of the board's `max_context` and the model's own.
     pub context: usize,
+    /// Weight, activation and KV precision (`native` by default: the file's own types).
+    pub precision: Precision,
+    /// Where w4 nibbles sit (w4a8 only).
+    pub packing: Packing,
+    /// How the int8 KV cache picks the layout of new tokens.
+    pub kv_policy: Policy,
 }
 
 impl Default for EngineOptions {
@@ -88,6 +96,9 @@ impl Default for EngineOptions {
         EngineOptions {
             threads: crate::board::CPU_THREADS,
             context: 0,
+            precision: Precision::Native,
+            packing: Packing::default(),
+            kv_policy: Policy::Adaptive(CostModel::default()),
         }
     }
 }
@@ -128,14 +139,16 @@ pub struct Engine<'a> {
     layers: Vec<Layer<'a>>,
     output_norm: &'a [f32],
     output: Matrix<'a>,
-    /// [layer][position][kv_dim]
-    key_cache: &'a mut [f32],
-    value_cache: &'a mut [f32],
+    /// The KV cache: a chain of segments in the KV arena.
+    kv: KvCache<'a>,
     s: Scratch<'a>,
     /// Scratch the sampler sorts in (vocab entries), handed out by `sampler_buffers`.
     sample_idx: Option<&'a mut [u32]>,
     pool: WorkerPool,
     act: ActScratch,
+    pub precision: Precision,
+    /// What boot did to the matrices (imported as is, requantized).
+    pub conversions: ConversionReport,
 }
 
 /// What generation, perplexity and the daemon need from a backend: one token in, logits out.
@@ -172,19 +185,47 @@ impl Decoder for Engine<'_> {
     }
 }
 
-/// Bytes a tensor takes once placed: quantized matrices as stored, vectors as f32.
-fn placed_matrix(t: &TensorRef) -> usize {
-    t.data.len()
+/// How boot places matrices: the precision's target per role, and the report of what it did.
+struct Placer {
+    precision: Precision,
+    packing: Packing,
+    report: ConversionReport,
+    scratch: Vec<f32>,
 }
 
-fn place_matrix<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<Matrix<'a>, BootError> {
-    let data = c.copy_bytes(t.data)?;
-    Ok(Matrix {
-        ty: t.ty,
-        rows: t.rows,
-        cols: t.cols,
-        data,
-    })
+impl Placer {
+    fn target(&self, t: &TensorRef, role: Role) -> Target {
+        crate::quant::target(self.precision, self.packing, role, t.cols)
+    }
+
+    /// Bytes a matrix takes once placed.
+    fn bytes(&self, t: &TensorRef, role: Role) -> usize {
+        crate::quant::target_bytes(self.target(t, role), t)
+    }
+
+    fn place<'a>(
+        &mut self,
+        c: &mut Carver<'a>,
+        t: &TensorRef,
+        role: Role,
+    ) -> Result<Matrix<'a>, BootError> {
+        let target = self.target(t, role);
+        let data = c.take::<u8>(crate::quant::target_bytes(target, t))?;
+        let how = crate::quant::convert(target, t, data, &mut self.scratch);
+        self.report.add(t.ty, target, how, data.len());
+        let (ty, q) = match target {
+            Target::Keep => (t.ty, None),
+            Target::F16 => (crate::model::ggml::GgmlType::F16, None),
+            Target::Q(f) => (f.ggml_type(), Some(f)),
+        };
+        Ok(Matrix {
+            ty,
+            q,
+            rows: t.rows,
+            cols: t.cols,
+            data,
+        })
+    }
 }
 
 fn place_vector<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<&'a [f32], BootError> {
@@ -216,15 +257,32 @@ impl<'a> Engine<'a> {
         }
         let kv_dim = h.n_kv_heads * h.head_dim;
         let q_dim = h.n_heads * h.head_dim;
+        let mut placer = Placer {
+            precision: opts.precision,
+            packing: opts.packing,
+            report: ConversionReport::default(),
+            scratch: Vec::new(),
+        };
+        let (emb, blk) = (Role::EmbedOrOutput, Role::Block);
+        // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
+        let int8_kv = opts.precision.int8_kv()
+            && h.head_dim % 32 == 0
+            && h.head_dim <= crate::kv::MAX_HEAD_DIM;
+        let shape = Shape {
+            n_layers: h.n_layers,
+            kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            context,
+        };
 
         // Plan every arena and refuse before touching any of them.
         let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
         let mut dense = Plan::default();
         let mut ffn = Plan::default();
-        dense.add_bytes(model.tensor("token_embd.weight")?.data.len());
+        dense.add_bytes(placer.bytes(&model.tensor("token_embd.weight")?, emb));
         dense.add::<f32>(h.dim);
         if !h.tied_output {
-            dense.add_bytes(model.tensor("output.weight")?.data.len());
+            dense.add_bytes(placer.bytes(&model.tensor("output.weight")?, emb));
         }
         for i in 0..h.n_layers {
             for n in [
@@ -233,14 +291,14 @@ impl<'a> Engine<'a> {
                 "attn_v.weight",
                 "attn_output.weight",
             ] {
-                dense.add_bytes(placed_matrix(&model.tensor(&layer_name(i, n))?));
+                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
             }
             dense.add::<f32>(2 * h.dim);
             if h.qkv_bias {
                 dense.add::<f32>(q_dim + 2 * kv_dim);
             }
             for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
-                ffn.add_bytes(placed_matrix(&model.tensor(&layer_name(i, n))?));
+                ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
             }
         }
         dense.check(
@@ -254,12 +312,22 @@ impl<'a> Engine<'a> {
             "the FFN weights (all resident until streaming)",
         )?;
         let mut kv = Plan::default();
-        kv.add::<f32>(h.n_layers * context * kv_dim);
-        kv.add::<f32>(h.n_layers * context * kv_dim);
+        if int8_kv {
+            kv.add::<i8>(shape.i8_values());
+            kv.add::<i8>(shape.i8_values());
+            kv.add::<f32>(shape.i8_scales());
+            kv.add::<f32>(shape.i8_scales());
+        } else {
+            kv.add::<f32>(h.n_layers * context * kv_dim);
+            kv.add::<f32>(h.n_layers * context * kv_dim);
+        }
         kv.check(
             ArenaKind::Kv,
             arenas.kv.len(),
-            &format!("the f32 KV cache for {context} tokens"),
+            &format!(
+                "the {} KV cache for {context} tokens",
+                if int8_kv { "int8" } else { "f32" }
+            ),
         )?;
         let mut scratch = Plan::default();
         for n in [
@@ -271,6 +339,8 @@ impl<'a> Engine<'a> {
             h.hidden_dim,
             h.n_heads * context,
             h.vocab_size,
+            kv_dim,
+            kv_dim,
         ] {
             scratch.add::<f32>(n);
         }
@@ -284,12 +354,12 @@ impl<'a> Engine<'a> {
         // Place the weights.
         let mut d = arenas.dense.carver();
         let mut f = arenas.ffn.carver();
-        let token_embd = place_matrix(&mut d, &model.tensor("token_embd.weight")?)?;
+        let token_embd = placer.place(&mut d, &model.tensor("token_embd.weight")?, emb)?;
         let output_norm = place_vector(&mut d, &model.tensor("output_norm.weight")?)?;
         let output = if h.tied_output {
             token_embd
         } else {
-            place_matrix(&mut d, &model.tensor("output.weight")?)?
+            placer.place(&mut d, &model.tensor("output.weight")?, emb)?
         };
         let mut layers = Vec::with_capacity(h.n_layers);
         for i in 0..h.n_layers {
@@ -308,15 +378,15 @@ impl<'a> Engine<'a> {
             };
             layers.push(Layer {
                 attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
-                wq: place_matrix(&mut d, &t("attn_q.weight")?)?,
-                wk: place_matrix(&mut d, &t("attn_k.weight")?)?,
-                wv: place_matrix(&mut d, &t("attn_v.weight")?)?,
-                wo: place_matrix(&mut d, &t("attn_output.weight")?)?,
+                wq: placer.place(&mut d, &t("attn_q.weight")?, blk)?,
+                wk: placer.place(&mut d, &t("attn_k.weight")?, blk)?,
+                wv: placer.place(&mut d, &t("attn_v.weight")?, blk)?,
+                wo: placer.place(&mut d, &t("attn_output.weight")?, blk)?,
                 qkv_bias,
                 ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,
-                w_gate: place_matrix(&mut f, &t("ffn_gate.weight")?)?,
-                w_up: place_matrix(&mut f, &t("ffn_up.weight")?)?,
-                w_down: place_matrix(&mut f, &t("ffn_down.weight")?)?,
+                w_gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
+                w_up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
+                w_down: placer.place(&mut f, &t("ffn_down.weight")?, blk)?,
             });
         }
         for m in [&token_embd, &output] {
@@ -330,9 +400,37 @@ impl<'a> Engine<'a> {
         }
 
         let mut k = arenas.kv.carver();
-        let key_cache = k.take::<f32>(h.n_layers * context * kv_dim)?;
-        let value_cache = k.take::<f32>(h.n_layers * context * kv_dim)?;
         let mut c = arenas.scratch.carver();
+        // Touch every page of the cache and activations now: the memory the engine will ever
+        // use is resident from boot, so it does not grow while serving.
+        let store = if int8_kv {
+            let (kq, vq) = (
+                k.take::<i8>(shape.i8_values())?,
+                k.take::<i8>(shape.i8_values())?,
+            );
+            let (ks, vs) = (
+                k.take::<f32>(shape.i8_scales())?,
+                k.take::<f32>(shape.i8_scales())?,
+            );
+            kq.fill(0);
+            vq.fill(0);
+            ks.fill(0.0);
+            vs.fill(0.0);
+            Storage::I8 {
+                k: kq,
+                v: vq,
+                ks,
+                vs,
+                kbuf: c.take(kv_dim)?,
+                vbuf: c.take(kv_dim)?,
+            }
+        } else {
+            let kf = k.take::<f32>(h.n_layers * context * kv_dim)?;
+            let vf = k.take::<f32>(h.n_layers * context * kv_dim)?;
+            kf.fill(0.0);
+            vf.fill(0.0);
+            Storage::F32 { k: kf, v: vf }
+        };
         let s = Scratch {
             x: c.take(h.dim)?,
             xb: c.take(h.dim)?,
@@ -344,10 +442,6 @@ impl<'a> Engine<'a> {
             logits: c.take(h.vocab_size)?,
         };
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
-        // Touch every page of the cache and activations now: the memory the engine will ever
-        // use is resident from boot, so it does not grow while serving.
-        key_cache.fill(0.0);
-        value_cache.fill(0.0);
         s.att.fill(0.0);
         let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
         Ok(Engine {
@@ -357,12 +451,13 @@ impl<'a> Engine<'a> {
             layers,
             output_norm,
             output,
-            key_cache,
-            value_cache,
+            kv: KvCache::new(shape, store, opts.kv_policy),
             s,
             sample_idx,
             pool: WorkerPool::new(opts.threads.max(1)),
             act: ActScratch::new(max_cols),
+            precision: opts.precision,
+            conversions: placer.report,
         })
     }
 
@@ -373,6 +468,16 @@ impl<'a> Engine<'a> {
 
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// The KV cache's segment chain (layouts and the positions each holds).
+    pub fn kv_segments(&self) -> &[crate::kv::Segment] {
+        self.kv.segments()
+    }
+
+    /// The KV cache's precision.
+    pub fn kv_precision(&self) -> crate::kv::KvPrecision {
+        self.kv.precision()
     }
 
     /// Runs one token at position `pos` through the model and returns the logits over the vocabulary.
@@ -407,12 +512,12 @@ impl<'a> Engine<'a> {
             s.x,
         );
 
+        // The KV cache makes room for this position (a new segment if its cost model says so).
+        self.kv.begin_token(pos);
         for (l, w) in self.layers.iter().enumerate() {
-            // Attention: q, k and v of this token; k and v go straight into the cache.
+            // Attention: q, k and v of this token; k and v go into the cache's rows for it.
             rmsnorm(s.xb, s.x, w.attn_norm, h.norm_eps);
-            let at = (l * ctx + pos) * kv_dim;
-            let k = &mut self.key_cache[at..at + kv_dim];
-            let v = &mut self.value_cache[at..at + kv_dim];
+            let (k, v) = self.kv.rows(l, pos);
             matvec_many(
                 pool,
                 &mut [(&w.wq, &mut *s.q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
@@ -426,10 +531,10 @@ impl<'a> Engine<'a> {
             }
             rope(s.q, head_dim, pos, h.rope_base, h.rope_style);
             rope(k, head_dim, pos, h.rope_base, h.rope_style);
+            self.kv.commit(l, pos);
 
             // Each head attends over positions 0..=pos of its KV head.
-            let layer_keys = &self.key_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
-            let layer_values = &self.value_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+            let kv = &self.kv;
             let out = Disjoint::new(&mut s.xb2[..q_dim]);
             let att = Disjoint::new(s.att);
             let q = &*s.q;
@@ -441,13 +546,11 @@ impl<'a> Engine<'a> {
                         att.slice(head * ctx, pos + 1),
                     )
                 };
-                let kv_head = head / group;
-                attend(
+                kv.attend(
+                    l,
+                    head / group,
                     &q[head * head_dim..][..head_dim],
-                    layer_keys,
-                    layer_values,
-                    kv_dim,
-                    kv_head * head_dim,
+                    pos,
                     a,
                     o,
                 );
@@ -501,48 +604,6 @@ impl<'a> Disjoint<'a> {
         assert!(start + len <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
-}
-
-/// Scaled dot-product attention of one query head over the cached keys and values.
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    kv_dim: usize,
-    off: usize,
-    att: &mut [f32],
-    out: &mut [f32],
-) {
-    let head_dim = q.len();
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    for (t, a) in att.iter_mut().enumerate() {
-        let k = &keys[t * kv_dim + off..][..head_dim];
-        *a = dot(q, k) * scale;
-    }
-    softmax(att);
-    out.fill(0.0);
-    for (t, &a) in att.iter().enumerate() {
-        let v = &values[t * kv_dim + off..][..head_dim];
-        for (o, &vi) in out.iter_mut().zip(v) {
-            *o += a * vi;
-        }
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler keep it in vector registers.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for i in 0..chunks {
-        for j in 0..8 {
-            acc[j] += a[i * 8 + j] * b[i * 8 + j];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
 }
 
 pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {

@@ -14,13 +14,18 @@
 
 use super::pool::WorkerPool;
 use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
+use crate::quant::{Packing, QFormat};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A row-major weight matrix in its GGML type: each of `rows` rows holds `cols` values in
 /// `ty.row_bytes(cols)` bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct Matrix<'a> {
+    /// The GGML type of the bytes, or (with `q` set) the type with the same values.
     pub ty: GgmlType,
+    /// Set for the low-bit formats of `crate::quant` (w8, w4 in a packing), which run the
+    /// integer kernels of `crate::quant::cpu`.
+    pub q: Option<QFormat>,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
@@ -122,6 +127,8 @@ pub fn set_kernel(k: Kernel) {
 /// Scratch for the int8-quantized input vector, allocated once for the widest input.
 pub struct ActScratch {
     qs: Vec<i8>,
+    /// `qs` with each group's bytes in the lane-interleaved order (w4 interleaved/swizzled).
+    qp: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
 }
@@ -132,6 +139,7 @@ impl ActScratch {
         let nb = max_cols.div_ceil(QK);
         ActScratch {
             qs: vec![0; nb * QK],
+            qp: vec![0; nb * QK],
             d: vec![0.0; nb],
             s: vec![0.0; nb],
         }
@@ -142,7 +150,7 @@ impl ActScratch {
     }
 
     /// Quantizes `x` (a whole number of blocks of 32) and returns the view kernels read.
-    fn quantize<'a>(&'a mut self, x: &'a [f32]) -> Act<'a> {
+    fn quantize<'a>(&'a mut self, x: &'a [f32], permuted: bool) -> Act<'a> {
         assert!(
             x.len() % QK == 0,
             "input of {} values is not whole blocks of 32",
@@ -161,9 +169,13 @@ impl ActScratch {
             &mut self.d[..nb],
             &mut self.s[..nb],
         );
+        if permuted {
+            crate::quant::cpu::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
+        }
         Act {
             x,
             qs: &self.qs[..x.len()],
+            qp: &self.qp[..if permuted { x.len() } else { 0 }],
             d: &self.d[..nb],
             s: &self.s[..nb],
         }
@@ -173,11 +185,13 @@ impl ActScratch {
 /// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
 /// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
 #[derive(Clone, Copy)]
-struct Act<'a> {
-    x: &'a [f32],
-    qs: &'a [i8],
-    d: &'a [f32],
-    s: &'a [f32],
+pub(crate) struct Act<'a> {
+    pub(crate) x: &'a [f32],
+    pub(crate) qs: &'a [i8],
+    /// `qs` permuted per group for the lane-interleaved w4 packings (empty when unused).
+    pub(crate) qp: &'a [i8],
+    pub(crate) d: &'a [f32],
+    pub(crate) s: &'a [f32],
 }
 
 /// Q8_1-style quantization of `x` into blocks of 32 (round half away from zero).
@@ -255,12 +269,19 @@ pub fn matvec_many_with(
         "matvec_many takes at most {MAX_JOBS} matrices"
     );
     let need_q8 = jobs.iter().any(|(w, _)| uses_q8(w.ty));
+    let permuted = jobs.iter().any(|(w, _)| {
+        matches!(
+            w.q,
+            Some(QFormat::W4(Packing::Interleaved | Packing::Swizzled))
+        )
+    });
     let a = if need_q8 {
-        act.quantize(x)
+        act.quantize(x, permuted)
     } else {
         Act {
             x,
             qs: &[],
+            qp: &[],
             d: &[],
             s: &[],
         }
@@ -284,15 +305,25 @@ pub fn matvec_many_with(
             out.len()
         );
         let row_bytes = w.row_bytes();
-        let chunk = (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4);
+        // Swizzled w4 matrices are read in whole bands of 32 rows.
+        let banded = w.q == Some(QFormat::W4(Packing::Swizzled));
+        let chunk = if banded {
+            (w.rows.div_ceil(4 * n)).clamp(32, 64).next_multiple_of(32)
+        } else {
+            (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4)
+        };
         let tasks = w.rows.div_ceil(chunk);
         *slot = Some(Part {
             data: w.data,
             rows: w.rows,
             row_bytes,
             chunk,
+            banded,
             first_task: n_tasks,
-            f: chunk_fn(w.ty, k),
+            f: match w.q {
+                Some(f) => crate::quant::cpu::chunk_fn(f, k),
+                None => chunk_fn(w.ty, k),
+            },
             out: OutPtr(out.as_mut_ptr()),
         });
         n_tasks += tasks;
@@ -307,7 +338,12 @@ pub fn matvec_many_with(
             .expect("task index in range");
         let r0 = (t - p.first_task) * p.chunk;
         let r1 = (r0 + p.chunk).min(p.rows);
-        let data = &p.data[r0 * p.row_bytes..r1 * p.row_bytes];
+        let data = if p.banded {
+            // From the band's start to the end: the last band is padded past `rows`.
+            &p.data[r0 * p.row_bytes..]
+        } else {
+            &p.data[r0 * p.row_bytes..r1 * p.row_bytes]
+        };
         // SAFETY: tasks of one part cover disjoint row ranges, parts write distinct `out`
         // slices (borrowed mutably by `jobs` for the whole run), and r1 <= rows = out.len().
         let out = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(r0), r1 - r0) };
@@ -328,6 +364,7 @@ struct Part<'a> {
     rows: usize,
     row_bytes: usize,
     chunk: usize,
+    banded: bool,
     first_task: usize,
     f: ChunkFn,
     out: OutPtr,
@@ -335,7 +372,7 @@ struct Part<'a> {
 
 /// Computes `out[i]` for the rows of `data` (`out.len()` rows of `row_bytes`). Unsafe: the
 /// kernel's CPU features must be present, and `act` must cover the rows' columns.
-type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
+pub(crate) type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
 
 fn chunk_fn(ty: GgmlType, k: Kernel) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]

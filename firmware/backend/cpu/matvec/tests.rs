@@ -101,7 +101,7 @@ fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> 
     let cols = x.len();
     let xa: Vec<f32> = if uses_q8(ty) {
         let mut s = ActScratch::new(cols);
-        let a = s.quantize(x);
+        let a = s.quantize(x, false);
         (0..cols).map(|c| a.d[c / 32] * a.qs[c] as f32).collect()
     } else {
         x.to_vec()
@@ -126,6 +126,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, seed: u64) {
     let want = reference(ty, &w, rows, &x);
     let m = Matrix {
         ty,
+        q: None,
         rows,
         cols,
         data: &w,
@@ -206,6 +207,7 @@ fn classic_integer_dots_exact() {
             let want = reference(*ty, &w, rows, &x);
             let m = Matrix {
                 ty: *ty,
+                q: None,
                 rows,
                 cols,
                 data: &w,
@@ -228,7 +230,7 @@ fn activation_quantization_is_close() {
     let mut rng = Rng(5);
     let x: Vec<f32> = (0..1536).map(|_| rng.f() * 3.0).collect();
     let mut s = ActScratch::new(1536);
-    let a = s.quantize(&x);
+    let a = s.quantize(&x, false);
     for (c, &v) in x.iter().enumerate() {
         let d = a.d[c / 32];
         assert!((v - d * a.qs[c] as f32).abs() <= d * 0.5 + 1e-7);
@@ -258,6 +260,7 @@ fn matvec_many_equals_separate() {
         .zip(&data)
         .map(|(&(ty, rows), d)| Matrix {
             ty,
+            q: None,
             rows,
             cols,
             data: d,

@@ -1,0 +1,634 @@
+//! The KV cache (BitLLM 4.1-4.2): a chain of append-only segments in the KV arena. Each segment
+//! records its layout; a cost model, `alpha1 * bytes moved / bandwidth + alpha2 * unpack ops`,
+//! picks the layout for new tokens, and a new segment starts only when another layout wins by a
+//! margin for `persist` tokens in a row (phase-aware transitions). Old segments are never re-laid.
+//!
+//! Precisions: `F32` (the `native` and `f16` engines: one token-major segment, exactly the
+//! classic `[layer][position][kv_dim]` cache) and `I8` (w8a8, w4a8): int8 values with one f32
+//! scale per (token, kv head, group of 32 along the head), `d = amax / 127`, round to nearest.
+//!
+//! Layouts of an int8 segment (the head axis `D` is contiguous in both; they differ in where a
+//! head's tokens lie). Storage is counted in token slots of `kv_dim` bytes (+ scales) per layer:
+//! - `TokenMajor`: slot per token, `[slot][kv_head][d]`, scales `[slot][kv_head][group]`. A head
+//!   reads `head_dim` bytes every `kv_dim` and its scales at a stride of `kv_heads * groups * 4`.
+//! - `HeadTiles`: tiles of `TILE` tokens, `[tile][kv_head][token][d]` (scales alike): one head's
+//!   tokens of a tile are one contiguous run. The tile's slots are reserved whole.
+//!
+//! Attention runs the same per-token code over every segment (QK: exact int32 dot per group of
+//! the int8 query and key, scaled once per group; SV: f32 weights times int8 values), so a mixed
+//! chain gives bit-identical results to a single-layout cache.
+
+pub mod calibrate;
+
+use crate::engine::softmax;
+use serde::{Deserialize, Serialize};
+
+/// Most segments a chain holds (the paper sees at most 5 in 10K-token runs).
+pub const MAX_SEGMENTS: usize = 8;
+/// Tokens per tile of a `HeadTiles` segment.
+pub const TILE: usize = 64;
+/// Widest head the int8 cache handles.
+pub const MAX_HEAD_DIM: usize = 256;
+const GROUP: usize = 32;
+
+/// The table kind and format version of a calibrated cost model (`leanstream calibrate-kv`).
+pub const TABLE_KIND: &str = "kvcost";
+pub const TABLE_VERSION: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvPrecision {
+    F32,
+    I8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Layout {
+    TokenMajor,
+    HeadTiles,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 2] = [Layout::TokenMajor, Layout::HeadTiles];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::TokenMajor => "token-major",
+            Layout::HeadTiles => "head-tiles",
+        }
+    }
+
+    /// Token slots a segment of `len` tokens takes.
+    fn span(self, len: usize) -> usize {
+        match self {
+            Layout::TokenMajor => len,
+            Layout::HeadTiles => len.next_multiple_of(TILE),
+        }
+    }
+}
+
+/// One append-only run of tokens in one layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// First position it holds.
+    pub start: usize,
+    /// Positions it holds.
+    pub len: usize,
+    pub layout: Layout,
+    /// First token slot (per layer) of its storage.
+    slot0: usize,
+}
+
+/// The cache's dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub n_layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions the cache holds.
+    pub context: usize,
+}
+
+impl Shape {
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+    fn groups(&self) -> usize {
+        self.head_dim / GROUP
+    }
+    /// Token slots per layer of an int8 cache: the context, plus room for every segment's
+    /// last tile to be partly empty.
+    pub fn slots(&self) -> usize {
+        self.context + MAX_SEGMENTS * TILE
+    }
+    /// Values (bytes) of int8 data per K or V, all layers.
+    pub fn i8_values(&self) -> usize {
+        self.n_layers * self.slots() * self.kv_dim()
+    }
+    /// f32 scales per K or V, all layers.
+    pub fn i8_scales(&self) -> usize {
+        self.n_layers * self.slots() * self.kv_heads * self.groups()
+    }
+}
+
+/// The layout cost model, LEP in the paper: `alpha1 * bytes / bandwidth + alpha2 * ops`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Weight of the data-access term.
+    pub alpha1: f64,
+    /// Seconds per unpack/address operation.
+    pub alpha2: f64,
+    /// Bytes per second the board streams.
+    pub bandwidth: f64,
+    /// A challenger must be this much cheaper (0.02 = 2%) ...
+    pub margin: f64,
+    /// ... for this many tokens in a row before a new segment starts.
+    pub persist: u32,
+}
+
+impl Default for CostModel {
+    /// Uncalibrated: every byte at 10 GB/s, 1 ns per operation, 2% margin held for 32 tokens.
+    fn default() -> Self {
+        CostModel {
+            alpha1: 1.0,
+            alpha2: 1e-9,
+            bandwidth: 10e9,
+            margin: 0.02,
+            persist: 32,
+        }
+    }
+}
+
+const LINE: usize = 64;
+
+/// Bytes moved reading `run` bytes every `stride` bytes, per occurrence (64-byte lines).
+fn strided(run: usize, stride: usize) -> f64 {
+    stride.min(run.next_multiple_of(LINE)) as f64
+}
+
+impl CostModel {
+    /// Bytes one decode step moves reading K and V of one layer for `t` tokens in `layout`.
+    pub fn bytes(layout: Layout, s: &Shape, t: usize) -> f64 {
+        let (hd, gs) = (s.head_dim, s.groups() * 4);
+        let per_head = match layout {
+            Layout::TokenMajor => {
+                t as f64 * (strided(hd, s.kv_dim()) + strided(gs, s.kv_heads * gs))
+            }
+            Layout::HeadTiles => {
+                let (full, rem) = (t / TILE, t % TILE);
+                let tile = (TILE * hd).next_multiple_of(LINE) + (TILE * gs).next_multiple_of(LINE);
+                let part = if rem > 0 {
+                    (rem * hd).next_multiple_of(LINE) + (rem * gs).next_multiple_of(LINE)
+                } else {
+                    0
+                };
+                (full * tile + part) as f64
+            }
+        };
+        2.0 * s.kv_heads as f64 * per_head
+    }
+
+    /// Unpack and address operations of one decode step over one layer (static count of the
+    /// kernels below: per token and head, one int8->f32 conversion per V value, one
+    /// multiply-add per K value pair, one address computation; per tile, a pointer reset).
+    pub fn unpack_ops(layout: Layout, s: &Shape, t: usize) -> f64 {
+        let per_token = (s.head_dim + s.head_dim / 2 + 2 + 4) as f64;
+        let extra = match layout {
+            Layout::TokenMajor => 2.0 * t as f64,
+            Layout::HeadTiles => 16.0 * t.div_ceil(TILE) as f64,
+        };
+        s.kv_heads as f64 * (per_token * t as f64 + extra)
+    }
+
+    pub fn cost(&self, layout: Layout, s: &Shape, t: usize) -> f64 {
+        self.alpha1 * Self::bytes(layout, s, t) / self.bandwidth
+            + self.alpha2 * Self::unpack_ops(layout, s, t)
+    }
+
+    /// The cheapest layout at `t` tokens.
+    pub fn best(&self, s: &Shape, t: usize) -> Layout {
+        let mut best = Layout::TokenMajor;
+        for l in Layout::ALL {
+            if self.cost(l, s, t) < self.cost(best, s, t) {
+                best = l;
+            }
+        }
+        best
+    }
+
+    /// A clear error for values no calibration gives.
+    pub fn check(&self) -> Result<(), String> {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        let bw_ok = self.bandwidth.is_finite() && self.bandwidth > 0.0;
+        if !(ok(self.alpha1) && ok(self.alpha2) && ok(self.margin) && bw_ok) {
+            return Err(format!("kvcost table holds invalid constants: {self:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// How the layout of new tokens is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// The cost model decides (the default).
+    Adaptive(CostModel),
+    /// One layout for every token (the "no adaptive KV" ablation).
+    Fixed(Layout),
+}
+
+/// The storage of a cache, carved from the KV arena at boot (or any buffers, for tests and the
+/// calibration benchmark).
+pub enum Storage<'a> {
+    /// `[layer][position][kv_dim]` keys and values.
+    F32 { k: &'a mut [f32], v: &'a mut [f32] },
+    /// int8 values (`Shape::i8_values`), scales (`Shape::i8_scales`), and the f32 rows the
+    /// forward pass writes a token's K and V into before they are quantized (`kv_dim` each).
+    I8 {
+        k: &'a mut [i8],
+        v: &'a mut [i8],
+        ks: &'a mut [f32],
+        vs: &'a mut [f32],
+        kbuf: &'a mut [f32],
+        vbuf: &'a mut [f32],
+    },
+}
+
+/// The KV cache: storage plus the segment chain (fixed capacity, no heap).
+pub struct KvCache<'a> {
+    pub shape: Shape,
+    store: Storage<'a>,
+    segs: heapless::Vec<Segment, MAX_SEGMENTS>,
+    policy: Policy,
+    /// Tokens in a row the best other layout has won by the margin.
+    streak: u32,
+}
+
+impl<'a> KvCache<'a> {
+    /// Panics when the storage does not match the shape (boot sizes it from the same shape).
+    pub fn new(shape: Shape, store: Storage<'a>, policy: Policy) -> KvCache<'a> {
+        match &store {
+            Storage::F32 { k, v } => {
+                let n = shape.n_layers * shape.context * shape.kv_dim();
+                assert!(k.len() >= n && v.len() >= n, "f32 KV storage too small");
+            }
+            Storage::I8 {
+                k,
+                v,
+                ks,
+                vs,
+                kbuf,
+                vbuf,
+            } => {
+                assert!(shape.head_dim % GROUP == 0 && shape.head_dim <= MAX_HEAD_DIM);
+                assert!(k.len() >= shape.i8_values() && v.len() >= shape.i8_values());
+                assert!(ks.len() >= shape.i8_scales() && vs.len() >= shape.i8_scales());
+                assert!(kbuf.len() == shape.kv_dim() && vbuf.len() == shape.kv_dim());
+            }
+        }
+        KvCache {
+            shape,
+            store,
+            segs: heapless::Vec::new(),
+            policy,
+            streak: 0,
+        }
+    }
+
+    pub fn precision(&self) -> KvPrecision {
+        match self.store {
+            Storage::F32 { .. } => KvPrecision::F32,
+            Storage::I8 { .. } => KvPrecision::I8,
+        }
+    }
+
+    /// The segment chain.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segs
+    }
+
+    /// Makes room for position `pos`: forgets positions `pos..` (writing position p overwrites
+    /// the cache from p on), then appends `pos` to the last segment, or to a new one when the
+    /// policy says another layout has won.
+    pub fn begin_token(&mut self, pos: usize) {
+        assert!(pos < self.shape.context, "position {pos} past the KV cache");
+        while let Some(last) = self.segs.last_mut() {
+            if last.start >= pos {
+                self.segs.pop();
+                self.streak = 0;
+                continue;
+            }
+            if last.start + last.len > pos {
+                last.len = pos - last.start;
+                self.streak = 0;
+            }
+            break;
+        }
+        // Positions skipped over (never in order use) hold whatever the slots held.
+        match self.segs.last_mut() {
+            Some(last) if last.start + last.len < pos => last.len = pos - last.start,
+            _ => {}
+        }
+        let want = match (self.policy, self.precision()) {
+            (_, KvPrecision::F32) => Layout::TokenMajor,
+            (Policy::Fixed(l), _) => l,
+            (Policy::Adaptive(m), _) => {
+                let t = pos + 1;
+                let best = m.best(&self.shape, t);
+                match self.segs.last() {
+                    None => best,
+                    Some(cur) if best == cur.layout => {
+                        self.streak = 0;
+                        cur.layout
+                    }
+                    Some(cur) => {
+                        let wins = m.cost(best, &self.shape, t)
+                            < (1.0 - m.margin) * m.cost(cur.layout, &self.shape, t);
+                        self.streak = if wins { self.streak + 1 } else { 0 };
+                        if self.streak >= m.persist.max(1) && !self.segs.is_full() {
+                            self.streak = 0;
+                            best
+                        } else {
+                            cur.layout
+                        }
+                    }
+                }
+            }
+        };
+        match self.segs.last_mut() {
+            Some(last) if last.layout == want => last.len += 1,
+            None => {
+                let seg = Segment {
+                    start: 0,
+                    len: pos + 1,
+                    layout: want,
+                    slot0: 0,
+                };
+                self.segs.push(seg).expect("segment chain has room");
+            }
+            Some(_) => {
+                let slot0 = self
+                    .segs
+                    .last()
+                    .map_or(0, |s| s.slot0 + s.layout.span(s.len));
+                let seg = Segment {
+                    start: pos,
+                    len: 1,
+                    layout: want,
+                    slot0,
+                };
+                // A full chain was kept above (only `want == last.layout` then).
+                self.segs.push(seg).expect("segment chain has room");
+            }
+        }
+    }
+
+    /// The rows the forward pass writes position `pos`'s key and value of layer `l` into.
+    pub fn rows(&mut self, l: usize, pos: usize) -> (&mut [f32], &mut [f32]) {
+        let kv_dim = self.shape.kv_dim();
+        match &mut self.store {
+            Storage::F32 { k, v } => {
+                let at = (l * self.shape.context + pos) * kv_dim;
+                (&mut k[at..at + kv_dim], &mut v[at..at + kv_dim])
+            }
+            Storage::I8 { kbuf, vbuf, .. } => (&mut kbuf[..], &mut vbuf[..]),
+        }
+    }
+
+    /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
+    /// segment holding `pos`; f32: they are already in place).
+    pub fn commit(&mut self, l: usize, pos: usize) {
+        let s = self.shape;
+        let (hd, g) = (s.head_dim, s.groups());
+        let Some((seg, i)) = self.find(pos) else {
+            panic!("position {pos} was not begun");
+        };
+        if let Storage::I8 {
+            k,
+            v,
+            ks,
+            vs,
+            kbuf,
+            vbuf,
+        } = &mut self.store
+        {
+            for h in 0..s.kv_heads {
+                let (d, sc) = addr(&s, &seg, l, h, i);
+                quantize_head(
+                    &kbuf[h * hd..][..hd],
+                    &mut k[d..d + hd],
+                    &mut ks[sc..sc + g],
+                );
+                quantize_head(
+                    &vbuf[h * hd..][..hd],
+                    &mut v[d..d + hd],
+                    &mut vs[sc..sc + g],
+                );
+            }
+        }
+    }
+
+    /// The segment holding `pos` and its index there.
+    fn find(&self, pos: usize) -> Option<(Segment, usize)> {
+        self.segs
+            .iter()
+            .find(|s| pos >= s.start && pos < s.start + s.len)
+            .map(|s| (*s, pos - s.start))
+    }
+
+    /// Scaled dot-product attention of one query head `q` over positions `0..=pos` of KV head
+    /// `kv_head` in layer `l`: `att` gets the softmax weights (`pos + 1` of them), `out` the
+    /// weighted values.
+    pub fn attend(
+        &self,
+        l: usize,
+        kv_head: usize,
+        q: &[f32],
+        pos: usize,
+        att: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let s = &self.shape;
+        match &self.store {
+            Storage::F32 { k, v } => {
+                let n = s.context * s.kv_dim();
+                attend_f32(
+                    q,
+                    &k[l * n..(l + 1) * n],
+                    &v[l * n..(l + 1) * n],
+                    s.kv_dim(),
+                    kv_head * s.head_dim,
+                    &mut att[..pos + 1],
+                    out,
+                )
+            }
+            Storage::I8 { k, v, ks, vs, .. } => {
+                self.attend_i8(k, v, ks, vs, l, kv_head, q, pos, att, out)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend_i8(
+        &self,
+        k: &[i8],
+        v: &[i8],
+        ks: &[f32],
+        vs: &[f32],
+        l: usize,
+        kv_head: usize,
+        q: &[f32],
+        pos: usize,
+        att: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let s = &self.shape;
+        let (hd, ng) = (s.head_dim, s.groups());
+        let mut qq = [0i8; MAX_HEAD_DIM];
+        let mut dq = [0f32; MAX_HEAD_DIM / GROUP];
+        quantize_head(q, &mut qq[..hd], &mut dq[..ng]);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for seg in &self.segs {
+            for i in 0..seg.len.min((pos + 1).saturating_sub(seg.start)) {
+                let (d, sc) = addr(s, seg, l, kv_head, i);
+                let mut acc = 0f32;
+                for g in 0..ng {
+                    let i32dot = idot32(&qq[g * GROUP..][..GROUP], &k[d + g * GROUP..][..GROUP]);
+                    acc += (dq[g] * ks[sc + g]) * i32dot as f32;
+                }
+                att[seg.start + i] = acc * scale;
+            }
+        }
+        let att = &mut att[..pos + 1];
+        softmax(att);
+        out.fill(0.0);
+        for seg in &self.segs {
+            for i in 0..seg.len.min((pos + 1).saturating_sub(seg.start)) {
+                let (d, sc) = addr(s, seg, l, kv_head, i);
+                let p = att[seg.start + i];
+                for g in 0..ng {
+                    let w = p * vs[sc + g];
+                    axpy_i8(
+                        &mut out[g * GROUP..][..GROUP],
+                        w,
+                        &v[d + g * GROUP..][..GROUP],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Offsets of (int8 data, scales) of token `i` of `seg`, head `h`, layer `l`.
+#[inline(always)]
+fn addr(s: &Shape, seg: &Segment, l: usize, h: usize, i: usize) -> (usize, usize) {
+    let (hd, g, kvh) = (s.head_dim, s.groups(), s.kv_heads);
+    let layer = l * s.slots();
+    match seg.layout {
+        Layout::TokenMajor => {
+            let slot = layer + seg.slot0 + i;
+            (slot * kvh * hd + h * hd, slot * kvh * g + h * g)
+        }
+        Layout::HeadTiles => {
+            let base = layer + seg.slot0 + (i / TILE) * TILE;
+            let ti = i % TILE;
+            (
+                base * kvh * hd + (h * TILE + ti) * hd,
+                base * kvh * g + (h * TILE + ti) * g,
+            )
+        }
+    }
+}
+
+/// int8 quantization of one head, per group of 32: `d = amax / 127`, `q = round(x / d)`.
+pub fn quantize_head(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    for ((xb, qb), db) in x
+        .chunks_exact(GROUP)
+        .zip(q.chunks_exact_mut(GROUP))
+        .zip(d.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dd = amax / 127.0;
+        let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
+        for (qi, &v) in qb.iter_mut().zip(xb) {
+            *qi = (v * id).round() as i8;
+        }
+        *db = dd;
+    }
+}
+
+/// Exact int32 dot of 32 int8 pairs.
+#[inline(always)]
+fn idot32(a: &[i8], b: &[i8]) -> i32 {
+    let mut acc = 0i32;
+    for (x, y) in a.iter().zip(b) {
+        acc += *x as i32 * *y as i32;
+    }
+    acc
+}
+
+/// `out += w * v` (v int8).
+#[inline(always)]
+fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o += w * x as f32;
+    }
+}
+
+/// The f32 cache's attention (unchanged from the classic engine: golden results stay exact).
+fn attend_f32(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    kv_dim: usize,
+    off: usize,
+    att: &mut [f32],
+    out: &mut [f32],
+) {
+    let head_dim = q.len();
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    for (t, a) in att.iter_mut().enumerate() {
+        let k = &keys[t * kv_dim + off..][..head_dim];
+        *a = dot(q, k) * scale;
+    }
+    softmax(att);
+    out.fill(0.0);
+    for (t, &a) in att.iter().enumerate() {
+        let v = &values[t * kv_dim + off..][..head_dim];
+        for (o, &vi) in out.iter_mut().zip(v) {
+            *o += a * vi;
+        }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums let the compiler keep it in vector registers.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for i in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[i * 8 + j] * b[i * 8 + j];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests;
+
+/// The layout policy a user asked for: `adaptive` (the cost model, from a `kvcost` table made
+/// by `leanstream calibrate-kv` for this model, else the built-in constants), `token-major` or
+/// `head-tiles` (one layout throughout). A table for another model, of another version, or
+/// damaged, is a clear error.
+pub fn policy_from(
+    model: &crate::model::ModelFile,
+    table: Option<&std::path::Path>,
+    layout: &str,
+) -> Result<Policy, String> {
+    let fixed = match layout {
+        "adaptive" => None,
+        "token-major" => Some(Layout::TokenMajor),
+        "head-tiles" => Some(Layout::HeadTiles),
+        _ => {
+            return Err(format!(
+                "unknown KV layout '{layout}' (expected adaptive, token-major or head-tiles)"
+            ))
+        }
+    };
+    let model_cost = match table {
+        None => CostModel::default(),
+        Some(p) => {
+            let id = crate::tables::model_identity(model);
+            let m: CostModel = crate::tables::read(p, TABLE_KIND, TABLE_VERSION, id)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            m.check().map_err(|e| format!("{}: {e}", p.display()))?;
+            m
+        }
+    };
+    Ok(match fixed {
+        Some(l) => Policy::Fixed(l),
+        None => Policy::Adaptive(model_cost),
+    })
+}

@@ -1,0 +1,211 @@
+use super::*;
+
+struct Bufs {
+    k: Vec<i8>,
+    v: Vec<i8>,
+    ks: Vec<f32>,
+    vs: Vec<f32>,
+    kb: Vec<f32>,
+    vb: Vec<f32>,
+}
+
+fn shape() -> Shape {
+    Shape {
+        n_layers: 2,
+        kv_heads: 3,
+        head_dim: 64,
+        context: 300,
+    }
+}
+
+fn bufs(s: &Shape) -> Bufs {
+    Bufs {
+        k: vec![0; s.i8_values()],
+        v: vec![0; s.i8_values()],
+        ks: vec![0.0; s.i8_scales()],
+        vs: vec![0.0; s.i8_scales()],
+        kb: vec![0.0; s.kv_dim()],
+        vb: vec![0.0; s.kv_dim()],
+    }
+}
+
+fn cache<'a>(s: Shape, b: &'a mut Bufs, policy: Policy) -> KvCache<'a> {
+    KvCache::new(
+        s,
+        Storage::I8 {
+            k: &mut b.k,
+            v: &mut b.v,
+            ks: &mut b.ks,
+            vs: &mut b.vs,
+            kbuf: &mut b.kb,
+            vbuf: &mut b.vb,
+        },
+        policy,
+    )
+}
+
+/// Deterministic K/V/q values for (layer, position, index).
+fn val(l: usize, pos: usize, i: usize, salt: u64) -> f32 {
+    let mut x = (l as u64) << 40 ^ (pos as u64) << 20 ^ i as u64 ^ salt.wrapping_mul(0x9E37_79B9);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn append(c: &mut KvCache, pos: usize) {
+    c.begin_token(pos);
+    for l in 0..c.shape.n_layers {
+        let (k, v) = c.rows(l, pos);
+        for (i, x) in k.iter_mut().enumerate() {
+            *x = val(l, pos, i, 1);
+        }
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = val(l, pos, i, 2);
+        }
+        c.commit(l, pos);
+    }
+}
+
+fn attention(c: &KvCache, pos: usize) -> Vec<f32> {
+    let s = c.shape;
+    let mut all = Vec::new();
+    for l in 0..s.n_layers {
+        for h in 0..s.kv_heads {
+            let q: Vec<f32> = (0..s.head_dim)
+                .map(|i| val(l, pos, i, 3 + h as u64))
+                .collect();
+            let mut att = vec![0f32; pos + 1];
+            let mut out = vec![0f32; s.head_dim];
+            c.attend(l, h, &q, pos, &mut att, &mut out);
+            all.extend(out);
+        }
+    }
+    all
+}
+
+/// A cost model that switches to head tiles after a few tokens.
+fn eager() -> CostModel {
+    CostModel {
+        persist: 4,
+        margin: 0.0,
+        ..CostModel::default()
+    }
+}
+
+#[test]
+fn mixed_segments_equal_single_layout_exactly() {
+    let s = shape();
+    let (mut b1, mut b2, mut b3) = (bufs(&s), bufs(&s), bufs(&s));
+    let mut mixed = cache(s, &mut b1, Policy::Adaptive(eager()));
+    let mut tok = cache(s, &mut b2, Policy::Fixed(Layout::TokenMajor));
+    let mut tiles = cache(s, &mut b3, Policy::Fixed(Layout::HeadTiles));
+    for pos in 0..s.context {
+        append(&mut mixed, pos);
+        append(&mut tok, pos);
+        append(&mut tiles, pos);
+        if pos % 37 == 0 || pos + 1 == s.context {
+            let want = attention(&tok, pos);
+            assert_eq!(attention(&mixed, pos), want, "mixed chain at {pos}");
+            assert_eq!(attention(&tiles, pos), want, "head tiles at {pos}");
+        }
+    }
+    let segs = mixed.segments();
+    assert!(segs.len() >= 2, "the model never switched: {segs:?}");
+    assert_eq!(segs[0].layout, Layout::TokenMajor);
+    assert_eq!(segs[1].layout, Layout::HeadTiles);
+    assert_eq!(tok.segments().len(), 1);
+}
+
+#[test]
+fn old_segments_are_never_relaid_and_rewinds_truncate() {
+    let s = shape();
+    let (mut b1, mut b2) = (bufs(&s), bufs(&s));
+    let mut mixed = cache(s, &mut b1, Policy::Adaptive(eager()));
+    let mut tok = cache(s, &mut b2, Policy::Fixed(Layout::TokenMajor));
+    let mut first: Option<Segment> = None;
+    for pos in 0..200 {
+        append(&mut mixed, pos);
+        append(&mut tok, pos);
+        let segs = mixed.segments();
+        if segs.len() >= 2 {
+            let f = *first.get_or_insert(segs[0]);
+            assert_eq!(segs[0], f, "a closed segment changed");
+        }
+    }
+    // Rewind to 10 (inside the first segment) and write new tokens there: same as the reference.
+    for pos in 10..150 {
+        append(&mut mixed, pos);
+        append(&mut tok, pos);
+    }
+    assert_eq!(attention(&mixed, 149), attention(&tok, 149));
+    // Rewind to 0 forgets everything.
+    append(&mut mixed, 0);
+    assert_eq!(mixed.segments().len(), 1);
+    assert_eq!(mixed.segments()[0].len, 1);
+}
+
+#[test]
+fn int8_attention_is_close_to_f32() {
+    let s = shape();
+    let mut b = bufs(&s);
+    let mut c8 = cache(s, &mut b, Policy::Adaptive(eager()));
+    let n = s.n_layers * s.context * s.kv_dim();
+    let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let mut c32 = KvCache::new(
+        s,
+        Storage::F32 {
+            k: &mut k,
+            v: &mut v,
+        },
+        Policy::Adaptive(eager()),
+    );
+    for pos in 0..200 {
+        append(&mut c8, pos);
+        append(&mut c32, pos);
+    }
+    let (a, b) = (attention(&c8, 199), attention(&c32, 199));
+    let err = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let mag = b.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    assert!(
+        err < 0.02 * mag.max(0.05),
+        "int8 attention off by {err} (magnitude {mag})"
+    );
+    assert_eq!(c32.segments().len(), 1);
+}
+
+#[test]
+fn cost_model_prefers_token_major_short_and_tiles_long() {
+    let s = Shape {
+        n_layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        context: 4096,
+    };
+    let m = CostModel::default();
+    assert_eq!(m.best(&s, 1), Layout::TokenMajor);
+    assert_eq!(m.best(&s, 4096), Layout::HeadTiles);
+    assert!(m.check().is_ok());
+    let bad = CostModel {
+        bandwidth: 0.0,
+        ..m
+    };
+    assert!(bad.check().unwrap_err().contains("invalid"));
+}
+
+#[test]
+fn kvcost_table_round_trips_and_refuses_damage() {
+    let m = CostModel::default();
+    let bytes = crate::tables::encode(TABLE_KIND, TABLE_VERSION, 9, &m);
+    let back: CostModel = crate::tables::decode(&bytes, TABLE_KIND, TABLE_VERSION, 9).unwrap();
+    assert_eq!(back, m);
+    let mut bad = bytes.clone();
+    let n = bad.len();
+    bad[n - 3] ^= 0x40;
+    let e = crate::tables::decode::<CostModel>(&bad, TABLE_KIND, TABLE_VERSION, 9).unwrap_err();
+    assert!(e.to_string().contains("damaged"), "{e}");
+}

@@ -1,0 +1,353 @@
+//! Integer-native CPU kernels for w8 and w4 matrices (formats in `super`): each group of 32
+//! weights is unpacked to int8 and dotted with the int8 activations into an exact int32
+//! (int8 x int8 -> int32), and only then dequantized, once per group, in an f32 epilogue that is
+//! the same in every kernel: `acc += (d_w * d_x) * (i as f32)`, groups in order, no fused
+//! multiply-add. So the scalar and AVX2 kernels, and all three w4 packings, give bit-identical
+//! results.
+//!
+//! Kernels: AVX2 (x86-64, `maddubs`/`madd` with the sign trick, four rows at a time sharing each
+//! activation group, one horizontal add per group for four rows), chosen at run time by
+//! `backend::cpu::matvec`; the scalar code is the definition and the fallback everywhere else
+//! (aarch64 included, until a NEON `sdot` path can be built and tested there). An AVX-VNNI
+//! variant (`vpdpbusd` for `maddubs`+`madd`, the same int32 lanes) needs Rust 1.89 for the
+//! `avxvnni` target feature, past this crate's `rust-version` of 1.80, and this machine has no
+//! AVX-VNNI to test it on: not built yet.
+
+use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
+use crate::backend::cpu::matvec::{Act, ChunkFn};
+use crate::backend::cpu::Kernel;
+use crate::model::ggml::f16_to_f32;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Register byte `i` of an unpacked lane-interleaved group holds element `PERM[i]`: the low
+/// nibbles of the four words (elements 0-3, 8-11, 16-19, 24-27), then the high nibbles.
+pub const PERM: [usize; GROUP] = {
+    let mut p = [0usize; GROUP];
+    let mut i = 0;
+    while i < 16 {
+        let (k, b) = (i / 4, i % 4);
+        p[i] = 8 * k + b;
+        p[16 + i] = 8 * k + 4 + b;
+        i += 1;
+    }
+    p
+};
+
+/// The activation groups in `PERM` order, made once per matrix-vector call.
+pub fn permute_act(qs: &[i8], qp: &mut [i8]) {
+    for (src, dst) in qs.chunks_exact(GROUP).zip(qp.chunks_exact_mut(GROUP)) {
+        for (d, &p) in dst.iter_mut().zip(PERM.iter()) {
+            *d = src[p];
+        }
+    }
+}
+
+static DEFERRED: AtomicBool = AtomicBool::new(true);
+
+/// Ablation switch: `false` dequantizes every weight group to f32 (times its scale) before an
+/// f32 dot product with the unquantized activations ("convert, then compute"), instead of the
+/// integer dot with one dequantization per group. Default `true`.
+pub fn set_deferred_dequant(on: bool) {
+    DEFERRED.store(on, Ordering::Relaxed);
+}
+
+pub fn deferred_dequant() -> bool {
+    DEFERRED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 && !deferred_dequant() {
+        return match f {
+            QFormat::W8 => x86::chunk_eager::<FMT_W8>,
+            QFormat::W4(Packing::Contiguous) => x86::chunk_eager::<FMT_W4C>,
+            QFormat::W4(Packing::Interleaved) => x86::chunk_eager::<FMT_W4I>,
+            QFormat::W4(Packing::Swizzled) => x86::chunk_eager::<FMT_W4S>,
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 {
+        return match f {
+            QFormat::W8 => x86::chunk::<FMT_W8>,
+            QFormat::W4(Packing::Contiguous) => x86::chunk::<FMT_W4C>,
+            QFormat::W4(Packing::Interleaved) => x86::chunk::<FMT_W4I>,
+            QFormat::W4(Packing::Swizzled) => x86::chunk::<FMT_W4S>,
+        };
+    }
+    let _ = k;
+    match f {
+        QFormat::W8 => scalar_chunk::<FMT_W8>,
+        QFormat::W4(Packing::Contiguous) => scalar_chunk::<FMT_W4C>,
+        QFormat::W4(Packing::Interleaved) => scalar_chunk::<FMT_W4I>,
+        QFormat::W4(Packing::Swizzled) => scalar_chunk::<FMT_W4S>,
+    }
+}
+
+const FMT_W8: u8 = 0;
+const FMT_W4C: u8 = 1;
+const FMT_W4I: u8 = 2;
+const FMT_W4S: u8 = 3;
+
+/// Byte offset of group `g` of (band- or chunk-local) row `r`, its scale and quant words.
+#[inline(always)]
+fn group_at<const F: u8>(row_bytes: usize, r: usize, g: usize) -> (usize, [usize; 4]) {
+    match F {
+        FMT_W8 => {
+            let b = r * row_bytes + g * 34;
+            (b, [b + 2, b + 10, b + 18, b + 26])
+        }
+        FMT_W4S => {
+            let ng = row_bytes / W4_GROUP_BYTES;
+            let (band, lane) = (r / SWIZZLE_ROWS, r % SWIZZLE_ROWS);
+            let t = (band * ng + g) * SWIZZLE_TILE_BYTES;
+            let w = t + 64 + 4 * lane;
+            (t + 2 * lane, [w, w + 128, w + 256, w + 384])
+        }
+        _ => {
+            let b = r * row_bytes + g * W4_GROUP_BYTES;
+            (b, [b + 2, b + 6, b + 10, b + 14])
+        }
+    }
+}
+
+/// The 32 int8 weights of a group in natural order (the scalar definition of every format).
+#[inline(always)]
+fn unpack_natural<const F: u8>(data: &[u8], w: [usize; 4]) -> [i8; GROUP] {
+    let mut q = [0i8; GROUP];
+    for k in 0..4 {
+        for b in 0..4 {
+            let byte = data[w[k] + b];
+            match F {
+                FMT_W8 => {
+                    // The w8 "words" are 8 bytes apart; take all 8 of each.
+                    q[8 * k + b] = byte as i8;
+                    q[8 * k + 4 + b] = data[w[k] + 4 + b] as i8;
+                }
+                FMT_W4C => {
+                    let j = 4 * k + b;
+                    q[2 * j] = (byte & 0xF) as i8 - 8;
+                    q[2 * j + 1] = (byte >> 4) as i8 - 8;
+                }
+                _ => {
+                    q[8 * k + b] = (byte & 0xF) as i8 - 8;
+                    q[8 * k + 4 + b] = (byte >> 4) as i8 - 8;
+                }
+            }
+        }
+    }
+    q
+}
+
+/// The exact int32 dot of one group's weights (natural order) with activations `a`.
+#[inline(always)]
+pub fn idot(w: &[i8; GROUP], a: &[i8]) -> i32 {
+    w.iter().zip(a).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// Scalar integer dot of group `g` of row `r` (for tests: every kernel must match it exactly).
+pub fn group_dot_scalar(
+    f: QFormat,
+    data: &[u8],
+    row_bytes: usize,
+    r: usize,
+    g: usize,
+    a: &[i8],
+) -> i32 {
+    let w = match f {
+        QFormat::W8 => unpack_natural::<FMT_W8>(data, group_at::<FMT_W8>(row_bytes, r, g).1),
+        QFormat::W4(Packing::Contiguous) => {
+            unpack_natural::<FMT_W4C>(data, group_at::<FMT_W4C>(row_bytes, r, g).1)
+        }
+        QFormat::W4(Packing::Interleaved) => {
+            unpack_natural::<FMT_W4I>(data, group_at::<FMT_W4I>(row_bytes, r, g).1)
+        }
+        QFormat::W4(Packing::Swizzled) => {
+            unpack_natural::<FMT_W4S>(data, group_at::<FMT_W4S>(row_bytes, r, g).1)
+        }
+    };
+    idot(&w, &a[g * GROUP..][..GROUP])
+}
+
+/// Computes `out[r]` for the chunk's rows. Safe in itself; `unsafe` only to be a `ChunkFn`.
+unsafe fn scalar_chunk<const F: u8>(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+    let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut acc = 0f32;
+        for g in 0..ng {
+            let (s, w) = group_at::<F>(row_bytes, r, g);
+            let i = idot(&unpack_natural::<F>(data, w), &a.qs[g * GROUP..][..GROUP]);
+            let d = f16_to_f32(u16::from_le_bytes([data[s], data[s + 1]])) * a.d[g];
+            acc += d * i as f32;
+        }
+        *o = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// The group's 32 int8 weights in register order (natural for w8 and contiguous, `PERM` for
+    /// the lane-interleaved packings), and whether the activations must be the permuted ones.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights<const F: u8>(p: *const u8, w: [usize; 4]) -> __m256i {
+        let m = _mm_set1_epi8(0x0F);
+        match F {
+            FMT_W8 => _mm256_loadu_si256(p.add(w[0]).cast()),
+            FMT_W4C => {
+                // One shift and two masks give the even and odd elements; two unpacks put them
+                // back in order (the extra work the contiguous packing costs).
+                let v = _mm_loadu_si128(p.add(w[0]).cast());
+                let lo = _mm_and_si128(v, m);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+                let n = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                _mm256_sub_epi8(n, _mm256_set1_epi8(8))
+            }
+            _ => {
+                let v = if F == FMT_W4S {
+                    let ld = |o: usize| p.add(o).cast::<i32>().read_unaligned();
+                    _mm_set_epi32(ld(w[3]), ld(w[2]), ld(w[1]), ld(w[0]))
+                } else {
+                    _mm_loadu_si128(p.add(w[0]).cast())
+                };
+                // One shift and two masks: dp4a-ready bytes in `PERM` order.
+                let lo = _mm_and_si128(v, m);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+            }
+        }
+    }
+
+    /// 8 lanes of int32 partial dots of signed `w` with signed `y`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_lanes(w: __m256i, y: __m256i) -> __m256i {
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_hadd_epi32(s, s);
+        let s = _mm_hadd_epi32(s, s);
+        _mm_cvtsi128_si32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk<const F: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+        let act = if F == FMT_W4I || F == FMT_W4S {
+            a.qp
+        } else {
+            a.qs
+        };
+        debug_assert!(act.len() >= ng * GROUP && a.d.len() >= ng);
+        let p = data.as_ptr();
+        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
+        let mut r = 0;
+        while r + 4 <= out.len() {
+            let mut acc = _mm_setzero_ps();
+            for g in 0..ng {
+                let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+                let (s0, w0) = group_at::<F>(row_bytes, r, g);
+                let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
+                let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
+                let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
+                // Software prefetch of the same group four rows on (two tiles on, swizzled):
+                // streaming DRAM is latency-bound on the hardware prefetcher alone.
+                let ahead = if F == FMT_W4S {
+                    2 * SWIZZLE_TILE_BYTES
+                } else {
+                    4 * row_bytes
+                };
+                for o in [w0[0], w1[0], w2[0], w3[0]] {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
+                }
+                let m0 = dot_lanes(weights::<F>(p, w0), y);
+                let m1 = dot_lanes(weights::<F>(p, w1), y);
+                let m2 = dot_lanes(weights::<F>(p, w2), y);
+                let m3 = dot_lanes(weights::<F>(p, w3), y);
+                // Four exact int32 group dots, one per row.
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
+                let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                // The epilogue, once per group: (d_w * d_x) * i, added in group order.
+                let dw = _mm_cvtph_ps(_mm_set_epi16(
+                    0,
+                    0,
+                    0,
+                    0,
+                    scale(s3) as i16,
+                    scale(s2) as i16,
+                    scale(s1) as i16,
+                    scale(s0) as i16,
+                ));
+                let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+                acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+            }
+            _mm_storeu_ps(out.as_mut_ptr().add(r), acc);
+            r += 4;
+        }
+        while r < out.len() {
+            let mut acc = 0f32;
+            for g in 0..ng {
+                let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+                let (s, w) = group_at::<F>(row_bytes, r, g);
+                let i = hsum_i32(dot_lanes(weights::<F>(p, w), y));
+                let d = f16_to_f32(scale(s)) * *a.d.get_unchecked(g);
+                acc += d * i as f32;
+            }
+            out[r] = acc;
+            r += 1;
+        }
+    }
+
+    /// The "no deferred dequantization" ablation: each group is unpacked, converted to f32 and
+    /// scaled first, then dotted in f32 with the f32 activations (one row at a time).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk_eager<const F: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+        // Where each 8-byte run of the unpacked register starts in the row (two runs of 4).
+        let runs: [(usize, usize); 4] = if F == FMT_W4I || F == FMT_W4S {
+            [(0, 8), (16, 24), (4, 12), (20, 28)]
+        } else {
+            [(0, 4), (8, 12), (16, 20), (24, 28)]
+        };
+        let p = data.as_ptr();
+        let x = a.x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            let mut acc = _mm256_setzero_ps();
+            for g in 0..ng {
+                let (s, w) = group_at::<F>(row_bytes, r, g);
+                let wv = weights::<F>(p, w);
+                let d = _mm256_set1_ps(f16_to_f32(p.add(s).cast::<u16>().read_unaligned()));
+                let mut bytes = [0i8; GROUP];
+                _mm256_storeu_si256(bytes.as_mut_ptr().cast(), wv);
+                for (c, &(lo, hi)) in runs.iter().enumerate() {
+                    let q = _mm_loadl_epi64(bytes.as_ptr().add(8 * c).cast());
+                    let wf = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+                    let xg = x.add(g * GROUP);
+                    let xv = _mm256_set_m128(_mm_loadu_ps(xg.add(hi)), _mm_loadu_ps(xg.add(lo)));
+                    acc = _mm256_fmadd_ps(wf, xv, acc);
+                }
+            }
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            *o = _mm_cvtss_f32(s);
+        }
+    }
+}
