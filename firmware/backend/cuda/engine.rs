@@ -23,7 +23,7 @@ pub struct CudaOptions {
     pub context: usize,
     /// Replay one captured CUDA graph per token (true) or launch every kernel (false).
     pub graph: bool,
-    /// Every quantized matrix converted to f16 at load (the f16 precision; f32 stays f32).
+    /// Every matrix converted to f16 at load (the f16 precision, as the CPU's `--precision f16`).
     pub f16_weights: bool,
 }
 

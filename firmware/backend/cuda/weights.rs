@@ -116,7 +116,6 @@ impl<'o> ImageWriter<'o> {
         let nb = cols / 32;
         let blocks = rows * nb;
         let gty = match GpuType::of(ty0) {
-            Some(GpuType::F32) => GpuType::F32,
             Some(t) if !self.f16 => t,
             _ => GpuType::F16,
         };
