@@ -10,6 +10,8 @@ use std::path::Path;
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
 
 pub fn decode_bars(rows: &[Row], title: &str, path: &Path) -> Result<(), String> {
+    let timed: Vec<&Row> = rows.iter().filter(|r| r.refused.is_none()).collect();
+    let rows = &timed[..];
     let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     let n = rows.len().max(1);
     let height = 120 + 40 * n as u32;
