@@ -11,6 +11,7 @@
 //!   queue and engine thread (`serve/server.rs`), metrics.
 //! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
 //! - `client`: the CLI's HTTP/1.1 client for the daemon's Unix socket.
+//! - `sparsity`: neuron bundles and the sparse FFN, calibrated thresholds, activation traces.
 //! - `tables`: versioned, checksummed postcard files made offline (thresholds, cost models).
 
 pub mod backend;
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod load;
 pub mod model;
 pub mod serve;
+pub mod sparsity;
 pub mod sys;
 pub mod tables;
 pub mod tokenizer;

@@ -9,7 +9,46 @@ use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
+use leanstream::sparsity::thresholds::calibrate;
+use leanstream::sparsity::trace::TapOptions;
+use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use std::path::Path;
+
+/// The dense FFN, and the sparse modes over bundles: oracle (glu score, thresholds calibrated
+/// here on a few tokens of the model's own greedy text) and topk (gate score).
+fn ffn_modes(model: &Path, tokenizer: Option<&Path>) -> Vec<FfnOptions> {
+    let (file, tok) = open_model(model, tokenizer).unwrap();
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut engine = Engine::boot(
+        &mut arenas,
+        &file,
+        EngineOptions {
+            threads: 2,
+            tap: Some(TapOptions::default()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let tokens = tok.encode(
+        "The sun was warm and the children played by the river all day.",
+        true,
+    );
+    let hist = calibrate(&mut engine, &tokens, tokens.len(), &mut |_| {}).unwrap();
+    let oracle = FfnOptions {
+        mode: FfnMode::Oracle,
+        score: Score::Glu,
+        sparsity: 0.5,
+        thresholds: Some(hist.level(0.5).glu),
+        ..Default::default()
+    };
+    let topk = FfnOptions {
+        mode: FfnMode::TopK,
+        score: Score::Gate,
+        sparsity: 0.8,
+        ..Default::default()
+    };
+    vec![FfnOptions::default(), oracle, topk]
+}
 
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 
@@ -22,6 +61,7 @@ fn allocations_after_first_token(
     model: &Path,
     tokenizer: Option<&Path>,
     prompt: &str,
+    ffn: FfnOptions,
 ) -> (usize, u64) {
     let (file, tok) = open_model(model, tokenizer).unwrap();
     let mut arenas = Arenas::from_board().unwrap();
@@ -31,6 +71,8 @@ fn allocations_after_first_token(
         EngineOptions {
             threads: 2,
             context: 0,
+            ffn,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -87,23 +129,34 @@ fn main() {
         common::shared("data/stories260K/tok512.bin"),
     ) {
         // A story model ends stories with EOS; the count that matters is of steps decoded.
-        let (steps, allocs) = allocations_after_first_token(&model, Some(&tok), "Once upon a time");
-        assert!(steps > 20, "only {steps} steps decoded");
-        assert_eq!(
-            allocs, 0,
-            "{allocs} heap allocations while decoding stories260K"
-        );
-        checked += 1;
+        for ffn in ffn_modes(&model, Some(&tok)) {
+            let label = ffn.label();
+            let (steps, allocs) =
+                allocations_after_first_token(&model, Some(&tok), "Once upon a time", ffn);
+            assert!(steps > 20, "only {steps} steps decoded ({label})");
+            assert_eq!(
+                allocs, 0,
+                "{allocs} heap allocations while decoding stories260K ({label})"
+            );
+            checked += 1;
+        }
     }
     if let Some(model) = common::model(common::SMOLLM2) {
-        let (steps, allocs) =
-            allocations_after_first_token(&model, None, "Here is a long list of fruits: apple,");
-        assert!(steps > 20, "only {steps} steps decoded");
-        assert_eq!(
-            allocs, 0,
-            "{allocs} heap allocations while decoding SmolLM2"
-        );
-        checked += 1;
+        for ffn in ffn_modes(&model, None) {
+            let label = ffn.label();
+            let (steps, allocs) = allocations_after_first_token(
+                &model,
+                None,
+                "Here is a long list of fruits: apple,",
+                ffn,
+            );
+            assert!(steps > 20, "only {steps} steps decoded ({label})");
+            assert_eq!(
+                allocs, 0,
+                "{allocs} heap allocations while decoding SmolLM2 ({label})"
+            );
+            checked += 1;
+        }
     }
     if checked == 0 {
         eprintln!("skipped: no model available for the allocation test");
