@@ -50,6 +50,8 @@ struct Args {
     /// Log prompt text (off by default: prompts may be private).
     #[arg(long)]
     log_prompts: bool,
+    #[command(flatten)]
+    sparsity: leanstream::sparsity::cli::SparsityArgs,
 }
 
 fn main() -> ExitCode {
@@ -98,10 +100,14 @@ fn run(args: Args) -> Result<(), String> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string());
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-    let mut opts = EngineOptions::default();
+    let mut opts = EngineOptions {
+        ffn: args.sparsity.single(&args.model, &file)?,
+        ..Default::default()
+    };
     if let Some(t) = args.threads {
         opts.threads = t;
     }
+    let ffn_label = opts.ffn.label();
     let mut engine = Engine::boot(&mut arenas, &file, opts)
         .map_err(|e| format!("{}: {e}", args.model.display()))?;
     drop(file);
@@ -156,10 +162,11 @@ fn run(args: Args) -> Result<(), String> {
         on_ready: &on_ready,
     });
     eprintln!(
-        "leanstreamd: serving {} on {} (board {})",
+        "leanstreamd: serving {} on {} (board {}, ffn {})",
         model_name,
         socket.display(),
-        board::NAME
+        board::NAME,
+        ffn_label
     );
     server.run(&listener, &mut engine, &mut sampler, &tok, &chat);
     let _ = sys::notify::stopping();
