@@ -16,6 +16,7 @@
 //! - `quant`: low-bit weight formats (w8, w4 and its packings), requantization, integer kernels.
 //! - `kv`: the KV cache as a chain of append-only segments, each with its own layout, and the
 //!   cost model that picks the layout of new tokens.
+//! - `sparsity`: neuron bundles and the sparse FFN, calibrated thresholds, activation traces.
 //! - `tables`: versioned, checksummed postcard files made offline (thresholds, cost models).
 
 pub mod backend;
@@ -29,6 +30,7 @@ pub mod load;
 pub mod model;
 pub mod quant;
 pub mod serve;
+pub mod sparsity;
 pub mod sys;
 pub mod tables;
 pub mod tokenizer;

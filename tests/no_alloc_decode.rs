@@ -11,7 +11,46 @@ use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
 use leanstream::quant::{Packing, Precision};
+use leanstream::sparsity::thresholds::calibrate;
+use leanstream::sparsity::trace::TapOptions;
+use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use std::path::Path;
+
+/// The dense FFN, and the sparse modes over bundles: oracle (glu score, thresholds calibrated
+/// here on a few tokens of the model's own greedy text) and topk (gate score).
+fn ffn_modes(model: &Path, tokenizer: Option<&Path>) -> Vec<FfnOptions> {
+    let (file, tok) = open_model(model, tokenizer).unwrap();
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut engine = Engine::boot(
+        &mut arenas,
+        &file,
+        EngineOptions {
+            threads: 2,
+            tap: Some(TapOptions::default()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let tokens = tok.encode(
+        "The sun was warm and the children played by the river all day.",
+        true,
+    );
+    let hist = calibrate(&mut engine, &tokens, tokens.len(), &mut |_| {}).unwrap();
+    let oracle = FfnOptions {
+        mode: FfnMode::Oracle,
+        score: Score::Glu,
+        sparsity: 0.5,
+        thresholds: Some(hist.level(0.5).glu),
+        ..Default::default()
+    };
+    let topk = FfnOptions {
+        mode: FfnMode::TopK,
+        score: Score::Gate,
+        sparsity: 0.8,
+        ..Default::default()
+    };
+    vec![FfnOptions::default(), oracle, topk]
+}
 
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 
@@ -100,19 +139,26 @@ fn main() {
         common::shared("data/stories260K/tok512.bin"),
     ) {
         // A story model ends stories with EOS; the count that matters is of steps decoded.
-        let (steps, allocs, _) = allocations_after_first_token(
-            &model,
-            Some(&tok),
-            "Once upon a time",
-            opts(Precision::Native, Packing::Interleaved),
-            256,
-        );
-        assert!(steps > 20, "only {steps} steps decoded");
-        assert_eq!(
-            allocs, 0,
-            "{allocs} heap allocations while decoding stories260K"
-        );
-        checked += 1;
+        // The dense FFN, then the sparse modes over bundles.
+        for ffn in ffn_modes(&model, Some(&tok)) {
+            let label = ffn.label();
+            let (steps, allocs, _) = allocations_after_first_token(
+                &model,
+                Some(&tok),
+                "Once upon a time",
+                EngineOptions {
+                    ffn,
+                    ..opts(Precision::Native, Packing::Interleaved)
+                },
+                256,
+            );
+            assert!(steps > 20, "only {steps} steps decoded ({label})");
+            assert_eq!(
+                allocs, 0,
+                "{allocs} heap allocations while decoding stories260K ({label})"
+            );
+            checked += 1;
+        }
     }
     if let Some(model) = common::model(common::SMOLLM2) {
         // The model's own types with the f32 KV cache; then w8a8 and w4a8 (integer kernels,
@@ -141,6 +187,29 @@ fn main() {
                     "{precision}: the KV chain never grew ({segments})"
                 );
             }
+            checked += 1;
+        }
+        // The sparse FFN modes over bundles (the dense FFN ran above).
+        for ffn in ffn_modes(&model, None) {
+            if ffn.mode == FfnMode::Dense {
+                continue;
+            }
+            let label = ffn.label();
+            let (n, allocs, _) = allocations_after_first_token(
+                &model,
+                None,
+                "Here is a long list of fruits: apple,",
+                EngineOptions {
+                    ffn,
+                    ..opts(Precision::Native, Packing::Interleaved)
+                },
+                256,
+            );
+            assert!(n > 20, "only {n} steps decoded ({label})");
+            assert_eq!(
+                allocs, 0,
+                "{allocs} heap allocations while decoding SmolLM2 ({label})"
+            );
             checked += 1;
         }
     }

@@ -180,7 +180,7 @@ pub fn run(
             ));
         }
         let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-        let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts, cuda)
+        let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts.clone(), cuda)
             .map_err(|e| format!("{}: {e}", c.label()))?;
         row.detail = engine.describe();
         if let AnyEngine::Cuda(g) = &mut engine {

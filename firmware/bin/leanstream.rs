@@ -11,6 +11,10 @@ use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ModelFile;
 use leanstream::quant::{Packing, Precision};
+use leanstream::sparsity::cli::SparsityArgs;
+use leanstream::sparsity::thresholds::{default_path, ThresholdTable};
+use leanstream::sparsity::trace::TapOptions;
+use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
 use leanstream::tokenizer::Tokenizer;
 use std::io::Write;
@@ -41,7 +45,15 @@ enum Command {
     Bench(BenchArgs),
     /// Fit the int8 KV cache's layout cost model on this board (a short microbenchmark) and
     /// write it as a `kvcost` table for the model.
-    CalibrateKv(CalibrateArgs),
+    CalibrateKv(CalibrateKvArgs),
+    /// Per-layer FFN activation thresholds for target sparsities, from the dense model over a
+    /// text; written to a tables/ file.
+    Calibrate(CalibrateArgs),
+    /// Record per layer and token the FFN's residual, input, staged partial residuals and
+    /// neuron activations (safetensors).
+    Trace(TraceArgs),
+    /// Statistics of a trace: magnitude shares, active-set overlap, one-shot and staged recall.
+    TraceStats(TraceStatsArgs),
     /// Ask a running leanstreamd; the answer streams as it comes.
     Ask(AskArgs),
     /// An interactive chat with a running leanstreamd (/exit to leave, /reset to forget).
@@ -122,6 +134,8 @@ struct ModelArgs {
     no_graph: bool,
     #[command(flatten)]
     low: LowBitArgs,
+    #[command(flatten)]
+    sparsity: SparsityArgs,
 }
 
 #[derive(Args, Clone)]
@@ -171,7 +185,7 @@ struct GenerateArgs {
 }
 
 #[derive(Args)]
-struct CalibrateArgs {
+struct CalibrateKvArgs {
     /// The model the table is for (its KV shape is benchmarked; the table carries its identity).
     #[arg(long)]
     model: PathBuf,
@@ -192,6 +206,88 @@ struct PerplexityArgs {
     /// Number of windows (default: all).
     #[arg(long, default_value_t = 0)]
     chunks: usize,
+    /// Also write every configuration's result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TextArgs {
+    /// The text.
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens to skip at the start of the text (keeps calibration text apart from test text).
+    #[arg(long, default_value_t = 0)]
+    skip_tokens: usize,
+    /// Tokens to use after the skipped ones (whole windows).
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// Window: the KV cache restarts every `ctx` tokens, as in perplexity.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+}
+
+#[derive(Args)]
+struct CalibrateArgs {
+    /// GGUF file or llama2.c checkpoint.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    text: TextArgs,
+    /// Target sparsities, comma-separated, each in [0, 1).
+    #[arg(long)]
+    sparsity: String,
+    /// Output (default: tables/<model file stem>.thresh).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    text: TextArgs,
+    /// Stages K of the partial residuals.
+    #[arg(long, default_value_t = 8)]
+    stages: usize,
+    /// The stages split the neurons the oracle keeps at this sparsity (0: every neuron).
+    #[arg(long, default_value_t = 0.8)]
+    sparsity: f32,
+    /// Thresholds table (default: tables/<model file stem>.thresh).
+    #[arg(long)]
+    thresholds: Option<PathBuf>,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct TraceStatsArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// The trace file.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Sparsities for the oracle sets, comma-separated (each must be in the thresholds table).
+    #[arg(long, default_value = "0.5,0.8")]
+    sparsity: String,
+    /// Thresholds table (default: tables/<model file stem>.thresh).
+    #[arg(long)]
+    thresholds: Option<PathBuf>,
+    /// Where to write the statistics (JSON).
+    #[arg(long)]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -207,6 +303,10 @@ struct BenchArgs {
     backend: Vec<String>,
     #[command(flatten)]
     low: LowBitArgs,
+    /// FFN configurations (`--ffn`, `--score`, `--sparsity` lists) run side by side on the CPU
+    /// when `--ffn` names a sparse mode.
+    #[command(flatten)]
+    sparsity: SparsityArgs,
     /// CUDA memory models, comma-separated: unified, discrete (default: the board's).
     #[arg(long, value_delimiter = ',')]
     memory: Vec<String>,
@@ -286,7 +386,10 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
         Command::Bench(a) => cmd_bench(a),
-        Command::CalibrateKv(a) => cmd_calibrate(a),
+        Command::CalibrateKv(a) => cmd_calibrate_kv(a),
+        Command::Calibrate(a) => cmd_calibrate(a),
+        Command::Trace(a) => cmd_trace(a),
+        Command::TraceStats(a) => cmd_trace_stats(a),
         Command::Ask(a) => cmd_ask(a),
         Command::Chat(a) => {
             let stdin = std::io::stdin();
@@ -330,8 +433,16 @@ fn cmd_ask(a: AskArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn options(m: &ModelArgs, low: &LowBitArgs, file: &ModelFile) -> Result<EngineOptions, String> {
-    let mut o = EngineOptions::default();
+fn options(
+    m: &ModelArgs,
+    low: &LowBitArgs,
+    file: &ModelFile,
+    ffn: FfnOptions,
+) -> Result<EngineOptions, String> {
+    let mut o = EngineOptions {
+        ffn,
+        ..EngineOptions::default()
+    };
     if let Some(t) = m.threads {
         o.threads = t;
     }
@@ -366,16 +477,18 @@ fn boot<'a>(
     file: &ModelFile,
     m: &ModelArgs,
 ) -> Result<AnyEngine<'a>, String> {
-    boot_with(arenas, file, m, &m.low, true)
+    let ffn = m.sparsity.single(&m.model, file)?;
+    boot_with(arenas, file, m, &m.low, ffn, true)
 }
 
-/// Boots on `m`'s backend at `low`'s precision; says on stderr what the conversion did
-/// (unless native).
+/// Boots on `m`'s backend at `low`'s precision with the FFN `ffn` (sparse modes: CPU only);
+/// says on stderr what the conversion did (unless native).
 fn boot_with<'a>(
     arenas: &'a mut Arenas,
     file: &ModelFile,
     m: &ModelArgs,
     low: &LowBitArgs,
+    ffn: FfnOptions,
     report: bool,
 ) -> Result<AnyEngine<'a>, String> {
     let backend = Backend::parse(&m.backend)?;
@@ -392,26 +505,30 @@ fn boot_with<'a>(
         }
     }
     let e =
-        AnyEngine::boot(arenas, file, backend, options(m, low, file)?, cuda).map_err(
-            |e| match e {
+        AnyEngine::boot(arenas, file, backend, options(m, low, file, ffn)?, cuda).map_err(|e| {
+            match e {
                 leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+                leanstream::engine::EngineError::Options(_) if backend == Backend::Cuda => {
+                    e.to_string()
+                }
                 _ => format!("{}: {e}", m.model.display()),
-            },
-        )?;
+            }
+        })?;
     if let (true, AnyEngine::Cpu(cpu)) = (report && low.precision != Precision::Native, &e) {
         eprintln!("{}", precision_line(cpu, low));
     }
     Ok(e)
 }
-/// Boots on the CPU backend (the low-bit configurations, calibration and traces).
+/// Boots on the CPU backend (the low-bit and FFN configurations).
 fn boot_cpu<'a>(
     arenas: &'a mut Arenas,
     file: &ModelFile,
     m: &ModelArgs,
     low: &LowBitArgs,
+    ffn: FfnOptions,
     report: bool,
 ) -> Result<Engine<'a>, String> {
-    let e = Engine::boot(arenas, file, options(m, low, file)?)
+    let e = Engine::boot(arenas, file, options(m, low, file, ffn)?)
         .map_err(|e| format!("{}: {e}", m.model.display()))?;
     if report && low.precision != Precision::Native {
         eprintln!("{}", precision_line(&e, low));
@@ -431,6 +548,24 @@ fn precision_line(e: &Engine, low: &LowBitArgs) -> String {
         e.conversions,
         e.kv_precision()
     )
+}
+
+/// Dense-FFN CPU options at the file's own precision (calibration and traces).
+fn plain_options(threads: Option<usize>) -> EngineOptions {
+    let mut o = EngineOptions::default();
+    if let Some(t) = threads {
+        o.threads = t;
+    }
+    o
+}
+
+fn boot_plain<'a>(
+    arenas: &'a mut Arenas,
+    file: &ModelFile,
+    path: &Path,
+    o: EngineOptions,
+) -> Result<Engine<'a>, String> {
+    Engine::boot(arenas, file, o).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The prompt's tokens: plain text or the chat template, BOS as the model wants it.
@@ -508,28 +643,317 @@ fn stats_line(s: &GenerateStats) -> String {
     )
 }
 
+/// Perplexity of every configuration the sparsity options name, in one process: dense on its
+/// own engine, the sparse ones on one engine with bundles (options switched between runs).
 fn cmd_perplexity(a: PerplexityArgs) -> Result<(), String> {
     let (file, tok) = open_model(&a.model.model, a.model.tokenizer.as_deref())?;
+    let configs = a.model.sparsity.configs(&a.model.model, &file)?;
+    if Backend::parse(&a.model.backend)? == Backend::Cuda
+        && configs.iter().any(|c| c.mode != FfnMode::Dense)
+    {
+        return Err("the sparse FFN runs on the CPU backend only for now".into());
+    }
     let text = std::fs::read(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
     let text = String::from_utf8_lossy(&text);
     let text = text_prefix(&text, a.chunks, a.ctx);
     let tokens = tok.encode(text, false);
+    let mut results = Vec::new();
+    let mut last = 0.0;
+    for group in [false, true] {
+        let mine: Vec<&FfnOptions> = configs
+            .iter()
+            .filter(|c| (c.mode != FfnMode::Dense) == group)
+            .collect();
+        let Some(first) = mine.first() else {
+            continue;
+        };
+        let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+        let mut engine = boot_with(
+            &mut arenas,
+            &file,
+            &a.model,
+            &a.model.low,
+            (*first).clone(),
+            true,
+        )?;
+        for c in mine {
+            if let AnyEngine::Cpu(e) = &mut engine {
+                e.set_ffn(c).map_err(|e| e.to_string())?;
+                e.take_ffn_counts();
+            }
+            let label = c.label();
+            let started = Instant::now();
+            let r = perplexity(engine.decoder(), &tokens, a.ctx, a.chunks, &mut |w, p| {
+                eprintln!("{label}: window {}: ppl {p:.4}", w + 1);
+            })?;
+            let secs = started.elapsed().as_secs_f64();
+            let counts = match &mut engine {
+                AnyEngine::Cpu(e) => e.take_ffn_counts(),
+                AnyEngine::Cuda(_) => None,
+            };
+            let measured = match counts {
+                Some((kept, seen)) if seen > 0 => 1.0 - kept as f64 / seen as f64,
+                _ => 0.0,
+            };
+            eprintln!(
+                "{label}: {} windows of {} tokens, {} scored, {:.1} tok/s, neurons dropped {:.4}",
+                r.windows,
+                a.ctx,
+                r.scored_tokens,
+                r.scored_tokens as f64 / secs,
+                measured
+            );
+            if configs.len() > 1 {
+                println!("{label}: ppl = {:.4}", r.ppl);
+            }
+            results.push(format!(
+                "    {{\"config\": \"{label}\", \"mode\": \"{}\", \"score\": \"{}\", \"sparsity\": {}, \"ppl\": {:.6}, \"dropped\": {:.6}, \"windows\": {}, \"scored_tokens\": {}, \"per_window\": [{}]}}",
+                c.mode.name(),
+                if c.mode == FfnMode::Dense { "-" } else { c.score.name() },
+                c.sparsity,
+                r.ppl,
+                measured,
+                r.windows,
+                r.scored_tokens,
+                r.per_window.iter().map(|p| format!("{p:.6}")).collect::<Vec<_>>().join(", ")
+            ));
+            last = r.ppl;
+            write_ppl_json(&a, &results)?;
+        }
+    }
+    println!("ppl = {last:.4}");
+    Ok(())
+}
+
+/// Written after every configuration, so a long sweep that is stopped keeps what it measured.
+fn write_ppl_json(a: &PerplexityArgs, results: &[String]) -> Result<(), String> {
+    if let Some(path) = &a.json {
+        let name = a
+            .model
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let json = format!(
+            "{{\n  \"model\": {name:?},\n  \"file\": {:?},\n  \"ctx\": {},\n  \"results\": [\n{}\n  ]\n}}\n",
+            a.file.display().to_string(),
+            a.ctx,
+            results.join(",\n")
+        );
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The tokens `t` asks for: `skip_tokens` skipped, then whole windows of `ctx` up to `tokens`.
+fn text_tokens(tok: &Tokenizer, t: &TextArgs) -> Result<Vec<u32>, String> {
+    if t.ctx < 2 || t.tokens < t.ctx {
+        return Err(format!(
+            "--tokens {} must hold at least one window of --ctx {} (>= 2)",
+            t.tokens, t.ctx
+        ));
+    }
+    let text = std::fs::read(&t.file).map_err(|e| format!("{}: {e}", t.file.display()))?;
+    let text = String::from_utf8_lossy(&text);
+    let want = (t.skip_tokens + t.tokens).div_ceil(t.ctx);
+    let all = tok.encode(text_prefix(&text, want + 1, t.ctx), false);
+    if all.len() < t.skip_tokens + t.ctx {
+        return Err(format!(
+            "{} has {} tokens: none left after skipping {}",
+            t.file.display(),
+            all.len(),
+            t.skip_tokens
+        ));
+    }
+    let mut v = all[t.skip_tokens..].to_vec();
+    v.truncate(t.tokens.min(v.len()) / t.ctx * t.ctx);
+    Ok(v)
+}
+
+fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
+    let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
+    let sparsities: Vec<f32> = a
+        .sparsity
+        .split(',')
+        .map(leanstream::sparsity::parse_sparsity)
+        .collect::<Result<_, _>>()?;
+    let tokens = text_tokens(&tok, &a.text)?;
+    let out = a.out.clone().unwrap_or_else(|| default_path(&a.model));
+    let mut o = plain_options(a.threads);
+    o.tap = Some(TapOptions::default());
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-    let mut engine = boot(&mut arenas, &file, &a.model)?;
-    drop(file);
+    let mut engine = boot_plain(&mut arenas, &file, &a.model, o)?;
+    let (n_layers, hidden) = (engine.hyper.n_layers, engine.hyper.hidden_dim);
+    if a.text.ctx > engine.context {
+        return Err(format!(
+            "--ctx {} is larger than the engine's context {}",
+            a.text.ctx, engine.context
+        ));
+    }
     let started = Instant::now();
-    let r = perplexity(engine.decoder(), &tokens, a.ctx, a.chunks, &mut |w, p| {
-        eprintln!("window {}: ppl {p:.4}", w + 1);
-    })?;
-    let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "{} windows of {} tokens, {} scored, {:.1} tok/s",
-        r.windows,
-        a.ctx,
-        r.scored_tokens,
-        r.scored_tokens as f64 / secs
+    let ctx = a.text.ctx;
+    let hist =
+        leanstream::sparsity::thresholds::calibrate(&mut engine, &tokens, ctx, &mut |done| {
+            if done % ctx == 0 {
+                eprintln!(
+                    "calibrate: {done} / {} tokens ({:.1} tok/s)",
+                    tokens.len(),
+                    done as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+        })?;
+    let table = ThresholdTable {
+        n_layers: n_layers as u32,
+        hidden: hidden as u32,
+        calibration: format!(
+            "{}: {} tokens after skipping {}, windows of {}",
+            a.text.file.display(),
+            tokens.len(),
+            a.text.skip_tokens,
+            a.text.ctx
+        ),
+        tokens: tokens.len() as u64,
+        levels: sparsities.iter().map(|&s| hist.level(s)).collect(),
+    };
+    for lv in &table.levels {
+        let mean = |score, t: &[f32]| {
+            (0..n_layers)
+                .map(|l| hist.fraction_below(l, score, t[l]))
+                .sum::<f64>()
+                / n_layers as f64
+        };
+        println!(
+            "sparsity {:.2}: glu thresholds {:.3e}..{:.3e} (calibration drops {:.4}), gate thresholds {:.3e}..{:.3e} (drops {:.4})",
+            lv.sparsity,
+            lv.glu.iter().copied().fold(f32::MAX, f32::min),
+            lv.glu.iter().copied().fold(0.0, f32::max),
+            mean(Score::Glu, &lv.glu),
+            lv.gate.iter().copied().fold(f32::MAX, f32::min),
+            lv.gate.iter().copied().fold(0.0, f32::max),
+            mean(Score::Gate, &lv.gate),
+        );
+    }
+    table.save(&out, &file)?;
+    println!(
+        "wrote {} ({} levels, {} tokens)",
+        out.display(),
+        table.levels.len(),
+        tokens.len()
     );
-    println!("ppl = {:.4}", r.ppl);
+    Ok(())
+}
+
+fn cmd_trace(a: TraceArgs) -> Result<(), String> {
+    use leanstream::sparsity::trace::{TraceMeta, TraceWriter};
+    let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
+    leanstream::sparsity::check_sparsity(a.sparsity)?;
+    if a.stages == 0 {
+        return Err("--stages must be at least 1".into());
+    }
+    let tokens = text_tokens(&tok, &a.text)?;
+    let thresholds = if a.sparsity > 0.0 {
+        let path = a
+            .thresholds
+            .clone()
+            .unwrap_or_else(|| default_path(&a.model));
+        Some(ThresholdTable::load(&path, &file)?.thresholds(a.sparsity, Score::Glu)?)
+    } else {
+        None
+    };
+    let mut o = plain_options(a.threads);
+    o.tap = Some(TapOptions {
+        stages: a.stages,
+        thresholds,
+    });
+    let meta = TraceMeta {
+        model: a
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        identity: leanstream::tables::model_identity(&file),
+        text: a.text.file.display().to_string(),
+        skip_tokens: a.text.skip_tokens,
+        ctx: a.text.ctx,
+        sparsity: a.sparsity,
+    };
+    let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+    let mut engine = boot_plain(&mut arenas, &file, &a.model, o)?;
+    if a.text.ctx > engine.context {
+        return Err(format!(
+            "--ctx {} is larger than the engine's context {}",
+            a.text.ctx, engine.context
+        ));
+    }
+    let (mut w, per_token) =
+        TraceWriter::create(&a.out, engine.tap().expect("tap"), tokens.len(), &meta)?;
+    println!(
+        "trace: {} tokens, {} bytes per token ({:.2} MiB), {:.1} MiB in all -> {}",
+        tokens.len(),
+        per_token,
+        per_token as f64 / 1048576.0,
+        (per_token * tokens.len() as u64) as f64 / 1048576.0,
+        a.out.display()
+    );
+    let started = Instant::now();
+    for (i, &t) in tokens.iter().enumerate() {
+        let pos = i % a.text.ctx;
+        engine.forward(t, pos);
+        w.write(i, t, pos, engine.tap().expect("tap"))?;
+        if (i + 1) % 64 == 0 {
+            eprintln!(
+                "trace: {} / {} tokens ({:.1} tok/s)",
+                i + 1,
+                tokens.len(),
+                (i + 1) as f64 / started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
+    use leanstream::sparsity::trace::TraceReader;
+    let file = ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
+    let trace = TraceReader::open(&a.trace)?;
+    let id = format!("{:016x}", leanstream::tables::model_identity(&file));
+    if trace.meta("identity") != Some(id.as_str()) {
+        return Err(format!(
+            "{} was traced from another model (identity {}, {} is {id})",
+            a.trace.display(),
+            trace.meta("identity").unwrap_or("?"),
+            a.model.display()
+        ));
+    }
+    let path = a
+        .thresholds
+        .clone()
+        .unwrap_or_else(|| default_path(&a.model));
+    let table = ThresholdTable::load(&path, &file)?;
+    let sparsities: Vec<f32> = a
+        .sparsity
+        .split(',')
+        .map(leanstream::sparsity::parse_sparsity)
+        .collect::<Result<_, _>>()?;
+    let total = (trace.layers - 1) * trace.tokens;
+    let started = Instant::now();
+    let json = leanstream::sparsity::stats::trace_stats(
+        &trace,
+        &file,
+        &table,
+        &sparsities,
+        a.threads.unwrap_or(leanstream::board::CPU_THREADS),
+        &mut |done| {
+            if done % 256 == 0 {
+                eprintln!(
+                    "trace-stats: {done} / {total} ({:.0} s)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        },
+    )?;
+    std::fs::write(&a.json, json).map_err(|e| format!("{}: {e}", a.json.display()))?;
+    println!("wrote {}", a.json.display());
     Ok(())
 }
 
@@ -646,6 +1070,18 @@ fn cmd_inspect(path: &Path) -> Result<(), String> {
 }
 
 fn cmd_bench(a: BenchArgs) -> Result<(), String> {
+    if a.sparsity.ffn.split(',').any(|m| m.trim() != "dense") {
+        if a.model.len() != 1
+            || a.backend.iter().any(|b| b != "cpu")
+            || a.configs.is_some()
+            || a.long_context.is_some()
+        {
+            return Err(
+                "the sparse FFN runs on the CPU backend only for now: sparse --ffn takes one model on the cpu backend, without --configs or --long-context".into(),
+            );
+        }
+        return cmd_bench_ffn(a);
+    }
     if a.configs.is_some() || a.long_context.is_some() {
         if a.model.len() != 1 || a.backend.iter().any(|b| b != "cpu") {
             return Err("--configs and --long-context take one model on the cpu backend".into());
@@ -730,7 +1166,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
+fn cmd_calibrate_kv(a: CalibrateKvArgs) -> Result<(), String> {
     use leanstream::kv::{self, Layout, Shape};
     let file = ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
     let h = file
@@ -802,6 +1238,136 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Prefill and decode speed of every configuration the sparsity options name, side by side in
+/// one process: each configuration has its own engine, and the repetitions alternate between
+/// them so that a busy moment of the machine touches all of them alike.
+fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
+    let model = ModelArgs {
+        model: a.model[0].clone(),
+        tokenizer: a.tokenizer.clone(),
+        threads: a.threads,
+        backend: "cpu".into(),
+        memory: None,
+        no_graph: false,
+        low: a.low.clone(),
+        sparsity: a.sparsity.clone(),
+    };
+    let (file, tok) = open_model(&model.model, model.tokenizer.as_deref())?;
+    let configs = model.sparsity.configs(&model.model, &file)?;
+    let name = model
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
+    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
+    let mut prompt = tok.encode(
+        &seed_text.repeat(1 + a.prompt_tokens / 8),
+        tok.add_bos_default(),
+    );
+    prompt.truncate(a.prompt_tokens.max(1));
+    let mut arenas: Vec<Arenas> = configs
+        .iter()
+        .map(|_| Arenas::from_board().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut engines: Vec<Engine> = arenas
+        .iter_mut()
+        .zip(&configs)
+        .enumerate()
+        .map(|(i, (ar, c))| boot_cpu(ar, &file, &model, &model.low, c.clone(), i == 0))
+        .collect::<Result<_, _>>()?;
+    drop(file);
+    if prompt.len() + a.gen_tokens > engines[0].context {
+        return Err(format!(
+            "prompt + gen tokens ({}) exceed the context ({})",
+            prompt.len() + a.gen_tokens,
+            engines[0].context
+        ));
+    }
+    let mut samplers: Vec<Sampler> = engines
+        .iter_mut()
+        .map(|e| {
+            Sampler::new(
+                SamplerConfig::default(),
+                e.take_sample_buffer().expect("fresh engine"),
+            )
+        })
+        .collect();
+    // Greedy decoding may hit end-of-text early; decode a fixed count by forwarding sampled
+    // tokens directly.
+    let mut prefill = vec![Vec::new(); configs.len()];
+    let mut decode = vec![Vec::new(); configs.len()];
+    let mut dropped = vec![0.0; configs.len()];
+    for _ in 0..a.reps.max(1) {
+        for (i, (engine, sampler)) in engines.iter_mut().zip(samplers.iter_mut()).enumerate() {
+            let t0 = Instant::now();
+            let mut logits_token = 0;
+            for (pos, &t) in prompt.iter().enumerate() {
+                logits_token = sampler.sample(engine.forward(t, pos));
+            }
+            let t1 = Instant::now();
+            engine.take_ffn_counts();
+            let mut token = logits_token;
+            for j in 0..a.gen_tokens {
+                token = sampler.sample(engine.forward(token, prompt.len() + j));
+            }
+            let t2 = Instant::now();
+            if let Some((kept, seen)) = engine.take_ffn_counts() {
+                dropped[i] = 1.0 - kept as f64 / seen.max(1) as f64;
+            }
+            prefill[i].push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
+            decode[i].push(a.gen_tokens as f64 / (t2 - t1).as_secs_f64());
+        }
+    }
+    let threads = engines[0].threads();
+    let p: Vec<f64> = prefill.into_iter().map(median).collect();
+    let d: Vec<f64> = decode.into_iter().map(median).collect();
+    let base = configs
+        .iter()
+        .position(|c| c.mode == FfnMode::Dense)
+        .map(|i| d[i]);
+    let mut rows = Vec::new();
+    let mut md = String::from("| model | backend | threads | ffn | neurons dropped | prompt tokens | gen tokens | prefill tok/s | decode tok/s | decode vs dense |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (i, c) in configs.iter().enumerate() {
+        let ratio = base.map(|b| d[i] / b);
+        rows.push(format!(
+            "    {{\"ffn\": \"{}\", \"neurons_dropped\": {:.4}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"decode_vs_dense\": {}}}",
+            c.label(),
+            dropped[i],
+            p[i],
+            d[i],
+            ratio.map(|r| format!("{r:.3}")).unwrap_or_else(|| "null".into())
+        ));
+        md.push_str(&format!(
+            "| {name} | cpu | {threads} | {} | {:.2} | {} | {} | {:.1} | {:.1} | {} |\n",
+            c.label(),
+            dropped[i],
+            prompt.len(),
+            a.gen_tokens,
+            p[i],
+            d[i],
+            ratio
+                .map(|r| format!("{r:.2}x"))
+                .unwrap_or_else(|| "-".into())
+        ));
+    }
+    let json = format!(
+        "{{\n  \"model\": {:?},\n  \"backend\": \"cpu\",\n  \"threads\": {threads},\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"prefill_tok_per_s\": {:.2},\n  \"decode_tok_per_s\": {:.2},\n  \"configs\": [\n{}\n  ]\n}}\n",
+        name,
+        leanstream::board::NAME,
+        prompt.len(),
+        a.gen_tokens,
+        a.reps,
+        p[0],
+        d[0],
+        rows.join(",\n")
+    );
+    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
+    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
+    print!("{md}");
+    Ok(())
+}
+
 /// Low-bit configurations of one model on the CPU (`--configs`, `--long-context`).
 fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     let model = ModelArgs {
@@ -812,8 +1378,10 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         memory: None,
         no_graph: false,
         low: a.low.clone(),
+        sparsity: a.sparsity.clone(),
     };
     let (file, tok) = open_model(&model.model, model.tokenizer.as_deref())?;
+    let ffn = model.sparsity.single(&model.model, &file)?;
     let name = model
         .model
         .file_name()
@@ -842,7 +1410,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let mut engines = Vec::new();
     for (ar, (_, low)) in arenas.iter_mut().zip(&configs) {
-        let mut engine = boot_cpu(ar, &file, &model, low, true)?;
+        let mut engine = boot_cpu(ar, &file, &model, low, ffn.clone(), true)?;
         let idx = engine.take_sample_buffer().expect("fresh engine");
         engines.push((engine, Sampler::new(SamplerConfig::default(), idx)));
     }

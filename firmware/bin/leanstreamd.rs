@@ -73,6 +73,8 @@ struct Args {
     /// A kvcost table from `leanstream calibrate-kv` (default: built-in constants).
     #[arg(long)]
     kv_cost: Option<PathBuf>,
+    #[command(flatten)]
+    sparsity: leanstream::sparsity::cli::SparsityArgs,
 }
 
 fn main() -> ExitCode {
@@ -121,7 +123,10 @@ fn run(args: Args) -> Result<(), String> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string());
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-    let mut opts = EngineOptions::default();
+    let mut opts = EngineOptions {
+        ffn: args.sparsity.single(&args.model, &file)?,
+        ..Default::default()
+    };
     if let Some(t) = args.threads {
         opts.threads = t;
     }
@@ -147,9 +152,13 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
     }
+    let ffn_label = opts.ffn.label();
     let mut engine =
         AnyEngine::boot(&mut arenas, &file, backend, opts, cuda).map_err(|e| match e {
             leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+            leanstream::engine::EngineError::Options(_) if backend == Backend::Cuda => {
+                e.to_string()
+            }
             _ => format!("{}: {e}", args.model.display()),
         })?;
     if let (true, AnyEngine::Cpu(cpu)) = (args.precision != Precision::Native, &engine) {
@@ -217,11 +226,12 @@ fn run(args: Args) -> Result<(), String> {
         on_ready: &on_ready,
     });
     eprintln!(
-        "leanstreamd: serving {} on {} (board {}, {})",
+        "leanstreamd: serving {} on {} (board {}, {}, ffn {})",
         model_name,
         socket.display(),
         board::NAME,
-        engine.describe()
+        engine.describe(),
+        ffn_label
     );
     server.run(&listener, engine.decoder(), &mut sampler, &tok, &chat);
     let _ = sys::notify::stopping();

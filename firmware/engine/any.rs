@@ -34,8 +34,8 @@ pub enum AnyEngine<'a> {
 }
 
 impl<'a> AnyEngine<'a> {
-    /// Boots `model` on `backend`. For CUDA, a machine without a GPU or driver is refused with
-    /// one sentence before anything is placed.
+    /// Boots `model` on `backend`. For CUDA, a sparse FFN (`cpu.ffn`), or a machine without a
+    /// GPU or driver, is refused with one sentence before anything is placed.
     pub fn boot(
         arenas: &'a mut Arenas,
         model: &ModelFile,
@@ -46,6 +46,11 @@ impl<'a> AnyEngine<'a> {
         Ok(match backend {
             Backend::Cpu => AnyEngine::Cpu(Engine::boot(arenas, model, cpu)?),
             Backend::Cuda => {
+                if cpu.ffn.mode != crate::sparsity::FfnMode::Dense {
+                    return Err(EngineError::Options(
+                        "the sparse FFN runs on the CPU backend only for now".into(),
+                    ));
+                }
                 crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
                 let cuda = CudaOptions {
                     context: cpu.context,

@@ -12,6 +12,8 @@ use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
 use crate::model::{FormatError, Hyper, ModelFile, RopeStyle, TensorRef};
 use crate::quant::{ConversionReport, Packing, Precision, Role, Target};
+use crate::sparsity::trace::{Tap, TapOptions};
+use crate::sparsity::{Bundles, FfnMode, FfnOptions, SparseFfn, SparsityError};
 use std::fmt;
 
 /// Why an engine could not boot.
@@ -23,6 +25,8 @@ pub enum EngineError {
     Unsupported(String),
     /// The GPU could not run it: no GPU or driver here (one sentence why), or a CUDA call failed.
     Gpu(String),
+    /// Options that cannot be used (sparsity out of range, missing thresholds, ...).
+    Options(String),
 }
 
 impl fmt::Display for EngineError {
@@ -32,6 +36,7 @@ impl fmt::Display for EngineError {
             EngineError::Boot(e) => write!(f, "{e}"),
             EngineError::Unsupported(m) => write!(f, "unsupported model: {m}"),
             EngineError::Gpu(m) => write!(f, "{m}"),
+            EngineError::Options(m) => write!(f, "{m}"),
         }
     }
 }
@@ -77,7 +82,7 @@ impl Arenas {
 }
 
 /// Choices made at boot.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Worker threads for the matrix-vector work (the board's `cpu_threads` by default).
     pub threads: usize,
@@ -89,6 +94,11 @@ pub struct EngineOptions {
     pub packing: Packing,
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
+    /// The FFN: dense (the model's matrices) or sparse over neuron bundles (`crate::sparsity`).
+    pub ffn: FfnOptions,
+    /// Record every layer's FFN activations for each token (dense mode only; `trace`,
+    /// `calibrate`).
+    pub tap: Option<TapOptions>,
 }
 
 impl Default for EngineOptions {
@@ -99,6 +109,8 @@ impl Default for EngineOptions {
             precision: Precision::Native,
             packing: Packing::default(),
             kv_policy: Policy::Adaptive(CostModel::default()),
+            ffn: FfnOptions::default(),
+            tap: None,
         }
     }
 }
@@ -113,9 +125,17 @@ pub struct Layer<'a> {
     /// q/k/v biases (qwen2), concatenated [q | k | v].
     qkv_bias: Option<&'a [f32]>,
     ffn_norm: &'a [f32],
-    w_gate: Matrix<'a>,
-    w_up: Matrix<'a>,
-    w_down: Matrix<'a>,
+    ffn: LayerFfn<'a>,
+}
+
+/// A layer's FFN weights: the model's matrices (dense), or neuron bundles (sparse modes).
+enum LayerFfn<'a> {
+    Dense {
+        gate: Matrix<'a>,
+        up: Matrix<'a>,
+        down: Matrix<'a>,
+    },
+    Bundles(Bundles<'a>),
 }
 
 /// Activations for one token, carved from the scratch arena.
@@ -149,6 +169,10 @@ pub struct Engine<'a> {
     pub precision: Precision,
     /// What boot did to the matrices (imported as is, requantized).
     pub conversions: ConversionReport,
+    /// The sparse FFN's options and buffers (sparse modes).
+    sparse: Option<SparseFfn<'a>>,
+    /// The per-token activation record (when asked for at boot).
+    tap: Option<Tap<'a>>,
 }
 
 /// What generation, perplexity and the daemon need from a backend: one token in, logits out.
@@ -274,6 +298,24 @@ impl<'a> Engine<'a> {
             head_dim: h.head_dim,
             context,
         };
+        opts.ffn.check(h.n_layers).map_err(EngineError::Options)?;
+        let sparse = opts.ffn.mode != FfnMode::Dense;
+        if let Some(t) = &opts.tap {
+            if sparse {
+                return Err(EngineError::Options(
+                    "activation traces are recorded in dense mode only".into(),
+                ));
+            }
+            if let Some(th) = &t.thresholds {
+                if th.len() != h.n_layers {
+                    return Err(EngineError::Options(format!(
+                        "{} trace thresholds for {} layers",
+                        th.len(),
+                        h.n_layers
+                    )));
+                }
+            }
+        }
 
         // Plan every arena and refuse before touching any of them.
         let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
@@ -297,8 +339,19 @@ impl<'a> Engine<'a> {
             if h.qkv_bias {
                 dense.add::<f32>(q_dim + 2 * kv_dim);
             }
-            for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
-                ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
+            if sparse {
+                let t = |n: &str| model.tensor(&layer_name(i, n));
+                let (g, u, d) = (
+                    t("ffn_gate.weight")?,
+                    t("ffn_up.weight")?,
+                    t("ffn_down.weight")?,
+                );
+                Bundles::plan(&mut ffn, &g, &u, &d, opts.ffn.bundle_down)
+                    .map_err(EngineError::Unsupported)?;
+            } else {
+                for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
+                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
+                }
             }
         }
         dense.check(
@@ -345,6 +398,12 @@ impl<'a> Engine<'a> {
             scratch.add::<f32>(n);
         }
         scratch.add::<u32>(h.vocab_size);
+        if sparse {
+            SparseFfn::plan(&mut scratch, h.n_layers, h.hidden_dim);
+        }
+        if let Some(t) = &opts.tap {
+            Tap::plan(&mut scratch, h.n_layers, h.dim, h.hidden_dim, t.stages);
+        }
         scratch.check(
             ArenaKind::ActivationScratch,
             arenas.scratch.len(),
@@ -376,6 +435,27 @@ impl<'a> Engine<'a> {
             } else {
                 None
             };
+            let ffn = if sparse {
+                let (g, u, dn) = (
+                    t("ffn_gate.weight")?,
+                    t("ffn_up.weight")?,
+                    t("ffn_down.weight")?,
+                );
+                LayerFfn::Bundles(
+                    Bundles::build(&mut f, &g, &u, &dn, opts.ffn.bundle_down).map_err(
+                        |e| match e {
+                            Ok(m) => EngineError::Unsupported(m),
+                            Err(b) => EngineError::Boot(b),
+                        },
+                    )?,
+                )
+            } else {
+                LayerFfn::Dense {
+                    gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
+                    up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
+                    down: placer.place(&mut f, &t("ffn_down.weight")?, blk)?,
+                }
+            };
             layers.push(Layer {
                 attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
                 wq: placer.place(&mut d, &t("attn_q.weight")?, blk)?,
@@ -384,9 +464,7 @@ impl<'a> Engine<'a> {
                 wo: placer.place(&mut d, &t("attn_output.weight")?, blk)?,
                 qkv_bias,
                 ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,
-                w_gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
-                w_up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
-                w_down: placer.place(&mut f, &t("ffn_down.weight")?, blk)?,
+                ffn,
             });
         }
         for m in [&token_embd, &output] {
@@ -442,6 +520,15 @@ impl<'a> Engine<'a> {
             logits: c.take(h.vocab_size)?,
         };
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
+        let sparse = if sparse {
+            Some(SparseFfn::new(&mut c, h.n_layers, h.hidden_dim, &opts.ffn)?)
+        } else {
+            None
+        };
+        let tap = match &opts.tap {
+            Some(t) => Some(Tap::new(&mut c, h.n_layers, h.dim, h.hidden_dim, t)?),
+            None => None,
+        };
         s.att.fill(0.0);
         let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
         Ok(Engine {
@@ -458,7 +545,39 @@ impl<'a> Engine<'a> {
             act: ActScratch::new(max_cols),
             precision: opts.precision,
             conversions: placer.report,
+            sparse,
+            tap,
         })
+    }
+
+    /// Changes a sparse engine's FFN options (score, sparsity, thresholds; oracle or topk).
+    /// A dense engine has no bundles, and a sparse one no matrices: either refuses the other.
+    pub fn set_ffn(&mut self, opts: &FfnOptions) -> Result<(), SparsityError> {
+        match self.sparse.as_mut() {
+            Some(s) => s.set(opts),
+            None if opts.mode == FfnMode::Dense => Ok(()),
+            None => Err(SparsityError(
+                "this engine was booted dense; boot it with a sparse mode for bundles".into(),
+            )),
+        }
+    }
+
+    /// Neurons the sparse FFN kept and saw since the last call (None when dense).
+    pub fn take_ffn_counts(&mut self) -> Option<(u64, u64)> {
+        self.sparse.as_mut().map(|s| s.take_counts())
+    }
+
+    /// Layer `l`'s neuron bundles (sparse engines).
+    pub fn bundles(&self, l: usize) -> Option<&Bundles<'a>> {
+        match &self.layers.get(l)?.ffn {
+            LayerFfn::Bundles(b) => Some(b),
+            LayerFfn::Dense { .. } => None,
+        }
+    }
+
+    /// The last token's activation record (engines booted with `tap`).
+    pub fn tap(&self) -> Option<&Tap<'a>> {
+        self.tap.as_ref()
     }
 
     /// The sampler's sort buffer (vocab entries); handed out once.
@@ -558,18 +677,29 @@ impl<'a> Engine<'a> {
             matvec(pool, &w.wo, &s.xb2[..q_dim], act, s.xb);
             add(s.x, s.xb);
 
-            // Feed-forward: SwiGLU.
+            // Feed-forward: SwiGLU over every neuron, or over the ones this token needs.
             rmsnorm(s.xb, s.x, w.ffn_norm, h.norm_eps);
-            matvec_many(
-                pool,
-                &mut [(&w.w_gate, &mut *s.hb), (&w.w_up, &mut *s.hb2)],
-                s.xb,
-                act,
-            );
-            for (g, u) in s.hb.iter_mut().zip(s.hb2.iter()) {
-                *g = silu(*g) * u;
+            match &w.ffn {
+                LayerFfn::Dense { gate, up, down } => {
+                    matvec_many(
+                        pool,
+                        &mut [(gate, &mut *s.hb), (up, &mut *s.hb2)],
+                        s.xb,
+                        act,
+                    );
+                    if let Some(tap) = self.tap.as_mut() {
+                        tap.record(l, s.x, s.xb, s.hb, s.hb2, down, pool, act);
+                    }
+                    for (g, u) in s.hb.iter_mut().zip(s.hb2.iter()) {
+                        *g = silu(*g) * u;
+                    }
+                    matvec(pool, down, s.hb, act, s.xb);
+                }
+                LayerFfn::Bundles(b) => {
+                    let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
+                    sparse.forward(l, b, pool, s.xb, act);
+                }
             }
-            matvec(pool, &w.w_down, s.hb, act, s.xb);
             add(s.x, s.xb);
         }
 

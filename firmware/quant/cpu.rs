@@ -14,7 +14,7 @@
 //! AVX-VNNI to test it on: not built yet.
 
 use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
-use crate::backend::cpu::matvec::{Act, ChunkFn};
+use crate::backend::cpu::matvec::{Act, QChunkFn as ChunkFn};
 use crate::backend::cpu::Kernel;
 use crate::model::ggml::f16_to_f32;
 use std::sync::atomic::{AtomicBool, Ordering};

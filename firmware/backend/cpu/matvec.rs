@@ -54,6 +54,73 @@ impl Matrix<'_> {
     }
 }
 
+/// Rows of a GGML-typed matrix that need not be adjacent: row `r` is the `ty.row_bytes(cols)`
+/// bytes at `data[r * stride..]`. A [`Matrix`] is the case `stride == row_bytes`; neuron bundles
+/// (gate row, up row and down column of one neuron stored together) are another.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub ty: GgmlType,
+    /// As in [`Matrix`]: a low-bit format of `crate::quant` (then `stride` is the row's bytes).
+    pub q: Option<QFormat>,
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> Rows<'a> {
+    /// Bytes per row. Panics when `cols` is not whole blocks, `stride` is shorter than a row,
+    /// or `data` does not reach the last row's end.
+    pub fn row_bytes(&self) -> usize {
+        let rb = self.ty.row_bytes(self.cols).unwrap_or_else(|| {
+            panic!(
+                "{} row of {} values is not whole blocks",
+                self.ty.name(),
+                self.cols
+            )
+        });
+        assert!(
+            self.stride >= rb,
+            "stride {} < row of {rb} bytes",
+            self.stride
+        );
+        let need = if self.rows == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.stride + rb
+        };
+        assert!(
+            self.data.len() >= need,
+            "{} rows {}x{} (stride {}): {} bytes, need {need}",
+            self.ty.name(),
+            self.rows,
+            self.cols,
+            self.stride,
+            self.data.len()
+        );
+        rb
+    }
+
+    /// Row `r`'s bytes.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.ty.row_bytes(self.cols).expect("whole blocks");
+        &self.data[r * self.stride..][..rb]
+    }
+}
+
+impl<'a> From<&Matrix<'a>> for Rows<'a> {
+    fn from(m: &Matrix<'a>) -> Rows<'a> {
+        Rows {
+            ty: m.ty,
+            q: m.q,
+            rows: m.rows,
+            cols: m.cols,
+            stride: m.ty.row_bytes(m.cols).unwrap_or(0),
+            data: m.data,
+        }
+    }
+}
+
 /// Which implementation the kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -260,6 +327,118 @@ pub fn matvec_many_with(
     x: &[f32],
     act: &mut ActScratch,
 ) {
+    let mut rows: [Option<(Rows, &mut [f32])>; MAX_JOBS] = Default::default();
+    assert!(
+        jobs.len() <= MAX_JOBS,
+        "matvec_many takes at most {MAX_JOBS} matrices"
+    );
+    let n = jobs.len();
+    for (slot, (w, out)) in rows.iter_mut().zip(jobs.iter_mut()) {
+        *slot = Some((Rows::from(*w), &mut **out));
+    }
+    rows_many_with(k, pool, &mut rows[..n], x, act)
+}
+
+/// `out[r] = row r . x` for several row sets sharing the input `x`, in one pool dispatch.
+pub fn matvec_rows_many(
+    pool: &WorkerPool,
+    jobs: &mut [(Rows, &mut [f32])],
+    x: &[f32],
+    act: &mut ActScratch,
+) {
+    let mut slots: [Option<(Rows, &mut [f32])>; MAX_JOBS] = Default::default();
+    assert!(
+        jobs.len() <= MAX_JOBS,
+        "matvec_rows_many takes at most {MAX_JOBS} row sets"
+    );
+    let n = jobs.len();
+    for (slot, (w, out)) in slots.iter_mut().zip(jobs.iter_mut()) {
+        *slot = Some((*w, &mut **out));
+    }
+    rows_many_with(kernel(), pool, &mut slots[..n], x, act)
+}
+
+/// `out[i] = row idx[i] . x`: the rows named by `idx`, in the order given.
+pub fn matvec_gather(
+    pool: &WorkerPool,
+    w: Rows,
+    idx: &[u32],
+    x: &[f32],
+    act: &mut ActScratch,
+    out: &mut [f32],
+) {
+    matvec_gather_with(kernel(), pool, w, idx, x, act, out)
+}
+
+/// `matvec_gather` with the kernel chosen by the caller (panics if unsupported here).
+pub fn matvec_gather_with(
+    k: Kernel,
+    pool: &WorkerPool,
+    w: Rows,
+    idx: &[u32],
+    x: &[f32],
+    act: &mut ActScratch,
+    out: &mut [f32],
+) {
+    assert!(
+        kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
+    assert_eq!(
+        w.cols,
+        x.len(),
+        "rows have {} cols, input {} values",
+        w.cols,
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        idx.len(),
+        "{} indices, {} outputs",
+        idx.len(),
+        out.len()
+    );
+    let row_bytes = w.row_bytes();
+    if let Some(&m) = idx.iter().max() {
+        assert!((m as usize) < w.rows, "row {m} of {}", w.rows);
+    }
+    assert!(w.q.is_none(), "gathered rows are GGML-typed");
+    let a = if uses_q8(w.ty) {
+        act.quantize(x, false)
+    } else {
+        Act {
+            x,
+            qs: &[],
+            qp: &[],
+            d: &[],
+            s: &[],
+        }
+    };
+    let f = chunk_fn(w.ty, k);
+    let n = pool.n_threads();
+    let chunk = (idx.len().div_ceil(4 * n)).clamp(8, 64);
+    let tasks = idx.len().div_ceil(chunk);
+    let outp = OutPtr(out.as_mut_ptr());
+    pool.run(tasks, &|t| {
+        let i0 = t * chunk;
+        let i1 = (i0 + chunk).min(idx.len());
+        // SAFETY: tasks write disjoint ranges i0..i1 of `out` (borrowed mutably for the call).
+        let o = unsafe { std::slice::from_raw_parts_mut(outp.ptr().add(i0), i1 - i0) };
+        for (oi, &r) in o.iter_mut().zip(&idx[i0..i1]) {
+            let row = &w.data[r as usize * w.stride..][..row_bytes];
+            // SAFETY: as in `rows_many_with`: a supported kernel, one whole row, `a` covers it.
+            unsafe { f(row, row_bytes, row_bytes, &a, std::slice::from_mut(oi)) };
+        }
+    });
+}
+
+fn rows_many_with(
+    k: Kernel,
+    pool: &WorkerPool,
+    jobs: &mut [Option<(Rows, &mut [f32])>],
+    x: &[f32],
+    act: &mut ActScratch,
+) {
     assert!(
         kernel_supported(k),
         "{k:?} kernels are not supported on this CPU"
@@ -268,8 +447,8 @@ pub fn matvec_many_with(
         jobs.len() <= MAX_JOBS,
         "matvec_many takes at most {MAX_JOBS} matrices"
     );
-    let need_q8 = jobs.iter().any(|(w, _)| uses_q8(w.ty));
-    let permuted = jobs.iter().any(|(w, _)| {
+    let need_q8 = jobs.iter().flatten().any(|(w, _)| uses_q8(w.ty));
+    let permuted = jobs.iter().flatten().any(|(w, _)| {
         matches!(
             w.q,
             Some(QFormat::W4(Packing::Interleaved | Packing::Swizzled))
@@ -289,7 +468,7 @@ pub fn matvec_many_with(
     let n = pool.n_threads();
     let mut parts: [Option<Part>; MAX_JOBS] = Default::default();
     let mut n_tasks = 0;
-    for (slot, (w, out)) in parts.iter_mut().zip(jobs.iter_mut()) {
+    for (slot, (w, out)) in parts.iter_mut().zip(jobs.iter_mut().flatten()) {
         assert_eq!(
             w.cols,
             x.len(),
@@ -317,12 +496,16 @@ pub fn matvec_many_with(
             data: w.data,
             rows: w.rows,
             row_bytes,
+            stride: w.stride,
             chunk,
             banded,
             first_task: n_tasks,
             f: match w.q {
-                Some(f) => crate::quant::cpu::chunk_fn(f, k),
-                None => chunk_fn(w.ty, k),
+                Some(f) => {
+                    assert_eq!(w.stride, row_bytes, "low-bit rows must be adjacent");
+                    PartFn::Low(crate::quant::cpu::chunk_fn(f, k))
+                }
+                None => PartFn::Ggml(chunk_fn(w.ty, k)),
             },
             out: OutPtr(out.as_mut_ptr()),
         });
@@ -340,16 +523,21 @@ pub fn matvec_many_with(
         let r1 = (r0 + p.chunk).min(p.rows);
         let data = if p.banded {
             // From the band's start to the end: the last band is padded past `rows`.
-            &p.data[r0 * p.row_bytes..]
+            &p.data[r0 * p.stride..]
         } else {
-            &p.data[r0 * p.row_bytes..r1 * p.row_bytes]
+            &p.data[r0 * p.stride..(r1 - 1) * p.stride + p.row_bytes]
         };
         // SAFETY: tasks of one part cover disjoint row ranges, parts write distinct `out`
         // slices (borrowed mutably by `jobs` for the whole run), and r1 <= rows = out.len().
         let out = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(r0), r1 - r0) };
         // SAFETY: `chunk_fn` returned this function for a kernel checked above to be supported,
         // `data` is whole rows of `row_bytes`, and `a` covers `cols` values (asserted above).
-        unsafe { (p.f)(data, p.row_bytes, &a, out) };
+        unsafe {
+            match p.f {
+                PartFn::Ggml(f) => f(data, p.row_bytes, p.stride, &a, out),
+                PartFn::Low(f) => f(data, p.row_bytes, &a, out),
+            }
+        };
     });
 }
 
@@ -359,20 +547,40 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 struct Part<'a> {
     data: &'a [u8],
     rows: usize,
     row_bytes: usize,
+    stride: usize,
     chunk: usize,
     banded: bool,
     first_task: usize,
-    f: ChunkFn,
+    f: PartFn,
     out: OutPtr,
 }
 
-/// Computes `out[i]` for the rows of `data` (`out.len()` rows of `row_bytes`). Unsafe: the
-/// kernel's CPU features must be present, and `act` must cover the rows' columns.
-pub(crate) type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
+/// Computes `out[i]` for the rows of `data` (`out.len()` rows of `row_bytes`, row `i` at
+/// `i * stride`). Unsafe: the kernel's CPU features must be present, and `act` must cover the
+/// rows' columns.
+type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, stride: usize, act: &Act, out: &mut [f32]);
+
+/// The low-bit kernels' chunk function (`crate::quant::cpu`): `out.len()` adjacent rows of
+/// `row_bytes` in `data`. Unsafe: the kernel's CPU features must be present, and `act` must
+/// cover the rows' columns.
+pub(crate) type QChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
+
+/// A part's kernel: a GGML kernel over strided rows, or a low-bit one over adjacent rows.
+#[derive(Clone, Copy)]
+enum PartFn {
+    Ggml(ChunkFn),
+    Low(QChunkFn),
+}
 
 fn chunk_fn(ty: GgmlType, k: Kernel) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
@@ -428,9 +636,9 @@ mod scalar {
         fn dot(row: &[u8], a: &Act) -> f32;
     }
 
-    fn chunk<T: RowDot>(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
-        for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
-            *o = T::dot(row, a);
+    fn chunk<T: RowDot>(data: &[u8], row_bytes: usize, stride: usize, a: &Act, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = T::dot(&data[i * stride..][..row_bytes], a);
         }
     }
 
@@ -601,9 +809,15 @@ mod x86 {
     macro_rules! chunk {
         ($name:ident, $dot:ident) => {
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $name(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
-                for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
-                    *o = $dot(row, a);
+            unsafe fn $name(
+                data: &[u8],
+                row_bytes: usize,
+                stride: usize,
+                a: &Act,
+                out: &mut [f32],
+            ) {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = $dot(&data[i * stride..][..row_bytes], a);
                 }
             }
         };
@@ -723,27 +937,33 @@ mod x86 {
 
             /// Four rows at a time (sharing each activation block), then the rest one by one.
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $chunk(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+            unsafe fn $chunk(
+                data: &[u8],
+                row_bytes: usize,
+                stride: usize,
+                a: &Act,
+                out: &mut [f32],
+            ) {
                 let nb = row_bytes / $bytes;
                 debug_assert!(
-                    a.d.len() >= nb && a.s.len() >= nb && data.len() >= out.len() * row_bytes
+                    a.d.len() >= nb
+                        && a.s.len() >= nb
+                        && (out.is_empty() || data.len() >= (out.len() - 1) * stride + row_bytes)
                 );
                 let mut r = 0;
                 while r + 4 <= out.len() {
-                    let base = data.as_ptr().add(r * row_bytes);
+                    let base = data.as_ptr().add(r * stride);
                     let mut acc = [_mm256_setzero_ps(); 4];
                     let mut summs = [0f32; 4];
                     for b in 0..nb {
                         let y = load_qa(a, b);
                         let da = *a.d.get_unchecked(b);
                         for k in 0..4 {
-                            let $p = base.add(k * row_bytes + b * $bytes);
+                            let $p = base.add(k * stride + b * $bytes);
                             // Software prefetch of the same spot in the next group of 4 rows:
                             // the hardware prefetcher alone leaves DRAM streaming latency-bound.
                             // (Past the chunk's end this is a harmless hint, never a load.)
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                $p.wrapping_add(PF_ROWS * row_bytes).cast(),
-                            );
+                            _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(PF_ROWS * stride).cast());
                             let w: __m256i = $w;
                             let xy = if $signed {
                                 mul_sum_i8(w, y)
@@ -762,11 +982,9 @@ mod x86 {
                     }
                     r += 4;
                 }
-                for (o, row) in out[r..]
-                    .iter_mut()
-                    .zip(data[r * row_bytes..].chunks_exact(row_bytes))
-                {
-                    *o = $name(row, a);
+                while r < out.len() {
+                    out[r] = $name(&data[r * stride..][..row_bytes], a);
+                    r += 1;
                 }
             }
         };
@@ -918,10 +1136,12 @@ mod neon {
     unsafe fn chunk<const BYTES: usize, const QS: usize, const MIN: bool, const NIB: bool>(
         data: &[u8],
         row_bytes: usize,
+        stride: usize,
         a: &Act,
         out: &mut [f32],
     ) {
-        for (o, row) in out.iter_mut().zip(data.chunks_exact(row_bytes)) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = &data[i * stride..][..row_bytes];
             let mut acc = 0f32;
             for (b, blk) in row.chunks_exact(BYTES).enumerate() {
                 let p = blk.as_ptr().add(QS);

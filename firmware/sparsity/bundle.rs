@@ -1,0 +1,647 @@
+//! Neuron bundles and the sparse SwiGLU over them.
+//!
+//! A layer's FFN as bundles: for neuron j, gate row j, up row j and down column j stored
+//! together, `stride` bytes per neuron, so computing a subset of neurons touches only their
+//! bundles. Gate and up rows are the model's bytes, unchanged. The down matrix is stored by rows
+//! of `dim` (one row per output), so its column j is gathered at boot and quantized again into
+//! the down tensor's own type; K-quants cannot hold a column of `dim` values (256-value
+//! super-blocks) and no kernel adds them up, so their columns are stored as Q8_0. That
+//! requantization is the one difference between the bundles and the model; the quality report
+//! measures it (oracle at sparsity 0 against dense).
+//!
+//! SwiGLU is a sum over neurons, so the sparse FFN over a set of neurons, in any order, is the
+//! dense FFN restricted to that set (LeanStream paper 3.2.2, item 2); `tests` check it.
+
+use super::{silu, BundleDown, FfnMode, FfnOptions, Score, SparsityError};
+use crate::backend::cpu::axpy::{axpy_rows, axpy_supported};
+use crate::backend::cpu::matvec::{matvec_gather, matvec_rows_many};
+use crate::backend::cpu::{ActScratch, Rows, WorkerPool};
+use crate::boot::{BootError, Carver, Plan};
+use crate::model::ggml::{dequantize_row, f32_to_f16, quantize_row_q8_0, GgmlType, QK};
+use crate::model::TensorRef;
+
+/// One layer's FFN as neuron bundles, in the FFN arena.
+#[derive(Clone, Copy, Debug)]
+pub struct Bundles<'a> {
+    /// Neurons (the FFN's hidden width).
+    pub n: usize,
+    /// Model width: gate and up rows, and down columns, hold `dim` values.
+    pub dim: usize,
+    /// Bytes per bundle.
+    pub stride: usize,
+    /// Gate rows, up rows and down columns, each `n` rows of `dim` values `stride` apart.
+    pub gate: Rows<'a>,
+    pub up: Rows<'a>,
+    pub down: Rows<'a>,
+}
+
+/// The type a bundle stores down columns in. `BundleDown::Model`: the down tensor's own when
+/// a column of `dim` values fits it and the axpy kernels handle it, else Q8_0.
+/// `BundleDown::AtLeast8Bit` (the default): the same, but types under 8 bits become Q8_0, since
+/// quantizing an already 4- or 5-bit column again costs quality (measured in docs/SPARSITY.md).
+pub fn down_column_type(down: GgmlType, dim: usize, how: BundleDown) -> GgmlType {
+    let low_bit = matches!(
+        down,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1
+    );
+    if how == BundleDown::AtLeast8Bit && low_bit {
+        return GgmlType::Q8_0;
+    }
+    if axpy_supported(down) && down.row_bytes(dim).is_some() {
+        down
+    } else {
+        GgmlType::Q8_0
+    }
+}
+
+fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
+    ty.row_bytes(dim).ok_or_else(|| {
+        format!(
+            "{what} rows of {dim} values are not whole {} blocks",
+            ty.name()
+        )
+    })
+}
+
+/// (gate bytes, up bytes, down bytes, stride) of one bundle.
+fn layout(
+    gate: &TensorRef,
+    up: &TensorRef,
+    down: &TensorRef,
+    how: BundleDown,
+) -> Result<(usize, usize, usize, usize), String> {
+    let dim = gate.cols;
+    if up.cols != dim || down.rows != dim || gate.rows != up.rows || down.cols != gate.rows {
+        return Err(format!(
+            "FFN shapes disagree: gate {}x{}, up {}x{}, down {}x{}",
+            gate.rows, gate.cols, up.rows, up.cols, down.rows, down.cols
+        ));
+    }
+    if dim % QK != 0 {
+        return Err(format!(
+            "bundles need a model width that is a multiple of 32, not {dim}"
+        ));
+    }
+    let g = seg_bytes(gate.ty, dim, "gate")?;
+    let u = seg_bytes(up.ty, dim, "up")?;
+    let d = seg_bytes(down_column_type(down.ty, dim, how), dim, "down")?;
+    Ok((g, u, d, (g + u + d).next_multiple_of(16)))
+}
+
+impl<'a> Bundles<'a> {
+    /// Bytes the bundles of one layer take in the FFN arena.
+    pub fn plan(
+        plan: &mut Plan,
+        gate: &TensorRef,
+        up: &TensorRef,
+        down: &TensorRef,
+        how: BundleDown,
+    ) -> Result<(), String> {
+        let (.., stride) = layout(gate, up, down, how)?;
+        plan.add_bytes(stride * gate.rows);
+        Ok(())
+    }
+
+    /// Builds one layer's bundles in the arena: gate and up rows copied, down columns gathered
+    /// and quantized. `Err(Ok(msg))` for a model the bundles cannot hold, `Err(Err(boot))` when
+    /// the arena is short.
+    pub fn build(
+        c: &mut Carver<'a>,
+        gate: &TensorRef,
+        up: &TensorRef,
+        down: &TensorRef,
+        how: BundleDown,
+    ) -> Result<Bundles<'a>, Result<String, BootError>> {
+        let (gb, ub, db, stride) = layout(gate, up, down, how).map_err(Ok)?;
+        let (n, dim) = (gate.rows, gate.cols);
+        let data = c.take::<u8>(stride * n).map_err(Err)?;
+        // The down matrix as f32, [dim][n], to read columns from (boot only).
+        let mut dense = vec![0f32; dim * n];
+        let drb = down.ty.row_bytes(n).expect("validated tensor");
+        for (r, out) in dense.chunks_exact_mut(n).enumerate() {
+            dequantize_row(down.ty, &down.data[r * drb..][..drb], out);
+        }
+        let dty = down_column_type(down.ty, dim, how);
+        let mut col = vec![0f32; dim];
+        for j in 0..n {
+            let b = &mut data[j * stride..][..stride];
+            b[..gb].copy_from_slice(&gate.data[j * gb..][..gb]);
+            b[gb..gb + ub].copy_from_slice(&up.data[j * ub..][..ub]);
+            for (i, v) in col.iter_mut().enumerate() {
+                *v = dense[i * n + j];
+            }
+            quantize_row(dty, &col, &mut b[gb + ub..gb + ub + db]);
+        }
+        let data: &'a [u8] = data;
+        let rows = |ty, off: usize| Rows {
+            ty,
+            q: None,
+            rows: n,
+            cols: dim,
+            stride,
+            data: &data[off..],
+        };
+        Ok(Bundles {
+            n,
+            dim,
+            stride,
+            gate: rows(gate.ty, 0),
+            up: rows(up.ty, gb),
+            down: rows(dty, gb + ub),
+        })
+    }
+
+    /// `out = sum over idx (in that order) of SiLU(gate_j . x) * (up_j . x) * down_j`, the FFN
+    /// restricted to the neurons `idx`. `g` and `h` are scratch of at least `idx.len()`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ffn_subset(
+        &self,
+        pool: &WorkerPool,
+        x: &[f32],
+        idx: &[u32],
+        act: &mut ActScratch,
+        g: &mut [f32],
+        h: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let k = idx.len();
+        matvec_gather(pool, self.gate, idx, x, act, &mut g[..k]);
+        matvec_gather(pool, self.up, idx, x, act, &mut h[..k]);
+        for (hv, gv) in h[..k].iter_mut().zip(&g[..k]) {
+            *hv *= silu(*gv);
+        }
+        axpy_rows(pool, self.down, idx, &h[..k], out);
+    }
+}
+
+/// Quantizes `src` into one row of `ty` (ggml's reference quantizers, bit for bit).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    assert_eq!(
+        Some(dst.len()),
+        ty.row_bytes(src.len()),
+        "quantize_row {}",
+        ty.name()
+    );
+    let f16 = |v: f32| f32_to_f16(v).to_le_bytes();
+    match ty {
+        GgmlType::F32 => {
+            for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f16(*v));
+            }
+        }
+        GgmlType::BF16 => {
+            for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                let u = v.to_bits();
+                let b = if (u & 0x7fff_ffff) > 0x7f80_0000 {
+                    (u >> 16) | 64
+                } else {
+                    (u + (0x7fff + ((u >> 16) & 1))) >> 16
+                };
+                d.copy_from_slice(&(b as u16).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => quantize_row_q8_0(src, dst),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let five = ty == GgmlType::Q5_0;
+            for (x, y) in src
+                .chunks_exact(QK)
+                .zip(dst.chunks_exact_mut(ty.block_bytes()))
+            {
+                let (mut amax, mut max) = (0f32, 0f32);
+                for &v in x {
+                    if v.abs() > amax {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                let d = max / if five { -16.0 } else { -8.0 };
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                y[..2].copy_from_slice(&f16(d));
+                let (off, top) = if five { (16.5, 31) } else { (8.5, 15) };
+                let mut qh = 0u32;
+                let qs = if five { 6 } else { 2 };
+                for j in 0..QK / 2 {
+                    let x0 = ((x[j] * id + off) as i8).min(top) as u8;
+                    let x1 = ((x[QK / 2 + j] * id + off) as i8).min(top) as u8;
+                    y[qs + j] = (x0 & 0xF) | ((x1 & 0xF) << 4);
+                    qh |= (((x0 & 0x10) >> 4) as u32) << j;
+                    qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
+                }
+                if five {
+                    y[2..6].copy_from_slice(&qh.to_le_bytes());
+                }
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            let five = ty == GgmlType::Q5_1;
+            for (x, y) in src
+                .chunks_exact(QK)
+                .zip(dst.chunks_exact_mut(ty.block_bytes()))
+            {
+                let min = x.iter().copied().fold(f32::MAX, f32::min);
+                let max = x.iter().copied().fold(-f32::MAX, f32::max);
+                let d = (max - min) / if five { 31.0 } else { 15.0 };
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                y[..2].copy_from_slice(&f16(d));
+                y[2..4].copy_from_slice(&f16(min));
+                let qs = if five { 8 } else { 4 };
+                let mut qh = 0u32;
+                for j in 0..QK / 2 {
+                    let mut x0 = ((x[j] - min) * id + 0.5) as u8;
+                    let mut x1 = ((x[QK / 2 + j] - min) * id + 0.5) as u8;
+                    if !five {
+                        x0 = x0.min(15);
+                        x1 = x1.min(15);
+                    }
+                    y[qs + j] = (x0 & 0xF) | ((x1 & 0xF) << 4);
+                    qh |= (((x0 & 0x10) >> 4) as u32) << j;
+                    qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
+                }
+                if five {
+                    y[4..8].copy_from_slice(&qh.to_le_bytes());
+                }
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q6_K => panic!("bundles store K-quant columns as Q8_0"),
+    }
+}
+
+/// The sparse FFN's state: its options, per-layer thresholds and per-token buffers, all carved
+/// from the scratch arena at boot.
+pub struct SparseFfn<'a> {
+    mode: FfnMode,
+    score: Score,
+    sparsity: f32,
+    thresholds: &'a mut [f32],
+    g: &'a mut [f32],
+    u: &'a mut [f32],
+    h: &'a mut [f32],
+    mag: &'a mut [f32],
+    idx: &'a mut [u32],
+    /// Neurons kept and neurons seen since the last `take_counts`.
+    kept: u64,
+    seen: u64,
+}
+
+impl<'a> SparseFfn<'a> {
+    /// What `new` carves, for boot's plan of the scratch arena.
+    pub fn plan(plan: &mut Plan, n_layers: usize, hidden: usize) {
+        plan.add::<f32>(n_layers);
+        for _ in 0..4 {
+            plan.add::<f32>(hidden);
+        }
+        plan.add::<u32>(hidden);
+    }
+
+    pub fn new(
+        c: &mut Carver<'a>,
+        n_layers: usize,
+        hidden: usize,
+        opts: &FfnOptions,
+    ) -> Result<SparseFfn<'a>, BootError> {
+        let mut s = SparseFfn {
+            mode: opts.mode,
+            score: opts.score,
+            sparsity: opts.sparsity,
+            thresholds: c.take(n_layers)?,
+            g: c.take(hidden)?,
+            u: c.take(hidden)?,
+            h: c.take(hidden)?,
+            mag: c.take(hidden)?,
+            idx: c.take(hidden)?,
+            kept: 0,
+            seen: 0,
+        };
+        s.set(opts).expect("options checked before boot");
+        Ok(s)
+    }
+
+    /// Switches score, sparsity and thresholds (the mode may move between oracle and topk).
+    pub fn set(&mut self, opts: &FfnOptions) -> Result<(), SparsityError> {
+        opts.check(self.thresholds.len()).map_err(SparsityError)?;
+        if opts.mode == FfnMode::Dense {
+            return Err(SparsityError(
+                "this engine was booted sparse (bundles); boot another for dense".into(),
+            ));
+        }
+        self.mode = opts.mode;
+        self.score = opts.score;
+        self.sparsity = opts.sparsity;
+        match &opts.thresholds {
+            Some(t) => self.thresholds.copy_from_slice(t),
+            None => self.thresholds.fill(0.0),
+        }
+        Ok(())
+    }
+
+    pub fn options(&self) -> (FfnMode, Score, f32) {
+        (self.mode, self.score, self.sparsity)
+    }
+
+    /// (kept, seen) neurons since the last call: the sparsity actually reached is 1 - kept/seen.
+    pub fn take_counts(&mut self) -> (u64, u64) {
+        let c = (self.kept, self.seen);
+        self.kept = 0;
+        self.seen = 0;
+        c
+    }
+
+    /// Layer `l`'s FFN over the neurons this token needs: `x` is the FFN input on entry and the
+    /// FFN output on return.
+    pub fn forward(
+        &mut self,
+        l: usize,
+        b: &Bundles,
+        pool: &WorkerPool,
+        x: &mut [f32],
+        act: &mut ActScratch,
+    ) {
+        let n = b.n;
+        let (g, u, h, mag) = (
+            &mut self.g[..n],
+            &mut self.u[..n],
+            &mut self.h[..n],
+            &mut self.mag[..n],
+        );
+        // Score every neuron: SiLU(gate) (and, for the glu score, its activation with up).
+        match self.score {
+            Score::Glu => matvec_rows_many(pool, &mut [(b.gate, &mut *g), (b.up, &mut *u)], x, act),
+            Score::Gate => matvec_rows_many(pool, &mut [(b.gate, &mut *g)], x, act),
+        }
+        for j in 0..n {
+            g[j] = silu(g[j]);
+            mag[j] = match self.score {
+                Score::Glu => {
+                    u[j] *= g[j];
+                    u[j].abs()
+                }
+                Score::Gate => g[j].abs(),
+            };
+        }
+        // Choose the neurons, in ascending order.
+        let k = match self.mode {
+            FfnMode::Oracle => keep_at_least(mag, self.thresholds[l], self.idx),
+            _ => {
+                let keep = n - ((self.sparsity as f64 * n as f64).round() as usize).min(n - 1);
+                keep_top(mag, keep, h, self.idx)
+            }
+        };
+        self.kept += k as u64;
+        self.seen += n as u64;
+        let idx = &self.idx[..k];
+        // Their activations: up for the kept neurons only with the gate score.
+        match self.score {
+            Score::Glu => {
+                for (hv, &j) in h[..k].iter_mut().zip(idx) {
+                    *hv = u[j as usize];
+                }
+            }
+            Score::Gate => {
+                matvec_gather(pool, b.up, idx, x, act, &mut u[..k]);
+                for ((hv, uv), &j) in h[..k].iter_mut().zip(&u[..k]).zip(idx) {
+                    *hv = g[j as usize] * uv;
+                }
+            }
+        }
+        axpy_rows(pool, b.down, idx, &h[..k], x);
+    }
+}
+
+/// Indices j with `mag[j] >= t`, ascending, into `idx`; returns how many.
+fn keep_at_least(mag: &[f32], t: f32, idx: &mut [u32]) -> usize {
+    let mut k = 0;
+    for (j, &m) in mag.iter().enumerate() {
+        if m >= t {
+            idx[k] = j as u32;
+            k += 1;
+        }
+    }
+    k
+}
+
+/// The `keep` indices with the largest `mag` (ties to the lower index), ascending, into `idx`;
+/// `tmp` is scratch of `mag.len()`. Returns `keep`.
+fn keep_top(mag: &[f32], keep: usize, tmp: &mut [f32], idx: &mut [u32]) -> usize {
+    let n = mag.len();
+    if keep >= n {
+        for (j, v) in idx[..n].iter_mut().enumerate() {
+            *v = j as u32;
+        }
+        return n;
+    }
+    let tmp = &mut tmp[..n];
+    tmp.copy_from_slice(mag);
+    // The keep-th largest value: everything above it is kept, then ties in index order.
+    let (_, kth, _) = tmp.select_nth_unstable_by(n - keep, |a, b| a.total_cmp(b));
+    let kth = *kth;
+    let above = mag.iter().filter(|m| m.total_cmp(&kth).is_gt()).count();
+    let mut ties = keep - above;
+    let mut k = 0;
+    for (j, m) in mag.iter().enumerate() {
+        let o = m.total_cmp(&kth);
+        if o.is_gt() || (o.is_eq() && ties > 0) {
+            if o.is_eq() {
+                ties -= 1;
+            }
+            idx[k] = j as u32;
+            k += 1;
+        }
+    }
+    debug_assert_eq!(k, keep);
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boot::{Arena, ArenaKind};
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 33) % n as u64) as usize
+        }
+    }
+
+    fn tensor(ty: GgmlType, rows: usize, cols: usize, vals: &[f32]) -> Vec<u8> {
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut out = vec![0u8; rows * rb];
+        for (r, o) in out.chunks_exact_mut(rb).enumerate() {
+            quantize_row(ty, &vals[r * cols..][..cols], o);
+        }
+        out
+    }
+
+    fn dequant(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<f32> {
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut out = vec![0f32; rows * cols];
+        for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(ty, &data[r * rb..][..rb], o);
+        }
+        out
+    }
+
+    /// The sparse FFN over a random set of neurons, in a random order, equals the dense FFN
+    /// restricted to that set, for f32 weights (exact bundles) and Q8_0/Q4_1 ones.
+    #[test]
+    fn subset_in_any_order_equals_dense_restricted() {
+        let (dim, n) = (64, 96);
+        let pool = WorkerPool::new(2);
+        let mut act = ActScratch::new(n.max(dim));
+        for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_1] {
+            let mut rng = Rng(ty as u64 + 11);
+            let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
+            let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
+            let (gd, ud, dd) = (
+                tensor(ty, n, dim, &gv),
+                tensor(ty, n, dim, &uv),
+                tensor(ty, dim, n, &dv),
+            );
+            let gt = TensorRef {
+                ty,
+                rows: n,
+                cols: dim,
+                data: &gd,
+            };
+            let ut = TensorRef {
+                ty,
+                rows: n,
+                cols: dim,
+                data: &ud,
+            };
+            let dt = TensorRef {
+                ty,
+                rows: dim,
+                cols: n,
+                data: &dd,
+            };
+            let mut arena = Arena::map(ArenaKind::FfnCache, 1 << 20).unwrap();
+            let mut c = arena.carver();
+            let b = Bundles::build(&mut c, &gt, &ut, &dt, BundleDown::Model).unwrap();
+            assert_eq!(b.down.ty, ty);
+            // Dense weights as the model holds them (dequantized), and the bundles' own down.
+            let (gw, uw, dw) = (
+                dequant(ty, n, dim, &gd),
+                dequant(ty, n, dim, &ud),
+                dequant(ty, dim, n, &dd),
+            );
+            let mut x = vec![0f32; dim];
+            let mut rng = Rng(99);
+            for v in x.iter_mut() {
+                *v = rng.f();
+            }
+            for trial in 0..6 {
+                // A random subset (sometimes all of them), shuffled.
+                let mut set: Vec<u32> = (0..n as u32)
+                    .filter(|_| trial == 0 || rng.f() > 0.0)
+                    .collect();
+                for i in (1..set.len()).rev() {
+                    set.swap(i, rng.below(i + 1));
+                }
+                let mut want = vec![0f64; dim];
+                let mut want_bundle = vec![0f64; dim];
+                let mut col = vec![0f32; dim];
+                for &j in &set {
+                    let j = j as usize;
+                    let dot = |w: &[f32]| {
+                        w[j * dim..][..dim]
+                            .iter()
+                            .zip(&x)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                    };
+                    let hj = silu(dot(&gw) as f32) as f64 * dot(&uw);
+                    dequantize_row(b.down.ty, b.down.row(j), &mut col);
+                    for i in 0..dim {
+                        want[i] += hj * dw[i * n + j] as f64;
+                        want_bundle[i] += hj * col[i] as f64;
+                    }
+                }
+                let mut out = vec![7f32; dim];
+                let (mut g, mut h) = (vec![0f32; n], vec![0f32; n]);
+                b.ffn_subset(&pool, &x, &set, &mut act, &mut g, &mut h, &mut out);
+                // Another order of the same set gives the same sum.
+                let mut rev = set.clone();
+                rev.reverse();
+                let mut out2 = vec![0f32; dim];
+                b.ffn_subset(&pool, &x, &rev, &mut act, &mut g, &mut h, &mut out2);
+                let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
+                // Float weights: exact up to rounding. Quantized ones: the int8 activations
+                // (as in the dense kernels) and, for Q4_1, the requantized down columns.
+                let (tol, tol_model) = match ty {
+                    GgmlType::F32 => (1e-5, 1e-5),
+                    GgmlType::Q8_0 => (2e-2, 3e-2),
+                    _ => (2e-2, 0.15),
+                };
+                for i in 0..dim {
+                    let (o, o2) = (out[i] as f64, out2[i] as f64);
+                    assert!(
+                        (o - o2).abs() <= 1e-5 * scale,
+                        "{ty:?} order changes the sum: {o} vs {o2}"
+                    );
+                    assert!(
+                        (o - want_bundle[i]).abs() <= tol * scale,
+                        "{ty:?} trial {trial} [{i}]: {o} vs {}",
+                        want_bundle[i]
+                    );
+                    assert!(
+                        (o - want[i]).abs() <= tol_model * scale,
+                        "{ty:?} trial {trial} [{i}]: {o} vs model {}",
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keep_top_keeps_the_largest_and_breaks_ties_by_index() {
+        let mag = [0.5, 0.1, 0.9, 0.5, 0.5, 0.0];
+        let mut tmp = [0f32; 6];
+        let mut idx = [0u32; 6];
+        assert_eq!(keep_top(&mag, 3, &mut tmp, &mut idx), 3);
+        assert_eq!(&idx[..3], &[0, 2, 3]);
+        assert_eq!(keep_top(&mag, 6, &mut tmp, &mut idx), 6);
+        assert_eq!(keep_at_least(&mag, 0.5, &mut idx), 4);
+        assert_eq!(&idx[..4], &[0, 2, 3, 4]);
+    }
+
+    #[test]
+    fn quantizers_round_trip_within_their_step() {
+        let mut rng = Rng(5);
+        let x: Vec<f32> = (0..64).map(|_| rng.f()).collect();
+        for (ty, step) in [
+            (GgmlType::Q8_0, 1.0 / 127.0),
+            (GgmlType::Q4_0, 2.0 / 8.0),
+            (GgmlType::Q4_1, 2.0 / 15.0),
+            (GgmlType::Q5_0, 2.0 / 16.0),
+            (GgmlType::Q5_1, 2.0 / 31.0),
+            (GgmlType::F16, 1e-3),
+            (GgmlType::BF16, 1e-2),
+        ] {
+            let mut q = vec![0u8; ty.row_bytes(64).unwrap()];
+            quantize_row(ty, &x, &mut q);
+            let mut y = vec![0f32; 64];
+            dequantize_row(ty, &q, &mut y);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= step * 0.51 + 1e-6, "{ty:?}: {a} -> {b}");
+            }
+        }
+    }
+}

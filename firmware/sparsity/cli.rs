@@ -1,0 +1,114 @@
+//! The sparsity options shared by `leanstream` (generate, perplexity, bench) and `leanstreamd`.
+
+use super::thresholds::{default_path, ThresholdTable};
+use super::{check_sparsity, BundleDown, FfnMode, FfnOptions, Score};
+use crate::model::ModelFile;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Clone, Debug)]
+pub struct SparsityArgs {
+    /// FFN mode: dense (every neuron), oracle (neurons at or over the calibrated threshold), or
+    /// topk (the 1-S largest per token). perplexity and bench take a comma-separated list.
+    #[arg(long, default_value = "dense")]
+    pub ffn: String,
+    /// Fraction S of FFN neurons dropped, in [0, 1) (sparse modes). perplexity and bench take
+    /// a comma-separated list.
+    #[arg(long, default_value = "0.5")]
+    pub sparsity: String,
+    /// What ranks neurons: glu = |SiLU(gate) * up|, gate = |SiLU(gate)| (CATS; up only for kept
+    /// neurons). perplexity and bench take a comma-separated list.
+    #[arg(long, default_value = "glu")]
+    pub score: String,
+    /// Thresholds table for oracle mode (default: tables/<model file stem>.thresh, made by
+    /// `leanstream calibrate`).
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Precision of the bundles' down columns: q8 (Q8_0 when the model's down matrix has fewer
+    /// than 8 bits) or model (the model's own type: quantizes 4/5-bit columns a second time).
+    #[arg(long, default_value = "q8")]
+    pub bundle_down: String,
+}
+
+fn list<T>(
+    s: &str,
+    what: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(|p| parse(p.trim()))
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err(format!("no {what} given"));
+    }
+    Ok(v)
+}
+
+impl SparsityArgs {
+    /// Every configuration the lists name: each mode, and for sparse modes each score and
+    /// sparsity (dense once). Thresholds are read only when a mode needs them.
+    pub fn configs(&self, model_path: &Path, model: &ModelFile) -> Result<Vec<FfnOptions>, String> {
+        let modes = list(&self.ffn, "--ffn mode", |s| s.parse::<FfnMode>())?;
+        let scores = list(&self.score, "--score", |s| s.parse::<Score>())?;
+        let sparsities = list(&self.sparsity, "--sparsity", |s| {
+            let v: f32 = s
+                .parse()
+                .map_err(|_| format!("sparsity '{s}' is not a number"))?;
+            check_sparsity(v)?;
+            Ok(v)
+        })?;
+        let bundle_down: BundleDown = self.bundle_down.parse()?;
+        let mut table: Option<ThresholdTable> = None;
+        let mut out = Vec::new();
+        for mode in modes {
+            if mode == FfnMode::Dense {
+                out.push(FfnOptions::default());
+                continue;
+            }
+            for &score in &scores {
+                for &sparsity in &sparsities {
+                    let thresholds = if mode == FfnMode::Oracle {
+                        if table.is_none() {
+                            let path = self
+                                .thresholds
+                                .clone()
+                                .unwrap_or_else(|| default_path(model_path));
+                            if !path.is_file() {
+                                return Err(format!(
+                                    "oracle mode needs thresholds: {} not found (run leanstream calibrate --model {} --file TEXT --sparsity {sparsity}, or give --thresholds)",
+                                    path.display(),
+                                    model_path.display()
+                                ));
+                            }
+                            table = Some(ThresholdTable::load(&path, model)?);
+                        }
+                        Some(table.as_ref().unwrap().thresholds(sparsity, score)?)
+                    } else {
+                        None
+                    };
+                    out.push(FfnOptions {
+                        mode,
+                        score,
+                        sparsity,
+                        thresholds,
+                        bundle_down,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Exactly one configuration (generate, the daemon).
+    pub fn single(&self, model_path: &Path, model: &ModelFile) -> Result<FfnOptions, String> {
+        let mut c = self.configs(model_path, model)?;
+        if c.len() != 1 {
+            return Err(format!(
+                "give one --ffn, --score and --sparsity here ({} configurations named)",
+                c.len()
+            ));
+        }
+        Ok(c.pop().unwrap())
+    }
+}

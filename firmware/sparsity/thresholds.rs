@@ -1,0 +1,268 @@
+//! Calibrated thresholds: for each layer, the value of |SiLU(gate) * up| (score `glu`) or
+//! |SiLU(gate)| (score `gate`, as in CATS) under which a fraction S of the layer's neurons fall,
+//! on average over the calibration tokens. `leanstream calibrate` runs the dense model over a
+//! text, fills one histogram per layer and score, and writes every asked-for S into one table
+//! file (kind "thresh", postcard, format version, model identity, checksum: `crate::tables`).
+//!
+//! Histograms: 65,536 bins over the bit pattern of the magnitude (sign dropped, low 15 bits of
+//! the mantissa dropped), so each bin spans 2^-8 of its value; the threshold is interpolated
+//! linearly inside the bin where the count crosses S. S = 0 gives threshold 0 (every neuron).
+
+use super::Score;
+use crate::engine::Engine;
+use crate::model::ModelFile;
+use crate::tables;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const KIND: &str = "thresh";
+pub const VERSION: u32 = 1;
+
+/// The thresholds of every calibrated sparsity for one model.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ThresholdTable {
+    pub n_layers: u32,
+    pub hidden: u32,
+    /// What the thresholds were calibrated on (file, tokens skipped, tokens used, window).
+    pub calibration: String,
+    pub tokens: u64,
+    pub levels: Vec<ThresholdLevel>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ThresholdLevel {
+    pub sparsity: f32,
+    /// Per layer, on |SiLU(gate) * up|.
+    pub glu: Vec<f32>,
+    /// Per layer, on |SiLU(gate)|.
+    pub gate: Vec<f32>,
+}
+
+/// `tables/<model file stem>.thresh`: where `calibrate` writes and the other commands look.
+pub fn default_path(model: &Path) -> PathBuf {
+    let stem = model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    PathBuf::from("tables").join(format!("{stem}.thresh"))
+}
+
+impl ThresholdTable {
+    pub fn save(&self, path: &Path, model: &ModelFile) -> Result<(), String> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        tables::write(path, KIND, VERSION, tables::model_identity(model), self)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Loads a table made for `model`; another model's table, or a damaged one, is refused.
+    pub fn load(path: &Path, model: &ModelFile) -> Result<ThresholdTable, String> {
+        let t: ThresholdTable = tables::read(path, KIND, VERSION, tables::model_identity(model))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let h = model.hyper().map_err(|e| e.to_string())?;
+        let bad = t.n_layers as usize != h.n_layers
+            || t.hidden as usize != h.hidden_dim
+            || t.levels
+                .iter()
+                .any(|l| l.glu.len() != h.n_layers || l.gate.len() != h.n_layers);
+        if bad {
+            return Err(format!(
+                "{}: thresholds do not match the model's {} layers of {} neurons",
+                path.display(),
+                h.n_layers,
+                h.hidden_dim
+            ));
+        }
+        Ok(t)
+    }
+
+    /// The per-layer thresholds for `score` at `sparsity` (calibrated to within 1e-4).
+    pub fn thresholds(&self, sparsity: f32, score: Score) -> Result<Vec<f32>, String> {
+        let l = self
+            .levels
+            .iter()
+            .find(|l| (l.sparsity - sparsity).abs() < 1e-4)
+            .ok_or_else(|| {
+                let have: Vec<String> =
+                    self.levels.iter().map(|l| format!("{}", l.sparsity)).collect();
+                format!(
+                    "no thresholds for sparsity {sparsity} (the table has {}): run leanstream calibrate --sparsity {sparsity}",
+                    have.join(", ")
+                )
+            })?;
+        Ok(match score {
+            Score::Glu => l.glu.clone(),
+            Score::Gate => l.gate.clone(),
+        })
+    }
+}
+
+/// Runs `tokens` through `engine` (booted dense with a tap) in windows of `ctx`, as
+/// perplexity does, and returns the magnitude histograms of both scores for every layer.
+pub fn calibrate(
+    engine: &mut Engine,
+    tokens: &[u32],
+    ctx: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Histograms, String> {
+    if engine.tap().is_none() {
+        return Err("calibration needs an engine booted dense with a tap".into());
+    }
+    if ctx == 0 || ctx > engine.context {
+        return Err(format!(
+            "window {ctx} does not fit the engine's context {}",
+            engine.context
+        ));
+    }
+    let (n_layers, hidden) = (engine.hyper.n_layers, engine.hyper.hidden_dim);
+    let mut hist = Histograms::new(n_layers);
+    for (i, &t) in tokens.iter().enumerate() {
+        engine.forward(t, i % ctx);
+        let tap = engine.tap().expect("checked above");
+        for l in 0..n_layers {
+            hist.add(l, Score::Glu, &tap.neuron_act[l * hidden..][..hidden]);
+            hist.add(l, Score::Gate, &tap.gate_act[l * hidden..][..hidden]);
+        }
+        progress(i + 1);
+    }
+    Ok(hist)
+}
+
+const BINS: usize = 1 << 16;
+const SHIFT: u32 = 15;
+
+/// Magnitude histograms, one per layer and score.
+pub struct Histograms {
+    pub n_layers: usize,
+    counts: Vec<u64>,
+    totals: Vec<u64>,
+}
+
+impl Histograms {
+    pub fn new(n_layers: usize) -> Histograms {
+        Histograms {
+            n_layers,
+            counts: vec![0; n_layers * 2 * BINS],
+            totals: vec![0; n_layers * 2],
+        }
+    }
+
+    fn slot(&self, l: usize, score: Score) -> usize {
+        assert!(l < self.n_layers);
+        l * 2 + score as usize
+    }
+
+    /// Adds |v| for every value of one token's layer `l`.
+    pub fn add(&mut self, l: usize, score: Score, values: &[f32]) {
+        let s = self.slot(l, score);
+        let bins = &mut self.counts[s * BINS..][..BINS];
+        for v in values {
+            let bits = v.abs().to_bits();
+            bins[((bits >> SHIFT) as usize).min(BINS - 1)] += 1;
+        }
+        self.totals[s] += values.len() as u64;
+    }
+
+    /// The threshold under which a fraction `sparsity` of layer `l`'s values fall.
+    pub fn threshold(&self, l: usize, score: Score, sparsity: f32) -> f32 {
+        let s = self.slot(l, score);
+        if sparsity <= 0.0 || self.totals[s] == 0 {
+            return 0.0;
+        }
+        let bins = &self.counts[s * BINS..][..BINS];
+        let target = sparsity as f64 * self.totals[s] as f64;
+        let mut below = 0f64;
+        for (b, &c) in bins.iter().enumerate() {
+            if c > 0 && below + c as f64 > target {
+                let lo = f32::from_bits((b as u32) << SHIFT) as f64;
+                let hi = f32::from_bits(((b as u32) + 1) << SHIFT) as f64;
+                return (lo + (hi - lo) * (target - below) / c as f64) as f32;
+            }
+            below += c as f64;
+        }
+        f32::MAX
+    }
+
+    /// The fraction of layer `l`'s values under `t` (exact at bin edges, interpolated inside).
+    pub fn fraction_below(&self, l: usize, score: Score, t: f32) -> f64 {
+        let s = self.slot(l, score);
+        let bins = &self.counts[s * BINS..][..BINS];
+        let tb = t.to_bits();
+        let b = ((tb >> SHIFT) as usize).min(BINS - 1);
+        let below: u64 = bins[..b].iter().sum();
+        let lo = f32::from_bits((b as u32) << SHIFT) as f64;
+        let hi = f32::from_bits(((b as u32) + 1) << SHIFT) as f64;
+        let part = if hi > lo {
+            (t as f64 - lo) / (hi - lo)
+        } else {
+            0.0
+        };
+        (below as f64 + part * bins[b] as f64) / self.totals[s].max(1) as f64
+    }
+
+    /// A table level for `sparsity`.
+    pub fn level(&self, sparsity: f32) -> ThresholdLevel {
+        ThresholdLevel {
+            sparsity,
+            glu: (0..self.n_layers)
+                .map(|l| self.threshold(l, Score::Glu, sparsity))
+                .collect(),
+            gate: (0..self.n_layers)
+                .map(|l| self.threshold(l, Score::Gate, sparsity))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_split_the_values_at_the_asked_fraction() {
+        let mut h = Histograms::new(2);
+        // Layer 0: 0.001, 0.002, ..., 10.0 (10,000 values spread over many octaves).
+        let vals: Vec<f32> = (1..=10_000).map(|i| i as f32 * 0.001).collect();
+        h.add(0, Score::Glu, &vals);
+        h.add(1, Score::Gate, &[-1.0, 2.0, -3.0, 4.0]);
+        for s in [0.3f32, 0.5, 0.8, 0.9] {
+            let t = h.threshold(0, Score::Glu, s);
+            let below = vals.iter().filter(|&&v| v < t).count() as f32 / vals.len() as f32;
+            assert!(
+                (below - s).abs() < 0.002,
+                "s {s}: threshold {t} leaves {below} below"
+            );
+            assert!((h.fraction_below(0, Score::Glu, t) - s as f64).abs() < 1e-3);
+        }
+        assert_eq!(h.threshold(0, Score::Glu, 0.0), 0.0);
+        // Signs are dropped: half of |-1, 2, -3, 4| lies under a threshold between 2 and 3.
+        let t = h.threshold(1, Score::Gate, 0.5);
+        assert!((2.0..=3.0).contains(&t), "{t}");
+        // An empty histogram keeps everything.
+        assert_eq!(h.threshold(1, Score::Glu, 0.5), 0.0);
+        let level = h.level(0.5);
+        assert_eq!((level.glu.len(), level.gate.len()), (2, 2));
+    }
+
+    #[test]
+    fn missing_levels_are_named() {
+        let t = ThresholdTable {
+            n_layers: 1,
+            hidden: 4,
+            calibration: String::new(),
+            tokens: 0,
+            levels: vec![ThresholdLevel {
+                sparsity: 0.5,
+                glu: vec![0.1],
+                gate: vec![0.2],
+            }],
+        };
+        assert_eq!(t.thresholds(0.5, Score::Gate).unwrap(), vec![0.2]);
+        let e = t.thresholds(0.7, Score::Glu).unwrap_err();
+        assert!(
+            e.contains("sparsity 0.7") && e.contains("0.5") && e.contains("calibrate"),
+            "{e}"
+        );
+    }
+}
