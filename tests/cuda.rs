@@ -9,6 +9,7 @@ use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::engine::ptx_for;
 use leanstream::backend::cuda::flags::Flags;
 use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions};
+use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
 use leanstream::engine::sample::argmax;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
@@ -24,32 +25,50 @@ fn gpu_or_skip() -> Option<Gpu> {
     Some(Gpu::open(0).expect("GPU opens"))
 }
 
-/// A kernel waits on flags the host sets later; it answers each, and the host sees every
-/// answer. Prints the round-trip latency (host set -> kernel reply seen by the host).
-#[test]
-fn kernel_waits_for_host_flags_and_answers() {
-    let Some(gpu) = gpu_or_skip() else { return };
+/// The flags a `flag_echo` kernel works on: what the host sets, what the kernel answers, and
+/// the kernel's error word.
+struct EchoFlags {
+    host: Flags,
+    reply: Flags,
+    error: Flags,
+}
+
+/// Launches `flag_echo` over `n` fresh flags (one thread each), waiting at most `timeout_ns`.
+/// `before` may set flags ahead of the launch.
+fn launch_echo(gpu: &Gpu, n: usize, timeout_ns: u64, before: impl FnOnce(&Flags)) -> EchoFlags {
     let m = gpu
         .load_module(ptx_for("flags", gpu.compute_capability).unwrap())
         .unwrap();
     let echo = m.function("flag_echo").unwrap();
-    let n = 64;
-    let host = Flags::new(&gpu, n).unwrap();
-    let reply = Flags::new(&gpu, n).unwrap();
-    let error = Flags::new(&gpu, 1).unwrap();
+    let f = EchoFlags {
+        host: Flags::new(gpu, n).unwrap(),
+        reply: Flags::new(gpu, n).unwrap(),
+        error: Flags::new(gpu, 1).unwrap(),
+    };
+    before(&f.host);
     gpu.launch(
         echo,
         1,
         n as u32,
         KernelArgs::default()
-            .ptr(host.device_ptr())
-            .ptr(reply.device_ptr())
+            .ptr(f.host.device_ptr())
+            .ptr(f.reply.device_ptr())
             .i32(n as i32)
             .i32(1)
-            .u64(5_000_000_000)
-            .ptr(error.device_ptr()),
+            .u64(timeout_ns)
+            .ptr(f.error.device_ptr()),
     )
     .unwrap();
+    f
+}
+
+/// A kernel waits on flags the host sets later; it answers each, and the host sees every
+/// answer. Prints the round-trip latency (host set -> kernel reply seen by the host).
+#[test]
+fn kernel_waits_for_host_flags_and_answers() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let n = 64;
+    let EchoFlags { host, reply, error } = launch_echo(&gpu, n, 5_000_000_000, |_| {});
     // The kernel is spinning now; the host sets the flags one by one, later.
     std::thread::sleep(Duration::from_millis(50));
     let mut rtt = Vec::new();
@@ -76,29 +95,10 @@ fn kernel_waits_for_host_flags_and_answers() {
 #[test]
 fn kernel_gives_up_on_flags_never_set() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let m = gpu
-        .load_module(ptx_for("flags", gpu.compute_capability).unwrap())
-        .unwrap();
-    let echo = m.function("flag_echo").unwrap();
     let n = 32;
-    let host = Flags::new(&gpu, n).unwrap();
-    let reply = Flags::new(&gpu, n).unwrap();
-    let error = Flags::new(&gpu, 1).unwrap();
-    host.set(3, 1); // one flag is set: only that one is answered
     let t = Instant::now();
-    gpu.launch(
-        echo,
-        1,
-        n as u32,
-        KernelArgs::default()
-            .ptr(host.device_ptr())
-            .ptr(reply.device_ptr())
-            .i32(n as i32)
-            .i32(1)
-            .u64(20_000_000) // 20 ms
-            .ptr(error.device_ptr()),
-    )
-    .unwrap();
+    // One flag is set before the launch: only that one is answered. 20 ms bound.
+    let EchoFlags { reply, error, .. } = launch_echo(&gpu, n, 20_000_000, |host| host.set(3, 1));
     gpu.sync().unwrap();
     let took = t.elapsed();
     let e = error.get(0);
@@ -117,15 +117,6 @@ fn kernel_gives_up_on_flags_never_set() {
         took.as_secs_f64() * 1e3,
         e - 1
     );
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut n) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        d += ((x - y) as f64).powi(2);
-        n += (*y as f64).powi(2);
-    }
-    (d / n.max(1e-30)).sqrt()
 }
 
 /// Logits of `prompt` and the 64 greedy tokens after it.

@@ -120,7 +120,8 @@ fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
     (median(prefill), median(decode))
 }
 
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+/// L2 relative error of `a` against the reference `b`.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let (mut d, mut n) = (0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
         d += ((x - y) as f64).powi(2);
@@ -152,11 +153,11 @@ pub fn run(
             packing: c.packing,
             ..EngineOptions::default()
         };
+        // f16 weights follow the precision (AnyEngine::boot).
         let cuda = CudaOptions {
             memory: c.memory,
             graph: c.graph,
-            context: 0,
-            f16_weights: c.precision == crate::quant::Precision::F16,
+            ..CudaOptions::default()
         };
         let mut row = Row {
             label: c.label(),
@@ -170,15 +171,6 @@ pub fn run(
             gen_tokens: s.gen_tokens,
             ..Row::default()
         };
-        use crate::quant::Precision;
-        if c.backend == Backend::Cuda && !matches!(c.precision, Precision::Native | Precision::F16)
-        {
-            return Err(format!(
-                "{}: precision {} on the CUDA backend: bench a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file at native precision",
-                c.label(),
-                c.precision
-            ));
-        }
         let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
         let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts.clone(), cuda)
             .map_err(|e| format!("{}: {e}", c.label()))?;

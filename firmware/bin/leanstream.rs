@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use leanstream::backend::cuda::CudaOptions;
 use leanstream::board::MemoryModel;
-use leanstream::engine::any::{AnyEngine, Backend};
+use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
@@ -464,14 +464,6 @@ fn cuda_options(m: &ModelArgs) -> Result<CudaOptions, String> {
     Ok(o)
 }
 
-fn parse_memory(s: &str) -> Result<MemoryModel, String> {
-    match s {
-        "unified" => Ok(MemoryModel::Unified),
-        "discrete" => Ok(MemoryModel::Discrete),
-        _ => Err(format!("unknown memory model '{s}' (unified or discrete)")),
-    }
-}
-
 fn boot<'a>(
     arenas: &'a mut Arenas,
     file: &ModelFile,
@@ -492,18 +484,7 @@ fn boot_with<'a>(
     report: bool,
 ) -> Result<AnyEngine<'a>, String> {
     let backend = Backend::parse(&m.backend)?;
-    let mut cuda = cuda_options(m)?;
-    if backend == Backend::Cuda {
-        match low.precision {
-            Precision::Native => {}
-            Precision::F16 => cuda.f16_weights = true,
-            p => {
-                return Err(format!(
-                    "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is (--precision native); requantizing at load is CPU-only for now"
-                ))
-            }
-        }
-    }
+    let cuda = cuda_options(m)?;
     let e =
         AnyEngine::boot(arenas, file, backend, options(m, low, file, ffn)?, cuda).map_err(|e| {
             match e {

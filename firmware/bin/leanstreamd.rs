@@ -4,8 +4,7 @@
 use clap::Parser;
 use leanstream::backend::cuda::CudaOptions;
 use leanstream::board;
-use leanstream::board::MemoryModel;
-use leanstream::engine::any::{AnyEngine, Backend};
+use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, EngineOptions};
@@ -135,22 +134,8 @@ fn run(args: Args) -> Result<(), String> {
     opts.kv_policy = leanstream::kv::policy_from(&file, args.kv_cost.as_deref(), &args.kv_layout)?;
     let backend = Backend::parse(&args.backend)?;
     let mut cuda = CudaOptions::default();
-    match args.memory.as_deref() {
-        None => {}
-        Some("unified") => cuda.memory = MemoryModel::Unified,
-        Some("discrete") => cuda.memory = MemoryModel::Discrete,
-        Some(m) => return Err(format!("unknown memory model '{m}' (unified or discrete)")),
-    }
-    if backend == Backend::Cuda {
-        match args.precision {
-            Precision::Native => {}
-            Precision::F16 => cuda.f16_weights = true,
-            p => {
-                return Err(format!(
-                    "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is; requantizing at load is CPU-only for now"
-                ))
-            }
-        }
+    if let Some(m) = args.memory.as_deref() {
+        cuda.memory = parse_memory(m)?;
     }
     let ffn_label = opts.ffn.label();
     let mut engine =

@@ -2,7 +2,9 @@
 
 use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use crate::backend::cuda::{CudaEngine, CudaOptions};
+use crate::board::MemoryModel;
 use crate::model::ModelFile;
+use crate::quant::Precision;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -26,6 +28,15 @@ impl Backend {
     }
 }
 
+/// `--memory unified|discrete` for the CUDA backend.
+pub fn parse_memory(s: &str) -> Result<MemoryModel, String> {
+    match s {
+        "unified" => Ok(MemoryModel::Unified),
+        "discrete" => Ok(MemoryModel::Discrete),
+        _ => Err(format!("unknown memory model '{s}' (unified or discrete)")),
+    }
+}
+
 /// One per process, alive for the whole run: the size difference of the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum AnyEngine<'a> {
@@ -34,8 +45,9 @@ pub enum AnyEngine<'a> {
 }
 
 impl<'a> AnyEngine<'a> {
-    /// Boots `model` on `backend`. For CUDA, a sparse FFN (`cpu.ffn`), or a machine without a
-    /// GPU or driver, is refused with one sentence before anything is placed.
+    /// Boots `model` on `backend`. For CUDA, `cpu.precision` f16 converts the weights; w8a8,
+    /// w4a8, a sparse FFN (`cpu.ffn`), or a machine without a GPU or driver, is refused with one
+    /// sentence before anything is placed.
     pub fn boot(
         arenas: &'a mut Arenas,
         model: &ModelFile,
@@ -51,9 +63,17 @@ impl<'a> AnyEngine<'a> {
                         "the sparse FFN runs on the CPU backend only for now".into(),
                     ));
                 }
+                let f16_weights = match cpu.precision {
+                    Precision::Native => false,
+                    Precision::F16 => true,
+                    p => return Err(EngineError::Options(format!(
+                        "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is (--precision native); requantizing at load is CPU-only for now"
+                    ))),
+                };
                 crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
                 let cuda = CudaOptions {
                     context: cpu.context,
+                    f16_weights,
                     ..cuda
                 };
                 AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?)
