@@ -4,6 +4,7 @@
 
 mod common;
 
+use leanstream::backend::cpu::axpy::partials_len;
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
@@ -235,10 +236,29 @@ fn smollm2_bundles_equal_dense_restricted() {
             }
         }
         let (mut g, mut h, mut out) = (vec![0f32; n], vec![0f32; n], vec![0f32; dim]);
-        b.ffn_subset(&pool, &x, &set, &mut act, &mut g, &mut h, &mut out);
+        let mut partials = vec![0f32; partials_len(n, dim)];
+        b.ffn_subset(
+            &pool,
+            &x,
+            &set,
+            &mut act,
+            &mut g,
+            &mut h,
+            &mut partials,
+            &mut out,
+        );
         let mut out_rev = vec![0f32; dim];
         set.reverse();
-        b.ffn_subset(&pool, &x, &set, &mut act, &mut g, &mut h, &mut out_rev);
+        b.ffn_subset(
+            &pool,
+            &x,
+            &set,
+            &mut act,
+            &mut g,
+            &mut h,
+            &mut partials,
+            &mut out_rev,
+        );
         let norm = want.iter().map(|v| v * v).sum::<f64>().sqrt();
         let err = out
             .iter()

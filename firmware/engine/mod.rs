@@ -399,7 +399,7 @@ impl<'a> Engine<'a> {
         }
         scratch.add::<u32>(h.vocab_size);
         if sparse {
-            SparseFfn::plan(&mut scratch, h.n_layers, h.hidden_dim);
+            SparseFfn::plan(&mut scratch, h.n_layers, h.hidden_dim, h.dim);
         }
         if let Some(t) = &opts.tap {
             Tap::plan(&mut scratch, h.n_layers, h.dim, h.hidden_dim, t.stages);
@@ -521,7 +521,13 @@ impl<'a> Engine<'a> {
         };
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
         let sparse = if sparse {
-            Some(SparseFfn::new(&mut c, h.n_layers, h.hidden_dim, &opts.ffn)?)
+            Some(SparseFfn::new(
+                &mut c,
+                h.n_layers,
+                h.hidden_dim,
+                h.dim,
+                &opts.ffn,
+            )?)
         } else {
             None
         };

@@ -1,9 +1,15 @@
 //! Neuron bundles and the sparse SwiGLU over them.
 //!
-//! A layer's FFN as bundles: for neuron j, gate row j, up row j and down column j stored
-//! together, `stride` bytes per neuron, so computing a subset of neurons touches only their
-//! bundles. Gate and up rows are the model's bytes, unchanged. The down matrix is stored by rows
-//! of `dim` (one row per output), so its column j is gathered at boot and quantized again into
+//! A layer's FFN as bundles: for neuron j, gate row j, up row j and down column j, so computing
+//! a subset of neurons touches only their bundles. Bundles are stored together in tiles of
+//! `TILE` neurons: the tile's gate rows, then its up rows, then its down columns. Why tiles and
+//! not one neuron's three parts back to back: scoring scans the gate (and up) rows of every
+//! neuron, and with parts interleaved neuron by neuron the CPU's stream prefetcher drags the
+//! down columns it skips through the cache too, which made the sparse FFN slower than the dense
+//! one (docs/BENCHMARKS.md); a tile keeps each part's rows adjacent over 32 neurons.
+//!
+//! Gate and up rows are the model's bytes, unchanged. The down matrix is stored by rows of
+//! `dim` (one row per output), so its column j is gathered at boot and quantized again into
 //! the down tensor's own type; K-quants cannot hold a column of `dim` values (256-value
 //! super-blocks) and no kernel adds them up, so their columns are stored as Q8_0. That
 //! requantization is the one difference between the bundles and the model; the quality report
@@ -13,9 +19,9 @@
 //! dense FFN restricted to that set (LeanStream paper 3.2.2, item 2); `tests` check it.
 
 use super::{silu, BundleDown, FfnMode, FfnOptions, Score, SparsityError};
-use crate::backend::cpu::axpy::{axpy_rows, axpy_supported};
-use crate::backend::cpu::matvec::{matvec_gather, matvec_rows_many};
-use crate::backend::cpu::{ActScratch, Rows, WorkerPool};
+use crate::backend::cpu::axpy::{axpy_rows, axpy_supported, partials_len};
+use crate::backend::cpu::matvec::{matvec_gather, matvec_pairs, matvec_rows_many};
+use crate::backend::cpu::{ActScratch, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::model::ggml::{dequantize_row, f32_to_f16, quantize_row_q8_0, GgmlType, QK};
 use crate::model::TensorRef;
@@ -27,9 +33,9 @@ pub struct Bundles<'a> {
     pub n: usize,
     /// Model width: gate and up rows, and down columns, hold `dim` values.
     pub dim: usize,
-    /// Bytes per bundle.
-    pub stride: usize,
-    /// Gate rows, up rows and down columns, each `n` rows of `dim` values `stride` apart.
+    /// Bytes per tile of `TILE` bundles.
+    pub tile_bytes: usize,
+    /// Gate rows, up rows and down columns, each `n` rows of `dim` values, tiled.
     pub gate: Rows<'a>,
     pub up: Rows<'a>,
     pub down: Rows<'a>,
@@ -63,7 +69,10 @@ fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
     })
 }
 
-/// (gate bytes, up bytes, down bytes, stride) of one bundle.
+/// Neurons per tile of bundles (a power of two and a multiple of 4, the kernels' row group).
+pub const TILE: usize = 32;
+
+/// (gate bytes, up bytes, down bytes) of one bundle, and the bytes of a tile of `TILE`.
 fn layout(
     gate: &TensorRef,
     up: &TensorRef,
@@ -85,7 +94,7 @@ fn layout(
     let g = seg_bytes(gate.ty, dim, "gate")?;
     let u = seg_bytes(up.ty, dim, "up")?;
     let d = seg_bytes(down_column_type(down.ty, dim, how), dim, "down")?;
-    Ok((g, u, d, (g + u + d).next_multiple_of(16)))
+    Ok((g, u, d, (TILE * (g + u + d)).next_multiple_of(64)))
 }
 
 impl<'a> Bundles<'a> {
@@ -97,8 +106,8 @@ impl<'a> Bundles<'a> {
         down: &TensorRef,
         how: BundleDown,
     ) -> Result<(), String> {
-        let (.., stride) = layout(gate, up, down, how)?;
-        plan.add_bytes(stride * gate.rows);
+        let (.., tile_bytes) = layout(gate, up, down, how)?;
+        plan.add_bytes(tile_bytes * gate.rows.div_ceil(TILE));
         Ok(())
     }
 
@@ -112,9 +121,14 @@ impl<'a> Bundles<'a> {
         down: &TensorRef,
         how: BundleDown,
     ) -> Result<Bundles<'a>, Result<String, BootError>> {
-        let (gb, ub, db, stride) = layout(gate, up, down, how).map_err(Ok)?;
+        let (gb, ub, db, tile_bytes) = layout(gate, up, down, how).map_err(Ok)?;
         let (n, dim) = (gate.rows, gate.cols);
-        let data = c.take::<u8>(stride * n).map_err(Err)?;
+        let data = c.take::<u8>(tile_bytes * n.div_ceil(TILE)).map_err(Err)?;
+        // Where each part of neuron j's bundle starts.
+        let at = |j: usize, part: usize, bytes: usize| {
+            (j / TILE) * tile_bytes + part + (j % TILE) * bytes
+        };
+        let (up_at, down_at) = (TILE * gb, TILE * (gb + ub));
         // The down matrix as f32, [dim][n], to read columns from (boot only).
         let mut dense = vec![0f32; dim * n];
         let drb = down.ty.row_bytes(n).expect("validated tensor");
@@ -124,35 +138,39 @@ impl<'a> Bundles<'a> {
         let dty = down_column_type(down.ty, dim, how);
         let mut col = vec![0f32; dim];
         for j in 0..n {
-            let b = &mut data[j * stride..][..stride];
-            b[..gb].copy_from_slice(&gate.data[j * gb..][..gb]);
-            b[gb..gb + ub].copy_from_slice(&up.data[j * ub..][..ub]);
+            data[at(j, 0, gb)..][..gb].copy_from_slice(&gate.data[j * gb..][..gb]);
+            data[at(j, up_at, ub)..][..ub].copy_from_slice(&up.data[j * ub..][..ub]);
             for (i, v) in col.iter_mut().enumerate() {
                 *v = dense[i * n + j];
             }
-            quantize_row(dty, &col, &mut b[gb + ub..gb + ub + db]);
+            quantize_row(dty, &col, &mut data[at(j, down_at, db)..][..db]);
         }
         let data: &'a [u8] = data;
-        let rows = |ty, off: usize| Rows {
+        let rows = |ty, off: usize, bytes: usize| Rows {
             ty,
             q: None,
             rows: n,
             cols: dim,
-            stride,
+            stride: bytes,
+            tile: Tile {
+                shift: TILE.trailing_zeros(),
+                bytes: tile_bytes,
+            },
             data: &data[off..],
         };
         Ok(Bundles {
             n,
             dim,
-            stride,
-            gate: rows(gate.ty, 0),
-            up: rows(up.ty, gb),
-            down: rows(dty, gb + ub),
+            tile_bytes,
+            gate: rows(gate.ty, 0, gb),
+            up: rows(up.ty, up_at, ub),
+            down: rows(dty, down_at, db),
         })
     }
 
     /// `out = sum over idx (in that order) of SiLU(gate_j . x) * (up_j . x) * down_j`, the FFN
-    /// restricted to the neurons `idx`. `g` and `h` are scratch of at least `idx.len()`.
+    /// restricted to the neurons `idx`. `g` and `h` are scratch of at least `idx.len()`,
+    /// `partials` of `axpy::partials_len(idx.len(), dim)`.
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_subset(
         &self,
@@ -162,6 +180,7 @@ impl<'a> Bundles<'a> {
         act: &mut ActScratch,
         g: &mut [f32],
         h: &mut [f32],
+        partials: &mut [f32],
         out: &mut [f32],
     ) {
         let k = idx.len();
@@ -170,7 +189,7 @@ impl<'a> Bundles<'a> {
         for (hv, gv) in h[..k].iter_mut().zip(&g[..k]) {
             *hv *= silu(*gv);
         }
-        axpy_rows(pool, self.down, idx, &h[..k], out);
+        axpy_rows(pool, self.down, idx, &h[..k], partials, out);
     }
 }
 
@@ -283,6 +302,8 @@ pub struct SparseFfn<'a> {
     h: &'a mut [f32],
     mag: &'a mut [f32],
     idx: &'a mut [u32],
+    /// The down projection's partial sums (`axpy_rows`).
+    partials: &'a mut [f32],
     /// Neurons kept and neurons seen since the last `take_counts`.
     kept: u64,
     seen: u64,
@@ -290,18 +311,21 @@ pub struct SparseFfn<'a> {
 
 impl<'a> SparseFfn<'a> {
     /// What `new` carves, for boot's plan of the scratch arena.
-    pub fn plan(plan: &mut Plan, n_layers: usize, hidden: usize) {
+    pub fn plan(plan: &mut Plan, n_layers: usize, hidden: usize, dim: usize) {
         plan.add::<f32>(n_layers);
         for _ in 0..4 {
             plan.add::<f32>(hidden);
         }
         plan.add::<u32>(hidden);
+        plan.add::<f32>(partials_len(hidden, dim));
     }
 
+    /// The buffers for a model of `n_layers`, `hidden` neurons per FFN and width `dim`.
     pub fn new(
         c: &mut Carver<'a>,
         n_layers: usize,
         hidden: usize,
+        dim: usize,
         opts: &FfnOptions,
     ) -> Result<SparseFfn<'a>, BootError> {
         let mut s = SparseFfn {
@@ -314,6 +338,7 @@ impl<'a> SparseFfn<'a> {
             h: c.take(hidden)?,
             mag: c.take(hidden)?,
             idx: c.take(hidden)?,
+            partials: c.take(partials_len(hidden, dim))?,
             kept: 0,
             seen: 0,
         };
@@ -370,7 +395,7 @@ impl<'a> SparseFfn<'a> {
         );
         // Score every neuron: SiLU(gate) (and, for the glu score, its activation with up).
         match self.score {
-            Score::Glu => matvec_rows_many(pool, &mut [(b.gate, &mut *g), (b.up, &mut *u)], x, act),
+            Score::Glu => matvec_pairs(pool, b.gate, b.up, x, act, g, u),
             Score::Gate => matvec_rows_many(pool, &mut [(b.gate, &mut *g)], x, act),
         }
         for j in 0..n {
@@ -408,7 +433,7 @@ impl<'a> SparseFfn<'a> {
                 }
             }
         }
-        axpy_rows(pool, b.down, idx, &h[..k], x);
+        axpy_rows(pool, b.down, idx, &h[..k], self.partials, x);
     }
 }
 
@@ -575,12 +600,31 @@ mod tests {
                 }
                 let mut out = vec![7f32; dim];
                 let (mut g, mut h) = (vec![0f32; n], vec![0f32; n]);
-                b.ffn_subset(&pool, &x, &set, &mut act, &mut g, &mut h, &mut out);
+                let mut partials = vec![0f32; partials_len(n, dim)];
+                b.ffn_subset(
+                    &pool,
+                    &x,
+                    &set,
+                    &mut act,
+                    &mut g,
+                    &mut h,
+                    &mut partials,
+                    &mut out,
+                );
                 // Another order of the same set gives the same sum.
                 let mut rev = set.clone();
                 rev.reverse();
                 let mut out2 = vec![0f32; dim];
-                b.ffn_subset(&pool, &x, &rev, &mut act, &mut g, &mut h, &mut out2);
+                b.ffn_subset(
+                    &pool,
+                    &x,
+                    &rev,
+                    &mut act,
+                    &mut g,
+                    &mut h,
+                    &mut partials,
+                    &mut out2,
+                );
                 let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
                 // Float weights: exact up to rounding. Quantized ones: the int8 activations
                 // (as in the dense kernels) and, for Q4_1, the requantized down columns.

@@ -1,13 +1,15 @@
 //! Sparse down projection: `out = sum_i h[i] * col(idx[i])`, where each column of the down
-//! matrix is stored as one GGML-typed row (a neuron bundle's down part). The output is split
-//! across the pool's threads by ranges of 32 values; every task walks all chosen neurons in the
-//! order given, so the result does not depend on the number of threads.
+//! matrix is stored as one GGML-typed row (a neuron bundle's down part). The chosen neurons are
+//! split across the pool's threads in fixed runs of `ROWS_PER_TASK`, each summed into its own
+//! partial output, and the partials are added in order: a task reads whole columns, and the
+//! result does not depend on the number of threads.
 //!
 //! Kernels: AVX2+FMA+F16C for Q4_0, Q4_1 and Q8_0 (what bundles of the models we run hold),
 //! a scalar path for the other types that bundles may hold (Q5_0, Q5_1, F32, F16, BF16).
 
 use super::matvec::{kernel, Kernel, Rows};
 use super::pool::WorkerPool;
+use super::{prefetch, GATHER_PREFETCH_ROWS};
 use crate::model::ggml::{dequantize_row, GgmlType, QK};
 
 /// Adds `h * row` to `out` for `out.len()` values (a whole number of 32-value groups) of one
@@ -41,9 +43,42 @@ fn axpy_fn(ty: GgmlType, k: Kernel) -> AxpyFn {
     axpy_scalar
 }
 
-/// `out = sum_i h[i] * w.row(idx[i])` (`out.len() == w.cols`), neurons in the order given.
-pub fn axpy_rows(pool: &WorkerPool, w: Rows, idx: &[u32], h: &[f32], out: &mut [f32]) {
-    axpy_rows_with(kernel(), pool, w, idx, h, out)
+/// Adds `h[0] * row0 + h[1] * row1 + ...` (four rows, in that order) to `out`: the same sums
+/// as four `AxpyFn` calls, with each output group loaded and stored once. Unsafe as `AxpyFn`.
+type Axpy4Fn = unsafe fn(ty: GgmlType, src: [&[u8]; 4], h: [f32; 4], out: &mut [f32]);
+
+fn axpy4_fn(ty: GgmlType, k: Kernel) -> Option<Axpy4Fn> {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        return Some(x86::axpy4);
+    }
+    let _ = (ty, k);
+    None
+}
+
+/// Chosen rows per task: each task adds whole rows (one run of bytes each) into its own
+/// partial sum, and there are enough tasks for the pool to balance them when a core is busy
+/// with something else. Partial sums are added in task order, so the result does not depend
+/// on the number of threads.
+pub const ROWS_PER_TASK: usize = 64;
+
+/// Scratch `axpy_rows` needs for up to `max_rows` chosen rows of `cols` values.
+pub fn partials_len(max_rows: usize, cols: usize) -> usize {
+    max_rows.div_ceil(ROWS_PER_TASK).max(1) * cols
+}
+
+/// `out = sum_i h[i] * w.row(idx[i])` (`out.len() == w.cols`), neurons in the order given
+/// within each run of `ROWS_PER_TASK`, those runs' sums in order. `partials` is scratch of at
+/// least `partials_len(idx.len(), w.cols)`.
+pub fn axpy_rows(
+    pool: &WorkerPool,
+    w: Rows,
+    idx: &[u32],
+    h: &[f32],
+    partials: &mut [f32],
+    out: &mut [f32],
+) {
+    axpy_rows_with(kernel(), pool, w, idx, h, partials, out)
 }
 
 /// `axpy_rows` with the kernel chosen by the caller.
@@ -53,15 +88,16 @@ pub fn axpy_rows_with(
     w: Rows,
     idx: &[u32],
     h: &[f32],
+    partials: &mut [f32],
     out: &mut [f32],
 ) {
     assert!(axpy_supported(w.ty), "no axpy kernel for {}", w.ty.name());
+    let cols = w.cols;
     assert_eq!(
         out.len(),
-        w.cols,
-        "output {} values, rows of {}",
-        out.len(),
-        w.cols
+        cols,
+        "output {} values, rows of {cols}",
+        out.len()
     );
     assert_eq!(
         idx.len(),
@@ -70,34 +106,59 @@ pub fn axpy_rows_with(
         idx.len(),
         h.len()
     );
+    assert!(cols % QK == 0, "rows of {cols} values are not 32-groups");
+    let tasks = idx.len().div_ceil(ROWS_PER_TASK);
     assert!(
-        w.cols % QK == 0,
-        "rows of {} values are not 32-groups",
-        w.cols
+        partials.len() >= partials_len(idx.len(), cols),
+        "axpy scratch of {} values, need {}",
+        partials.len(),
+        partials_len(idx.len(), cols)
     );
-    let _ = w.row_bytes();
+    let row_bytes = w.row_bytes();
     if let Some(&m) = idx.iter().max() {
         assert!((m as usize) < w.rows, "row {m} of {}", w.rows);
     }
     let f = axpy_fn(w.ty, k);
-    let group_bytes = w.ty.row_bytes(QK).expect("32-groups");
-    let groups = w.cols / QK;
-    let tasks = pool.n_threads().min(groups).max(1);
-    let outp = OutPtr(out.as_mut_ptr());
+    let f4 = axpy4_fn(w.ty, k);
+    let row = |r: u32| &w.data[w.offset(r as usize)..][..row_bytes];
+    let pp = OutPtr(partials.as_mut_ptr());
     pool.run(tasks, &|t| {
-        let g0 = groups * t / tasks;
-        let g1 = groups * (t + 1) / tasks;
-        // SAFETY: tasks own disjoint ranges g0..g1 of 32-groups of `out`.
-        let o = unsafe { std::slice::from_raw_parts_mut(outp.ptr().add(g0 * QK), (g1 - g0) * QK) };
+        let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(idx.len())];
+        let hs = &h[t * ROWS_PER_TASK..][..ids.len()];
+        // SAFETY: task t owns partials[t * cols..(t + 1) * cols] (asserted long enough above).
+        let o = unsafe { std::slice::from_raw_parts_mut(pp.ptr().add(t * cols), cols) };
         o.fill(0.0);
-        let bytes = (g1 - g0) * group_bytes;
-        for (&r, &hv) in idx.iter().zip(h) {
-            let src = &w.data[r as usize * w.stride + g0 * group_bytes..][..bytes];
+        // The rows a token needs are scattered: each is prefetched a few rows ahead.
+        let prefetch_ahead = |i: usize| {
+            for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
+                prefetch(row(r));
+            }
+        };
+        let mut i = 0;
+        if let Some(f4) = f4 {
+            while i + 4 <= ids.len() {
+                prefetch_ahead(i);
+                let s = [0, 1, 2, 3].map(|k| row(ids[i + k]));
+                // SAFETY: `axpy4_fn` picked a kernel this CPU supports; each `s[k]` is a whole
+                // row of `cols` values, as `o` is.
+                unsafe { f4(w.ty, s, [hs[i], hs[i + 1], hs[i + 2], hs[i + 3]], o) };
+                i += 4;
+            }
+        }
+        while i < ids.len() {
+            prefetch_ahead(i);
             // SAFETY: `axpy_fn` picked a kernel this CPU supports (callers pass `kernel()` or a
-            // supported one); `src` holds exactly the groups `o` covers.
-            unsafe { f(w.ty, src, hv, o) };
+            // supported one); the row holds the `cols` values `o` covers.
+            unsafe { f(w.ty, row(ids[i]), hs[i], o) };
+            i += 1;
         }
     });
+    out.fill(0.0);
+    for p in partials[..tasks * cols].chunks_exact(cols) {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -144,6 +205,74 @@ mod x86 {
             o,
             _mm256_fmadd_ps(s, q, _mm256_add_ps(_mm256_loadu_ps(o), c)),
         );
+    }
+
+    /// `axpy` of four rows at once: per output group, the accumulators stay in registers
+    /// while the four rows are added in order (so the sums are `axpy`'s, bit for bit).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy4(ty: GgmlType, src: [&[u8]; 4], h: [f32; 4], out: &mut [f32]) {
+        let nb = out.len() / QK;
+        let op = out.as_mut_ptr();
+        let sp = src.map(|s| s.as_ptr());
+        match ty {
+            GgmlType::Q8_0 => {
+                debug_assert!(src.iter().all(|s| s.len() >= nb * 34));
+                for b in 0..nb {
+                    let o = op.add(b * QK);
+                    let mut acc = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(o.add(i)));
+                    for k in 0..4 {
+                        let p = sp[k].add(b * 34);
+                        let s = _mm256_set1_ps(h[k] * f16_at(p));
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(2 + 8 * g).cast()));
+                            *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q), *a);
+                        }
+                    }
+                    for (g, a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(o.add(8 * g), *a);
+                    }
+                }
+            }
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let (bytes, qs) = if ty == GgmlType::Q4_1 {
+                    (20, 4)
+                } else {
+                    (18, 2)
+                };
+                debug_assert!(src.iter().all(|s| s.len() >= nb * bytes));
+                let mask = _mm_set1_epi8(0x0F);
+                for b in 0..nb {
+                    let o = op.add(b * QK);
+                    let mut acc = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(o.add(i)));
+                    for k in 0..4 {
+                        let p = sp[k].add(b * bytes);
+                        let d = h[k] * f16_at(p);
+                        let c = if ty == GgmlType::Q4_1 {
+                            h[k] * f16_at(p.add(2))
+                        } else {
+                            -8.0 * d
+                        };
+                        let (s, c) = (_mm256_set1_ps(d), _mm256_set1_ps(c));
+                        let t = _mm_loadu_si128(p.add(qs).cast());
+                        let lo = _mm_and_si128(t, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16(t, 4), mask);
+                        let v = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+                        for (a, v) in acc.iter_mut().zip(v) {
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                            *a = _mm256_fmadd_ps(s, q, _mm256_add_ps(*a, c));
+                        }
+                    }
+                    for (g, a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(o.add(8 * g), *a);
+                    }
+                }
+            }
+            _ => {
+                for (s, h) in src.iter().zip(h) {
+                    axpy_scalar(ty, s, h, out);
+                }
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -214,7 +343,7 @@ mod tests {
     #[test]
     fn kernels_match_dequantized_reference() {
         let pool = WorkerPool::new(2);
-        let (rows, cols) = (40, 96);
+        let (rows, cols) = (160, 96);
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q4_1,
@@ -249,9 +378,12 @@ mod tests {
                 rows,
                 cols,
                 stride: rb,
+                tile: crate::backend::cpu::matvec::Tile::NONE,
                 data: &data,
             };
-            let idx: Vec<u32> = vec![3, 17, 0, 39, 8];
+            // More than one task's worth of rows, in a scrambled order, one repeated.
+            let mut idx: Vec<u32> = (0..150).map(|i| (i * 37 % rows) as u32).collect();
+            idx[5] = idx[90];
             let h: Vec<f32> = idx.iter().map(|_| rng(&mut seed)).collect();
             let mut want = vec![0f64; cols];
             let mut y = vec![0f32; cols];
@@ -261,9 +393,14 @@ mod tests {
                     *a += hv as f64 * *b as f64;
                 }
             }
+            let one_thread = WorkerPool::new(1);
             for k in [Kernel::Scalar, crate::backend::cpu::matvec::best_kernel()] {
                 let mut out = vec![9f32; cols];
-                axpy_rows_with(k, &pool, w, &idx, &h, &mut out);
+                let mut partials = vec![7f32; partials_len(idx.len(), cols)];
+                axpy_rows_with(k, &pool, w, &idx, &h, &mut partials, &mut out);
+                let mut out1 = vec![5f32; cols];
+                axpy_rows_with(k, &one_thread, w, &idx, &h, &mut partials, &mut out1);
+                assert_eq!(out, out1, "{ty:?} {k:?}: 1 and 2 threads differ");
                 for (a, b) in out.iter().zip(&want) {
                     assert!(
                         (*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()),

@@ -13,6 +13,7 @@
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
 use super::pool::WorkerPool;
+use super::{prefetch, GATHER_PREFETCH_ROWS};
 use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
 use crate::quant::{Packing, QFormat};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -55,8 +56,9 @@ impl Matrix<'_> {
 }
 
 /// Rows of a GGML-typed matrix that need not be adjacent: row `r` is the `ty.row_bytes(cols)`
-/// bytes at `data[r * stride..]`. A [`Matrix`] is the case `stride == row_bytes`; neuron bundles
-/// (gate row, up row and down column of one neuron stored together) are another.
+/// bytes at `data[offset(r)..]`, rows `stride` apart within a tile of `tile.rows` rows and
+/// tiles `tile.bytes` apart. A [`Matrix`] is the case `stride == row_bytes`, one tile; neuron
+/// bundles (gate rows, up rows and down columns of 32 neurons stored together) are another.
 #[derive(Clone, Copy, Debug)]
 pub struct Rows<'a> {
     pub ty: GgmlType,
@@ -65,10 +67,44 @@ pub struct Rows<'a> {
     pub rows: usize,
     pub cols: usize,
     pub stride: usize,
+    pub tile: Tile,
     pub data: &'a [u8],
 }
 
+/// How rows are grouped: `1 << shift` rows per tile (a power of two, so that finding a row's
+/// tile is a shift, not a division), `bytes` from one tile's start to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    pub shift: u32,
+    pub bytes: usize,
+}
+
+impl Tile {
+    /// All rows in one tile (a plain strided matrix).
+    pub const NONE: Tile = Tile {
+        shift: usize::BITS - 1,
+        bytes: 0,
+    };
+
+    /// Rows per tile.
+    pub fn rows(&self) -> usize {
+        1 << self.shift
+    }
+
+    /// Where row `r` starts, for rows `stride` apart within a tile.
+    #[inline]
+    pub fn offset(&self, r: usize, stride: usize) -> usize {
+        (r >> self.shift) * self.bytes + (r & (self.rows() - 1)) * stride
+    }
+}
+
 impl<'a> Rows<'a> {
+    /// Where row `r` starts in `data`.
+    #[inline]
+    pub fn offset(&self, r: usize) -> usize {
+        self.tile.offset(r, self.stride)
+    }
+
     /// Bytes per row. Panics when `cols` is not whole blocks, `stride` is shorter than a row,
     /// or `data` does not reach the last row's end.
     pub fn row_bytes(&self) -> usize {
@@ -87,7 +123,7 @@ impl<'a> Rows<'a> {
         let need = if self.rows == 0 {
             0
         } else {
-            (self.rows - 1) * self.stride + rb
+            self.offset(self.rows - 1) + rb
         };
         assert!(
             self.data.len() >= need,
@@ -104,7 +140,7 @@ impl<'a> Rows<'a> {
     /// Row `r`'s bytes.
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.ty.row_bytes(self.cols).expect("whole blocks");
-        &self.data[r * self.stride..][..rb]
+        &self.data[self.offset(r)..][..rb]
     }
 }
 
@@ -116,6 +152,7 @@ impl<'a> From<&Matrix<'a>> for Rows<'a> {
             rows: m.rows,
             cols: m.cols,
             stride: m.ty.row_bytes(m.cols).unwrap_or(0),
+            tile: Tile::NONE,
             data: m.data,
         }
     }
@@ -415,19 +452,122 @@ pub fn matvec_gather_with(
         }
     };
     let f = chunk_fn(w.ty, k);
+    let f4 = dot4_fn(w.ty, k);
+    let nb = row_bytes / w.ty.block_bytes();
     let n = pool.n_threads();
     let chunk = (idx.len().div_ceil(4 * n)).clamp(8, 64);
     let tasks = idx.len().div_ceil(chunk);
     let outp = OutPtr(out.as_mut_ptr());
+    let row = |r: u32| &w.data[w.offset(r as usize)..][..row_bytes];
     pool.run(tasks, &|t| {
         let i0 = t * chunk;
         let i1 = (i0 + chunk).min(idx.len());
+        let ids = &idx[i0..i1];
         // SAFETY: tasks write disjoint ranges i0..i1 of `out` (borrowed mutably for the call).
         let o = unsafe { std::slice::from_raw_parts_mut(outp.ptr().add(i0), i1 - i0) };
-        for (oi, &r) in o.iter_mut().zip(&idx[i0..i1]) {
-            let row = &w.data[r as usize * w.stride..][..row_bytes];
+        // The rows a token needs are scattered: each is prefetched a few rows ahead.
+        let prefetch_ahead = |i: usize| {
+            for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
+                prefetch(row(r));
+            }
+        };
+        let mut i = 0;
+        if let Some(f4) = f4 {
+            while i + 4 <= ids.len() {
+                prefetch_ahead(i);
+                let rows = [0, 1, 2, 3].map(|k| row(ids[i + k]).as_ptr());
+                // SAFETY: a kernel this CPU supports (asserted above), four whole rows of `nb`
+                // blocks, and `a` covers their `cols` values.
+                o[i..i + 4].copy_from_slice(&unsafe { f4(rows, nb, 0, &a) });
+                i += 4;
+            }
+        }
+        while i < ids.len() {
+            prefetch_ahead(i);
             // SAFETY: as in `rows_many_with`: a supported kernel, one whole row, `a` covers it.
-            unsafe { f(row, row_bytes, row_bytes, &a, std::slice::from_mut(oi)) };
+            unsafe { f(row(ids[i]), row_bytes, row_bytes, &a, &mut o[i..i + 1]) };
+            i += 1;
+        }
+    });
+}
+
+/// `out_a[j] = a.row(j) . x` and `out_b[j] = b.row(j) . x` for every row, where row j of `a`
+/// and row j of `b` lie side by side (a neuron bundle's gate and up rows): each task reads the
+/// two together, so the pair streams as one run of bytes instead of two strided streams.
+pub fn matvec_pairs(
+    pool: &WorkerPool,
+    a: Rows,
+    b: Rows,
+    x: &[f32],
+    act: &mut ActScratch,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    let k = kernel();
+    let f4 = dot4_fn(a.ty, k).filter(|_| a.ty == b.ty && a.q.is_none() && b.q.is_none());
+    let Some(f4) = f4 else {
+        return matvec_rows_many(pool, &mut [(a, out_a), (b, out_b)], x, act);
+    };
+    assert!(
+        a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.tile == b.tile,
+        "paired row sets differ: {}x{} and {}x{}",
+        a.rows,
+        a.cols,
+        b.rows,
+        b.cols
+    );
+    assert_eq!(
+        a.cols,
+        x.len(),
+        "rows have {} cols, input {}",
+        a.cols,
+        x.len()
+    );
+    assert!(
+        out_a.len() == a.rows && out_b.len() == b.rows,
+        "outputs of {} rows",
+        a.rows
+    );
+    let row_bytes = a.row_bytes();
+    let _ = b.row_bytes();
+    let nb = row_bytes / a.ty.block_bytes();
+    let f = chunk_fn(a.ty, k);
+    let act = act.quantize(x, false);
+    let rows = a.rows;
+    let chunk = rows
+        .div_ceil(4 * pool.n_threads())
+        .clamp(16, 64)
+        .next_multiple_of(2);
+    let (pa, pb) = (OutPtr(out_a.as_mut_ptr()), OutPtr(out_b.as_mut_ptr()));
+    pool.run(rows.div_ceil(chunk), &|t| {
+        let r0 = t * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        // SAFETY: tasks write disjoint row ranges r0..r1 of both outputs (borrowed mutably).
+        let (oa, ob) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.ptr().add(r0), r1 - r0),
+                std::slice::from_raw_parts_mut(pb.ptr().add(r0), r1 - r0),
+            )
+        };
+        let (da, db) = (a.data.as_ptr(), b.data.as_ptr());
+        let mut r = r0;
+        while r + 2 <= r1 {
+            let (o0, o1) = (a.offset(r), a.offset(r + 1));
+            // Within `data`: `row_bytes()` above checked that the last row ends inside it.
+            let (a0, b0) = (da.wrapping_add(o0), db.wrapping_add(o0));
+            let (a1, b1) = (da.wrapping_add(o1), db.wrapping_add(o1));
+            // SAFETY: a kernel this CPU supports (`kernel()`), whole rows of `nb` blocks, `act`
+            // covers their `cols` values; the prefetch 4 rows on is a hint, never a load.
+            let o = unsafe { f4([a0, b0, a1, b1], nb, 4 * a.stride, &act) };
+            (oa[r - r0], ob[r - r0], oa[r + 1 - r0], ob[r + 1 - r0]) = (o[0], o[1], o[2], o[3]);
+            r += 2;
+        }
+        if r < r1 {
+            // SAFETY: as above, one whole row each.
+            unsafe {
+                f(a.row(r), row_bytes, row_bytes, &act, &mut oa[r - r0..]);
+                f(b.row(r), row_bytes, row_bytes, &act, &mut ob[r - r0..]);
+            }
         }
     });
 }
@@ -486,8 +626,17 @@ fn rows_many_with(
         let row_bytes = w.row_bytes();
         // Swizzled w4 matrices are read in whole bands of 32 rows.
         let banded = w.q == Some(QFormat::W4(Packing::Swizzled));
+        let tiled = w.tile != Tile::NONE;
+        assert!(
+            !tiled || (!banded && w.tile.rows() % 4 == 0),
+            "tiles of {} rows",
+            w.tile.rows()
+        );
         let chunk = if banded {
             (w.rows.div_ceil(4 * n)).clamp(32, 64).next_multiple_of(32)
+        } else if tiled {
+            // A task's rows must be `stride` apart: one tile each.
+            w.tile.rows()
         } else {
             (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4)
         };
@@ -497,6 +646,7 @@ fn rows_many_with(
             rows: w.rows,
             row_bytes,
             stride: w.stride,
+            tile: w.tile,
             chunk,
             banded,
             first_task: n_tasks,
@@ -521,11 +671,12 @@ fn rows_many_with(
             .expect("task index in range");
         let r0 = (t - p.first_task) * p.chunk;
         let r1 = (r0 + p.chunk).min(p.rows);
+        let at = |r: usize| p.tile.offset(r, p.stride);
         let data = if p.banded {
             // From the band's start to the end: the last band is padded past `rows`.
             &p.data[r0 * p.stride..]
         } else {
-            &p.data[r0 * p.stride..(r1 - 1) * p.stride + p.row_bytes]
+            &p.data[at(r0)..at(r1 - 1) + p.row_bytes]
         };
         // SAFETY: tasks of one part cover disjoint row ranges, parts write distinct `out`
         // slices (borrowed mutably by `jobs` for the whole run), and r1 <= rows = out.len().
@@ -558,6 +709,7 @@ struct Part<'a> {
     rows: usize,
     row_bytes: usize,
     stride: usize,
+    tile: Tile,
     chunk: usize,
     banded: bool,
     first_task: usize,
@@ -580,6 +732,21 @@ pub(crate) type QChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, o
 enum PartFn {
     Ggml(ChunkFn),
     Low(QChunkFn),
+}
+
+/// Four rows at any four addresses (`nb` blocks each) against one activation vector; `pf` > 0
+/// prefetches `pf` bytes past every block read. Unsafe: the kernel's CPU features must be
+/// present, each address must hold `nb` blocks, and `act` must cover them.
+type Dot4Fn = unsafe fn(rows: [*const u8; 4], nb: usize, pf: usize, act: &Act) -> [f32; 4];
+
+/// The four-row kernel of `ty` under `k`, where there is one (AVX2, 32-value block types).
+fn dot4_fn(ty: GgmlType, k: Kernel) -> Option<Dot4Fn> {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 {
+        return x86::dot4_fn(ty);
+    }
+    let _ = (ty, k);
+    None
 }
 
 fn chunk_fn(ty: GgmlType, k: Kernel) -> ChunkFn {
@@ -806,6 +973,18 @@ mod x86 {
         }
     }
 
+    /// The four-row kernel for the 32-value block types (gathered and paired rows).
+    pub(super) fn dot4_fn(ty: GgmlType) -> Option<Dot4Fn> {
+        Some(match ty {
+            GgmlType::Q4_0 => dot4_q4_0,
+            GgmlType::Q4_1 => dot4_q4_1,
+            GgmlType::Q5_0 => dot4_q5_0,
+            GgmlType::Q5_1 => dot4_q5_1,
+            GgmlType::Q8_0 => dot4_q8_0,
+            _ => return None,
+        })
+    }
+
     macro_rules! chunk {
         ($name:ident, $dot:ident) => {
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -898,7 +1077,7 @@ mod x86 {
     /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, `signed`
     /// says whether they are signed (else unsigned, 0..31), `has_min` adds `m * s`.
     macro_rules! classic_dot {
-        ($name:ident, $chunk:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
+        ($name:ident, $dot4:ident, $chunk:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $name(row: &[u8], a: &Act) -> f32 {
@@ -935,6 +1114,45 @@ mod x86 {
                 hsum(_mm256_add_ps(acc0, acc1)) + summs
             }
 
+            /// Four rows at any four addresses, sharing each activation block. With `pf` > 0
+            /// each block `pf` bytes further on is prefetched too (the next rows' same spot:
+            /// the hardware prefetcher alone leaves DRAM streaming latency-bound; past the end
+            /// of the data this is a harmless hint, never a load).
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $dot4(rows: [*const u8; 4], nb: usize, pf: usize, a: &Act) -> [f32; 4] {
+                debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut summs = [0f32; 4];
+                for b in 0..nb {
+                    let y = load_qa(a, b);
+                    let da = *a.d.get_unchecked(b);
+                    for k in 0..4 {
+                        let $p = rows[k].add(b * $bytes);
+                        if pf != 0 {
+                            _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(pf).cast());
+                        }
+                        let w: __m256i = $w;
+                        let xy = if $signed {
+                            mul_sum_i8(w, y)
+                        } else {
+                            mul_sum_us8(w, y)
+                        };
+                        if $has_min {
+                            summs[k] += f16_at($p.add(2)) * *a.s.get_unchecked(b);
+                        }
+                        let d = _mm256_set1_ps(f16_at($p) * da);
+                        acc[k] = _mm256_fmadd_ps(d, xy, acc[k]);
+                    }
+                }
+                [
+                    hsum(acc[0]) + summs[0],
+                    hsum(acc[1]) + summs[1],
+                    hsum(acc[2]) + summs[2],
+                    hsum(acc[3]) + summs[3],
+                ]
+            }
+
             /// Four rows at a time (sharing each activation block), then the rest one by one.
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $chunk(
@@ -953,33 +1171,9 @@ mod x86 {
                 let mut r = 0;
                 while r + 4 <= out.len() {
                     let base = data.as_ptr().add(r * stride);
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    let mut summs = [0f32; 4];
-                    for b in 0..nb {
-                        let y = load_qa(a, b);
-                        let da = *a.d.get_unchecked(b);
-                        for k in 0..4 {
-                            let $p = base.add(k * stride + b * $bytes);
-                            // Software prefetch of the same spot in the next group of 4 rows:
-                            // the hardware prefetcher alone leaves DRAM streaming latency-bound.
-                            // (Past the chunk's end this is a harmless hint, never a load.)
-                            _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(PF_ROWS * stride).cast());
-                            let w: __m256i = $w;
-                            let xy = if $signed {
-                                mul_sum_i8(w, y)
-                            } else {
-                                mul_sum_us8(w, y)
-                            };
-                            if $has_min {
-                                summs[k] += f16_at($p.add(2)) * *a.s.get_unchecked(b);
-                            }
-                            let d = _mm256_set1_ps(f16_at($p) * da);
-                            acc[k] = _mm256_fmadd_ps(d, xy, acc[k]);
-                        }
-                    }
-                    for k in 0..4 {
-                        out[r + k] = hsum(acc[k]) + summs[k];
-                    }
+                    let rows = [0, 1, 2, 3].map(|k| base.add(k * stride));
+                    let o = $dot4(rows, nb, PF_ROWS * stride, a);
+                    out[r..r + 4].copy_from_slice(&o);
                     r += 4;
                 }
                 while r < out.len() {
@@ -990,20 +1184,25 @@ mod x86 {
         };
     }
 
-    classic_dot!(dot_q4_0, chunk_q4_0, 18, false, true, |p| _mm256_sub_epi8(
-        nibbles(p.add(2)),
-        _mm256_set1_epi8(8)
-    ));
-    classic_dot!(dot_q4_1, chunk_q4_1, 20, true, false, |p| nibbles(p.add(4)));
-    classic_dot!(dot_q5_0, chunk_q5_0, 22, false, true, |p| _mm256_or_si256(
-        nibbles(p.add(6)),
-        _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8))
-    ));
-    classic_dot!(dot_q5_1, chunk_q5_1, 24, true, false, |p| _mm256_or_si256(
-        nibbles(p.add(8)),
-        _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10))
-    ));
-    classic_dot!(dot_q8_0, chunk_q8_0, 34, false, true, |p| {
+    classic_dot!(dot_q4_0, dot4_q4_0, chunk_q4_0, 18, false, true, |p| {
+        _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
+    });
+    classic_dot!(dot_q4_1, dot4_q4_1, chunk_q4_1, 20, true, false, |p| {
+        nibbles(p.add(4))
+    });
+    classic_dot!(dot_q5_0, dot4_q5_0, chunk_q5_0, 22, false, true, |p| {
+        _mm256_or_si256(
+            nibbles(p.add(6)),
+            _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8)),
+        )
+    });
+    classic_dot!(dot_q5_1, dot4_q5_1, chunk_q5_1, 24, true, false, |p| {
+        _mm256_or_si256(
+            nibbles(p.add(8)),
+            _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10)),
+        )
+    });
+    classic_dot!(dot_q8_0, dot4_q8_0, chunk_q8_0, 34, false, true, |p| {
         _mm256_loadu_si256(p.add(2).cast())
     });
 

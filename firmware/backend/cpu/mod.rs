@@ -5,5 +5,41 @@ pub mod axpy;
 pub mod matvec;
 pub mod pool;
 
-pub use matvec::{matvec, matvec_many, ActScratch, Kernel, Matrix, Rows};
+pub use matvec::{matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
 pub use pool::WorkerPool;
+
+/// How many gathered rows ahead the sparse kernels prefetch. The rows a token needs are scattered
+/// over the FFN arena, so without a hint every row is a DRAM miss served one at a time; 8 rows
+/// (a few KiB) ahead keeps enough misses in flight to stream.
+pub const GATHER_PREFETCH_ROWS: usize = 16;
+
+/// Hints the CPU to bring `bytes` into cache; never faults, changes no result.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    let p = bytes.as_ptr();
+    let mut off = 0;
+    while off < bytes.len() {
+        prefetch_line(p.wrapping_add(off));
+        off += 64;
+    }
+    if let Some(last) = bytes.len().checked_sub(1) {
+        prefetch_line(p.wrapping_add(last));
+    }
+}
+
+#[inline]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is in the
+    // x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
