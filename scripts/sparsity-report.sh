@@ -8,7 +8,8 @@
 # Everything is deterministic (greedy, no sampling; fixed text slices): rerunning gives the
 # same figures. Environment: SMOL_WINDOWS, QWEN_WINDOWS (8), CALIB_TOKENS (2048), CALIB_SKIP
 # (100000), TRACE_TOKENS (512), QWEN_TRACE_TOKENS (256), THREADS (board default), MODELS_DIR,
-# LS (a leanstream binary to use instead of building one).
+# LS (a leanstream binary to use instead of building one), SPARSITIES (the list to run),
+# ONLY (smollm2-135m or qwen2.5-0.5b: one model), PPL_SUFFIX (appended to the ppl JSON's name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${1:-calibrate ppl trace report}"
@@ -16,7 +17,7 @@ MODELS_DIR="${MODELS_DIR:-${LEANSTREAM_MODELS:-$HOME/.cache/leanstream/models}}"
 TEXT=../shared/data/wikitext-2/wiki.test.raw
 OUT=docs/sparsity
 TRACES="${TRACES:-target/traces}"
-SPARSITIES=0.5,0.8,0,0.3,0.7,0.9
+SPARSITIES="${SPARSITIES:-0.5,0.8,0,0.3,0.7,0.9}"
 mkdir -p "$OUT" "$TRACES" tables
 if [ -z "${LS:-}" ]; then
   cargo build --release --quiet
@@ -29,6 +30,7 @@ run_model() {
   local name=$1 file=$2 windows=$3 trace_tokens=$4
   local model="$MODELS_DIR/$file" table="tables/${file%.gguf}.thresh"
   if [ ! -f "$model" ]; then echo "skipped: $model not found"; return; fi
+  if [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ]; then return; fi
   if [[ " $STEPS " == *" calibrate "* ]]; then
     $LS calibrate --model "$model" "${thr[@]}" --file "$TEXT" --skip-tokens "${CALIB_SKIP:-100000}" \
       --tokens "${CALIB_TOKENS:-2048}" --sparsity "$SPARSITIES" --out "$table" | tee "$OUT/calibrate-$name.txt"
@@ -36,7 +38,7 @@ run_model() {
   if [[ " $STEPS " == *" ppl "* ]]; then
     $LS perplexity --model "$model" "${thr[@]}" --file "$TEXT" --ctx 512 --chunks "$windows" \
       --ffn dense,oracle --score glu,gate --sparsity "$SPARSITIES" --thresholds "$table" \
-      --json "$OUT/ppl-$name.json"
+      --json "$OUT/ppl-$name${PPL_SUFFIX:-}.json"
   fi
   if [[ " $STEPS " == *" trace "* ]]; then
     $LS trace --model "$model" "${thr[@]}" --file "$TEXT" --tokens "$trace_tokens" --stages 8 \

@@ -287,7 +287,7 @@ impl<'a> Engine<'a> {
             report: ConversionReport::default(),
             scratch: Vec::new(),
         };
-        let (emb, blk) = (Role::EmbedOrOutput, Role::Block);
+        let (emb, blk, down) = (Role::EmbedOrOutput, Role::Block, Role::Sensitive);
         // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
         let int8_kv = opts.precision.int8_kv()
             && h.head_dim % 32 == 0
@@ -333,7 +333,7 @@ impl<'a> Engine<'a> {
                 "attn_v.weight",
                 "attn_output.weight",
             ] {
-                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
+                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, Role::of(n)));
             }
             dense.add::<f32>(2 * h.dim);
             if h.qkv_bias {
@@ -350,7 +350,7 @@ impl<'a> Engine<'a> {
                     .map_err(EngineError::Unsupported)?;
             } else {
                 for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
-                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, blk));
+                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, Role::of(n)));
                 }
             }
         }
@@ -453,7 +453,7 @@ impl<'a> Engine<'a> {
                 LayerFfn::Dense {
                     gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
                     up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
-                    down: placer.place(&mut f, &t("ffn_down.weight")?, blk)?,
+                    down: placer.place(&mut f, &t("ffn_down.weight")?, down)?,
                 }
             };
             layers.push(Layer {
