@@ -121,81 +121,16 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 // then, when xq is set, its int8 blocks. Latency rules here (one block, the rest of the GPU
 // waits): each thread takes 4 values per 16-byte load, loops are unrolled so several loads are
 // in flight, and a block of 32 is quantized by the 8 threads that hold it (3 shuffles).
-// Stores v = values 4i..4i+3 of the prepared input, and with xq quantizes them: the 8 threads
-// i & ~7 .. i | 7 hold one block of 32 (quantize_q8 of the CPU). Called by every lane of a
-// warp (`in` false past the end), for the shuffles.
-__device__ __forceinline__ void prep_store(int i, bool in, float4 v, float* xf, i8* xq, float* xd,
-                                           int* xs) {
-    if (in) ((float4*)xf)[i] = v;
-    if (!xq) return;
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q0 = (int)roundf(v.x * id), q1 = (int)roundf(v.y * id);
-    int q2 = (int)roundf(v.z * id), q3 = (int)roundf(v.w * id);
-    int sum = q0 + q1 + q2 + q3;
-    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    if (in) {
-        ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | (q3 << 24);
-        if ((i & 7) == 0) {
-            xd[i / 8] = d;
-            xs[i / 8] = sum;
-        }
-    }
-}
-
-// Float4s of the input a thread keeps in registers between the two passes of RMSNorm (inputs
-// up to PREP_KEEP * 4 * blockDim values; longer ones are read twice).
-#define PREP_KEEP 4
-
-// Prepares the next product's input from `src` (written earlier in this kernel, by any block:
-// read through L2), by one whole block (blockDim a multiple of 32):
-//   PREP_NORM:   xf = src / rms(src) * nw   (RMSNorm, eps)
-//   PREP_SWIGLU: xf = silu(src[i]) * src[n + i]
-// then, when xq is set, its int8 blocks. Latency rules here (one block, the rest of the GPU
-// waits): each thread takes 4 values per 16-byte load, loops are unrolled so several loads are
-// in flight, RMSNorm reads its input once when it fits in registers, and a block of 32 is
-// quantized by the 8 threads that hold it (3 shuffles).
 __device__ void prep_input(int mode, const float* src, const float* nw, int n, float eps,
                            float* xf, i8* xq) {
     __shared__ float shared32[32];
     bool vec = (n & 31) == 0;  // whole blocks of 32 (always so when xq is set)
-    int n4 = n / 4;
-    float* xd = (float*)(xq + n);
-    int* xs = (int*)(xd + n / 32);
-    if (mode == PREP_NORM && vec && n4 <= PREP_KEEP * (int)blockDim.x) {
-        float4 v[PREP_KEEP], w[PREP_KEEP];
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PREP_KEEP; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            w[k] = v[k];
-            if (i < n4) {
-                v[k] = __ldcg((const float4*)src + i);
-                w[k] = __ldg((const float4*)nw + i);
-            }
-            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        }
-        ss = block_sum(ss, shared32);
-        float inv = 1.0f / sqrtf(ss / (float)n + eps);
-#pragma unroll
-        for (int k = 0; k < PREP_KEEP; k++) {
-            if (k * (int)blockDim.x >= n4) break;  // uniform over the block
-            int i = threadIdx.x + k * blockDim.x;
-            float4 o = make_float4(v[k].x * inv * w[k].x, v[k].y * inv * w[k].y,
-                                   v[k].z * inv * w[k].z, v[k].w * inv * w[k].w);
-            prep_store(i, i < n4, o, xf, xq, xd, xs);
-        }
-        return;
-    }
     float inv = 1.0f;
     if (mode == PREP_NORM) {
         float ss = 0.0f;
         if (vec) {
 #pragma unroll 4
-            for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
                 float4 v = __ldcg((const float4*)src + i);
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
@@ -214,11 +149,13 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
                                         : __ldcg(src + i) * inv * nw[i];
         return;
     }
+    float* xd = (float*)(xq + n);
+    int* xs = (int*)(xd + n / 32);
     // Uniform trip count for the whole block, so every lane takes part in the shuffles.
 #pragma unroll 4
-    for (int base = 0; base < n4; base += blockDim.x) {
+    for (int base = 0; base < n / 4; base += blockDim.x) {
         int i = base + threadIdx.x;
-        bool in = i < n4;
+        bool in = i < n / 4;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (in) {
             float4 a = __ldcg((const float4*)src + i);
@@ -230,8 +167,26 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
                 float4 w = __ldg((const float4*)nw + i);
                 v = make_float4(a.x * inv * w.x, a.y * inv * w.y, a.z * inv * w.z, a.w * inv * w.w);
             }
+            ((float4*)xf)[i] = v;
         }
-        prep_store(i, in, v, xf, xq, xd, xs);
+        if (xq) {
+            // The 8 threads i & ~7 .. i | 7 hold one block of 32: quantize_q8 of the CPU.
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+            float d = amax / 127.0f;
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int q0 = (int)roundf(v.x * id), q1 = (int)roundf(v.y * id);
+            int q2 = (int)roundf(v.z * id), q3 = (int)roundf(v.w * id);
+            int sum = q0 + q1 + q2 + q3;
+            for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+            if (in) {
+                ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | (q3 << 24);
+                if ((i & 7) == 0) {
+                    xd[i / 8] = d;
+                    xs[i / 8] = sum;
+                }
+            }
+        }
     }
 }
 
@@ -249,20 +204,17 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 // --- matrix-vector products, `out[r] = (acc ? out[r] : 0) + W[r] . in + bias[r]`.
 //
 // A block of 256 threads is split into groups of `tpr` threads (a power of two, 8..256, chosen by
-// the host from the row length and the row count); a group computes MV_R rows at once, so each
-// load of the input serves MV_R rows. A unit is a block of 32 values for the integer types (16
-// or 32 bytes of quants in one or two 16-byte loads, the input's 32 int8 in two) or 8 halves of
-// an f16 row (4 floats of an f32 row, one at a time). A thread loads UN units (Unroll) of its
-// MV_R rows before it uses any, so that many loads are in flight: decode is latency-bound, and
-// short-lived blocks with one load each left the memory idle (ncu: 4x over the bound).
-// Integer kernels accumulate with dp4a and dequantize once per block of 32 (the weight scale
-// times the input scale).
+// the host from the row length); a group computes MV_R rows at once, so each load of the input
+// serves MV_R rows. A thread takes one unit at a time: a block of 32 values for the integer
+// types (16 or 32 bytes of quants in one or two 16-byte loads, the input's 32 int8 in two),
+// 8 halves of an f16 row, 4 floats of an f32 row. Integer kernels accumulate with dp4a and
+// dequantize once per block of 32 (the weight scale times the input scale).
 //
 // After the product, `fin` says what the last block to finish prepares for the next kernel
 // (see `finish`); `counter` counts finished blocks and is reset by the last one.
 
 #define MV_THREADS 256
-#define MV_R 4
+#define MV_R 2
 
 enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3 };
 
@@ -371,54 +323,35 @@ __device__ __forceinline__ int high_bits(u32 four) {
     return (int)(((four & 1) << 4) | ((four & 2) << 11) | ((four & 4) << 18) | ((four & 8) << 25));
 }
 
-// The weights of unit u of row r: loaded for all of a thread's units and rows before any is used.
-struct WUnit {
-    int4 w0, w1;  // Q8_0: 32 bytes; 4-bit types: 16 bytes in w0
-    float d, m;
-    u32 h;
-};
-
+// Dot product of unit u of row r with the input unit (a0, a1 = its 32 int8 or 8 floats), as a
+// float already scaled by the weights' per-block factor; the input scale is applied by the caller.
 template <int TY>
-__device__ __forceinline__ WUnit unit_load(const u8* __restrict__ q, const f16* __restrict__ d,
-                                           const f16* __restrict__ m, const u32* __restrict__ qh,
-                                           size_t nb, int r, int u) {
+__device__ __forceinline__ float unit_dot(const u8* __restrict__ q, const f16* __restrict__ d,
+                                          const f16* __restrict__ m, const u32* __restrict__ qh,
+                                          size_t nb, int cols, int r, int u, int4 a0, int4 a1,
+                                          float xd, int xs) {
     size_t b = (size_t)r * nb + u;
-    WUnit w;
-    w.w1 = make_int4(0, 0, 0, 0);
     if (TY == T_Q8_0) {
-        w.w0 = __ldg((const int4*)(q + b * 32));
-        w.w1 = __ldg((const int4*)(q + b * 32) + 1);
-    } else {
-        w.w0 = __ldg((const int4*)(q + b * 16));
-    }
-    w.d = h2f(__ldg(d + b));
-    w.m = TY == T_Q4_1 ? h2f(__ldg(m + b)) : 0.0f;
-    w.h = TY == T_Q5_0 ? __ldg(qh + b) : 0u;
-    return w;
-}
-
-// Dot product of a unit's weights with the input unit (a0, a1 = its 32 int8), times the input
-// scale xd (xs = the input block's integer sum, for the offset and min terms).
-template <int TY>
-__device__ __forceinline__ float unit_dot(const WUnit& w, int4 a0, int4 a1, float xd, int xs) {
-    if (TY == T_Q8_0) {
-        int i = __dp4a(w.w0.x, a0.x, 0);
-        i = __dp4a(w.w0.y, a0.y, i);
-        i = __dp4a(w.w0.z, a0.z, i);
-        i = __dp4a(w.w0.w, a0.w, i);
-        i = __dp4a(w.w1.x, a1.x, i);
-        i = __dp4a(w.w1.y, a1.y, i);
-        i = __dp4a(w.w1.z, a1.z, i);
-        i = __dp4a(w.w1.w, a1.w, i);
-        return w.d * xd * (float)i;
+        const int4* w = (const int4*)(q + b * 32);
+        int4 w0 = __ldg(w), w1 = __ldg(w + 1);
+        int i = __dp4a(w0.x, a0.x, 0);
+        i = __dp4a(w0.y, a0.y, i);
+        i = __dp4a(w0.z, a0.z, i);
+        i = __dp4a(w0.w, a0.w, i);
+        i = __dp4a(w1.x, a1.x, i);
+        i = __dp4a(w1.y, a1.y, i);
+        i = __dp4a(w1.z, a1.z, i);
+        i = __dp4a(w1.w, a1.w, i);
+        return h2f(__ldg(d + b)) * xd * (float)i;
     } else {
         // Word k of the 16 bytes: values 4k..4k+3 (low nibbles), 16+4k..16+4k+3 (high).
-        u32 lx = w.w0.x, ly = w.w0.y, lz = w.w0.z, lw = w.w0.w;
-        u32 hx = lx >> 4, hy = ly >> 4, hz = lz >> 4, hw = lw >> 4;
+        uint4 w = __ldg((const uint4*)(q + b * 16));
+        u32 lx = w.x, ly = w.y, lz = w.z, lw = w.w;
+        u32 hx = w.x >> 4, hy = w.y >> 4, hz = w.z >> 4, hw = w.w >> 4;
         lx &= 0x0F0F0F0F; ly &= 0x0F0F0F0F; lz &= 0x0F0F0F0F; lw &= 0x0F0F0F0F;
         hx &= 0x0F0F0F0F; hy &= 0x0F0F0F0F; hz &= 0x0F0F0F0F; hw &= 0x0F0F0F0F;
         if (TY == T_Q5_0) {
-            u32 h = w.h;
+            u32 h = __ldg(qh + b);
             lx |= high_bits(h); ly |= high_bits(h >> 4); lz |= high_bits(h >> 8); lw |= high_bits(h >> 12);
             hx |= high_bits(h >> 16); hy |= high_bits(h >> 20); hz |= high_bits(h >> 24); hw |= high_bits(h >> 28);
         }
@@ -432,14 +365,16 @@ __device__ __forceinline__ float unit_dot(const WUnit& w, int4 a0, int4 a1, floa
         i = __dp4a((int)hw, a1.w, i);
         if (TY == T_Q4_0) i -= 8 * xs;
         if (TY == T_Q5_0) i -= 16 * xs;
-        float s = w.d * xd * (float)i;
-        if (TY == T_Q4_1) s += w.m * (xd * (float)xs);
+        float s = h2f(__ldg(d + b)) * xd * (float)i;
+        if (TY == T_Q4_1) s += h2f(__ldg(m + b)) * (xd * (float)xs);
         return s;
     }
 }
 
-// An f16 unit (8 halves, 16 bytes, loaded) times 8 input floats.
-__device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
+// f16 unit u (8 halves, 16 bytes) of row r times 8 input floats.
+__device__ __forceinline__ float f16_dot8(const f16* __restrict__ w16, int cols, int r, int u,
+                                          float4 a, float4 b) {
+    uint4 p = __ldg((const uint4*)(w16 + (size_t)r * cols) + u);
     float s = h2f(p.x & 0xffff) * a.x + h2f(p.x >> 16) * a.y;
     s += h2f(p.y & 0xffff) * a.z + h2f(p.y >> 16) * a.w;
     s += h2f(p.z & 0xffff) * b.x + h2f(p.z >> 16) * b.y;
@@ -454,14 +389,9 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
         const float *fin_nw, int fin_n, float eps, unsigned *counter, float *part,         \
         int *state, volatile int *host_tokens
 
-// Units a thread loads before it computes (its loads for UN units x MV_R rows are in flight
-// together): 32-byte Q8_0 units take more registers, so fewer of them.
-template <int TY> struct Unroll { enum { N = TY == T_Q8_0 ? 2 : 4 }; };
-
 template <int TY>
 __device__ void matvec(MV_ARGS) {
     __shared__ float red[MV_THREADS / 32][MV_R];
-    const int UN = Unroll<TY>::N;
     int t = threadIdx.x & (tpr - 1);
     int r0 = (blockIdx.x * (MV_THREADS / tpr) + threadIdx.x / tpr) * MV_R;
     int rr[MV_R];
@@ -471,36 +401,16 @@ __device__ void matvec(MV_ARGS) {
 #pragma unroll
     for (int k = 0; k < MV_R; k++) s[k] = 0.0f;
 
-    if (TY == T_F16 && (cols & 7) == 0) {
+    if (TY == T_F16 || TY == T_F32) {
         const float4* x4 = (const float4*)xf;
-        int nu = cols / 8;
-        for (int u0 = t; u0 < nu; u0 += UN * tpr) {
-            // Branch-free: units past the row end load its last unit and count zero, so every
-            // load below is issued before the first use.
-            float4 a[UN], b[UN];
-            uint4 w[MV_R][UN];
+        if (TY == T_F16 && (cols & 7) == 0) {
+#pragma unroll 2
+            for (int u = t; u < cols / 8; u += tpr) {
+                float4 a = __ldg(x4 + 2 * u), b = __ldg(x4 + 2 * u + 1);
 #pragma unroll
-            for (int j = 0; j < UN; j++) {
-                int u = min(u0 + j * tpr, nu - 1);
-#pragma unroll
-                for (int k = 0; k < MV_R; k++)
-                    w[k][j] = __ldg((const uint4*)((const f16*)q + (size_t)rr[k] * cols) + u);
-                a[j] = __ldg(x4 + 2 * u);
-                b[j] = __ldg(x4 + 2 * u + 1);
+                for (int k = 0; k < MV_R; k++) s[k] += f16_dot8((const f16*)q, cols, rr[k], u, a, b);
             }
-#pragma unroll
-            for (int j = 0; j < UN; j++) {
-                bool ok = u0 + j * tpr < nu;
-#pragma unroll
-                for (int k = 0; k < MV_R; k++) {
-                    float v = f16_dot8(w[k][j], a[j], b[j]);
-                    s[k] += ok ? v : 0.0f;
-                }
-            }
-        }
-    } else if (TY == T_F16 || TY == T_F32) {
-        const float4* x4 = (const float4*)xf;
-        if (TY == T_F32 && (cols & 3) == 0) {
+        } else if (TY == T_F32 && (cols & 3) == 0) {
 #pragma unroll 2
             for (int u = t; u < cols / 4; u += tpr) {
                 float4 a = __ldg(x4 + u);
@@ -526,31 +436,14 @@ __device__ void matvec(MV_ARGS) {
         const int4* x4 = (const int4*)xq;
         const float* xd = (const float*)(xq + cols);
         const int* xs = (const int*)(xd + nb);
-        for (int u0 = t; u0 < nb; u0 += UN * tpr) {
-            // Branch-free as the f16 loop: all loads first, units past the end count zero.
-            int4 a0[UN], a1[UN];
-            float dx[UN];
-            int sx[UN];
-            WUnit w[MV_R][UN];
+#pragma unroll 2
+        for (int u = t; u < nb; u += tpr) {
+            int4 a0 = __ldg(x4 + 2 * u), a1 = __ldg(x4 + 2 * u + 1);
+            float dx = __ldg(xd + u);
+            int sx = TY == T_Q8_0 ? 0 : __ldg(xs + u);
 #pragma unroll
-            for (int j = 0; j < UN; j++) {
-                int u = min(u0 + j * tpr, nb - 1);
-#pragma unroll
-                for (int k = 0; k < MV_R; k++) w[k][j] = unit_load<TY>(q, d, m, qh, nb, rr[k], u);
-                a0[j] = __ldg(x4 + 2 * u);
-                a1[j] = __ldg(x4 + 2 * u + 1);
-                dx[j] = __ldg(xd + u);
-                sx[j] = TY == T_Q8_0 ? 0 : __ldg(xs + u);
-            }
-#pragma unroll
-            for (int j = 0; j < UN; j++) {
-                bool ok = u0 + j * tpr < nb;
-#pragma unroll
-                for (int k = 0; k < MV_R; k++) {
-                    float v = unit_dot<TY>(w[k][j], a0[j], a1[j], dx[j], sx[j]);
-                    s[k] += ok ? v : 0.0f;
-                }
-            }
+            for (int k = 0; k < MV_R; k++)
+                s[k] += unit_dot<TY>(q, d, m, qh, nb, cols, rr[k], u, a0, a1, dx, sx);
         }
     }
 
@@ -587,12 +480,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { 
 // row p (the others use the rotated k and the v in hand for p, so no block waits on another);
 // scores over positions 0..=p, softmax, weighted sum of values. The output is the wo product's
 // input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 == 0: blocks of 32 do
-// not cross heads). `att` is scratch of n_heads * ctx floats for the scores (used from
-// position ATT_SMEM on; before that they stay in shared memory). Every phase keeps many independent
+// not cross heads). `att` is scratch of n_heads * ctx floats. Every phase keeps many independent
 // loads in flight (one position per thread for the scores, (partition, dim) pairs for the
 // values): a chain of dependent loads per warp would make decode latency-bound here.
-#define ATT_SMEM 1024
-
 extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
                                      float base, int half_split, const int* state, float* kcache,
                                      float* vcache, int ctx, float* att, float* xf, i8* xq) {
@@ -627,9 +517,7 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
             vrow[i] = vh[i];
         }
 
-    // Scores in shared memory while they fit (no global round trips between the phases).
-    __shared__ float sa[ATT_SMEM];
-    float* a = pos < ATT_SMEM ? sa : att + (size_t)h * ctx;
+    float* a = att + (size_t)h * ctx;
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = NEG_INF;
     for (int t = threadIdx.x; t <= pos; t += blockDim.x) {

@@ -122,45 +122,24 @@ enum Finish {
 /// Threads of a product kernel's block.
 const MV_THREADS: usize = 256;
 /// Rows each group of threads computes at once (MV_R in decode.cu).
-const MV_R: usize = 4;
-/// Blocks wanted per product when the rows allow (about one per multiprocessor of an H200).
-const MV_MIN_BLOCKS: usize = 132;
+const MV_R: usize = 2;
 
-/// Units of a row of `cols` values of type `ty` (a block of 32 for the integer types, 16 bytes
-/// of an f16 row, 4 floats of an f32 row), and how many a thread loads at once (Unroll in
-/// decode.cu).
-fn row_units(ty: GpuType, cols: usize) -> (usize, usize) {
-    match ty {
-        GpuType::F16 if cols % 8 == 0 => (cols / 8, 4),
-        GpuType::F32 if cols % 4 == 0 => (cols / 4, 2),
-        GpuType::F16 | GpuType::F32 => (cols, 1),
-        GpuType::Q8_0 => (cols / 32, 2),
-        _ => (cols / 32, 4),
-    }
+/// Threads per row (a power of two, 8..=256) for a row of `cols` values of type `ty`: about one
+/// unit of work each (a block of 32 for the integer types, 16 bytes for f16/f32 rows).
+fn threads_per_row(ty: GpuType, cols: usize) -> usize {
+    let units = match ty {
+        GpuType::F16 if cols % 8 == 0 => cols / 8,
+        GpuType::F32 if cols % 4 == 0 => cols / 4,
+        GpuType::F16 | GpuType::F32 => cols,
+        _ => cols / 32,
+    };
+    units.next_power_of_two().clamp(8, MV_THREADS)
 }
 
-/// Threads per row (a power of two, 8..=256): the fewest that cover a row in one round of
-/// loads (a thread loads `unroll` units at once), then more while the product would have fewer
-/// than MV_MIN_BLOCKS blocks and every thread still gets a unit.
-fn threads_per_row(ty: GpuType, rows: usize, cols: usize) -> usize {
-    let (units, unroll) = row_units(ty, cols);
-    let mut tpr = units
-        .div_ceil(unroll)
-        .next_power_of_two()
-        .clamp(8, MV_THREADS);
-    while tpr < MV_THREADS
-        && 2 * tpr <= units
-        && rows.div_ceil(MV_THREADS / tpr * MV_R) < MV_MIN_BLOCKS
-    {
-        tpr *= 2;
-    }
-    tpr
-}
-
-/// Threads per row and blocks of a product kernel over `m`.
-fn mv_config(m: &Mat) -> (usize, usize) {
-    let tpr = threads_per_row(m.ty, m.rows, m.cols);
-    (tpr, m.rows.div_ceil(MV_THREADS / tpr * MV_R))
+/// Blocks of a product kernel over `m`.
+fn mv_grid(m: &Mat) -> usize {
+    let rows_per_block = MV_THREADS / threads_per_row(m.ty, m.cols) * MV_R;
+    m.rows.div_ceil(rows_per_block)
 }
 
 /// Fields drop in order: everything made on the GPU goes before `gpu` (declared last).
@@ -397,7 +376,7 @@ impl<'a> CudaEngine<'a> {
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counter).
         let widest = h.dim.max(q_dim).max(h.hidden_dim);
-        let out_grid = mv_config(&mat(&output_l)).1;
+        let out_grid = mv_grid(&mat(&output_l));
         let sizes = [
             h.dim * 4,                        // x
             (q_dim + 2 * kv_dim) * 4,         // qkv
@@ -588,7 +567,6 @@ impl<'a> CudaEngine<'a> {
             Finish::SwiGlu => (2, a.gu, 0, h.hidden_dim),
             Finish::Argmax => (3, 0, 0, 0),
         };
-        let (tpr, grid) = mv_config(m);
         let mut args = KernelArgs::default();
         args.ptr(m.q)
             .ptr(m.d)
@@ -596,7 +574,7 @@ impl<'a> CudaEngine<'a> {
             .ptr(m.qh)
             .i32(m.rows as i32)
             .i32(m.cols as i32)
-            .i32(tpr as i32)
+            .i32(threads_per_row(m.ty, m.cols) as i32)
             .ptr(a.xf)
             .ptr(a.xq)
             .ptr(out)
@@ -611,6 +589,7 @@ impl<'a> CudaEngine<'a> {
             .ptr(a.part)
             .ptr(a.state)
             .ptr(self.host_tokens.dev);
+        let grid = mv_grid(m);
         self.gpu
             .launch(f, grid as u32, MV_THREADS as u32, &mut args)
     }
