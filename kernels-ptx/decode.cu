@@ -2,18 +2,25 @@
 // Engine::forward runs them on the CPU. Compiled by scripts/build-ptx.py with NVRTC 12.6 for
 // compute_72 and compute_87; the PTX is committed and embedded by build.rs.
 //
-// Conventions (firmware/backend/cuda/mod.rs builds the arguments):
+// Conventions (firmware/backend/cuda/engine.rs builds the arguments):
 // - `state` is two ints in device memory: state[0] = the token to embed, state[1] = its
-//   position. The argmax kernel writes the next token and advances the position, so a CUDA
-//   graph of one step can be replayed without the host touching anything in between.
+//   position. The step's last kernel (the logits product) writes the next greedy token and
+//   advances the position, so a CUDA graph of one step can be replayed without the host
+//   touching anything in between.
 // - Matrices are stored struct-of-arrays per matrix (repacked at load from GGUF blocks, same
 //   values): `q` = quants [rows][cols] for Q8_0, [rows][cols/2] nibbles for Q4_0/Q4_1/Q5_0 in the
 //   GGUF order (byte j of a block: value j low, value j+16 high), `d` = f16 scale per block of 32,
 //   `m` = f16 min per block (Q4_1), `qh` = 32 high bits per block (Q5_0); F16/F32 are plain rows.
-// - Activations for the integer kernels are quantized like the CPU's (`quantize_q8` in
-//   firmware/backend/cpu/matvec.rs): per block of 32, d = amax / 127, q = round(x / d) (half away
-//   from zero), plus the block's integer sum, so results match the CPU backend to rounding order.
-//   Each product kernel does this for its own input in shared memory (see `build_input`).
+// - A product's input is prepared once, by the kernel before it, into global memory: `xf` =
+//   the float vector (read by the f16/f32 kernels), and for the integer kernels `xq` = the
+//   vector of width n as int8 blocks of 32: i8 q[n], then float d[n/32], then int sum[n/32]
+//   (the layout is found from n alone). Quantized like the CPU (`quantize_q8` in
+//   firmware/backend/cpu/matvec.rs): per block of 32, d = amax / 127, q = round(x * (1/d))
+//   (half away from zero), and the block's integer sum, so both backends see the same int8
+//   activations and differ only in the order of float sums.
+// - Who prepares what: `embed` (RMSNorm for layer 0), `attention` (its output, per head), and
+//   the last block to finish a product (`finish`): RMSNorm of the residual after wo and down,
+//   SwiGLU after gate/up, and the argmax after the logits.
 
 
 typedef unsigned char u8;
@@ -69,7 +76,8 @@ __device__ float block_max(float v, float* shared32) {
     return warp_max(v);
 }
 
-// Quantizes the value each lane of a full warp holds as one block of 32 (lane = position).
+// Quantizes the value each lane of a full warp holds as one block of 32 (lane = position),
+// exactly as the CPU's quantize_q8.
 __device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, int* qsum) {
     float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
@@ -102,188 +110,212 @@ __device__ float mat_value(int type, const u8* q, const f16* d, const f16* m, co
     }
 }
 
-// x = token_embd[state[0]]
-extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16* m,
-                                 const u32* qh, int dim, const int* state, float* x) {
-    int tok = state[0];
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < dim; c += gridDim.x * blockDim.x)
-        x[c] = mat_value(type, q, d, m, qh, dim, tok, c);
-}
+enum { PREP_NORM = 1, PREP_SWIGLU = 2 };
 
-// --- matrix-vector products: one warp per row, 8 rows per block of 256 threads,
-// `out[r] = (acc ? out[r] : 0) + W[r] . in + bias[r]`.
-//
-// Each block first builds its input in shared memory (the prologue), so no separate kernel
-// (and no graph node) is needed for what feeds a product:
-//   mode 0: in = x[0..n)
-//   mode 1: in = x / rms(x) * nw          (RMSNorm, eps)
-//   mode 2: in = silu(x[i]) * x[n + i]    (SwiGLU of [gate | up])
-// and, for the integer kernels, its int8 blocks of 32 (d = amax / 127, q = round(v / d), and the
-// block's integer sum), exactly as the CPU backend quantizes. Dynamic shared memory holds
-// float in[n] then, for the integer kernels, i8 q[n], float d[n/32], int sum[n/32].
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-#define MV_THREADS 256
-#define MV_ROWS (MV_THREADS / 32)
-
-__device__ void build_input(const float* x, const float* nw, float eps, int mode, int n,
-                            float* in) {
+// Prepares the next product's input from `src` (written earlier in this kernel, by any block:
+// read through L2), by one whole block (blockDim a multiple of 32):
+//   PREP_NORM:   xf = src / rms(src) * nw   (RMSNorm, eps)
+//   PREP_SWIGLU: xf = silu(src[i]) * src[n + i]
+// then, when xq is set, its int8 blocks. Latency rules here (one block, the rest of the GPU
+// waits): each thread takes 4 values per 16-byte load, loops are unrolled so several loads are
+// in flight, and a block of 32 is quantized by the 8 threads that hold it (3 shuffles).
+__device__ void prep_input(int mode, const float* src, const float* nw, int n, float eps,
+                           float* xf, i8* xq) {
     __shared__ float shared32[32];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v;
-        if (mode == 2) {
-            float g = x[i];
-            v = g / (1.0f + expf(-g)) * x[n + i];
-        } else {
-            v = x[i];
-        }
-        in[i] = v;
-    }
-    if (mode == 1) {
+    bool vec = (n & 31) == 0;  // whole blocks of 32 (always so when xq is set)
+    float inv = 1.0f;
+    if (mode == PREP_NORM) {
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
-        ss = block_sum(ss, shared32);  // syncs: every in[i] is written before it is read back
-        float inv = 1.0f / sqrtf(ss / (float)n + eps);
-        for (int i = threadIdx.x; i < n; i += blockDim.x) in[i] = in[i] * inv * nw[i];
-    }
-    __syncthreads();
-}
-
-// int8 blocks of in[0..n) (n % 32 == 0): one warp per block of 32.
-__device__ void quantize_input(const float* in, int n, i8* qs, float* qd, int* qsum) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int b = warp; b < n / 32; b += nw) quant_lane(in[b * 32 + lane], b, qs, qd, qsum);
-    __syncthreads();
-}
-
-__device__ __forceinline__ void finish_row(float sum, int r, float* out, const float* bias, int acc) {
-    sum = warp_sum(sum);
-    if ((threadIdx.x & 31) == 0) {
-        if (bias) sum += bias[r];
-        out[r] = acc ? out[r] + sum : sum;
-    }
-}
-
-#define INPUT_ARGS const float *x, const float *nw, float eps, int mode
-#define OUTPUT_ARGS float *out, const float *bias, int acc
-
-// Prologue of the float kernels: in[] = the block's input. The block then walks rows
-// grid-stride (ROWS_LOOP), so the prologue is paid once per block, not once per 8 rows.
-#define FLOAT_PROLOGUE                                          \
-    extern __shared__ float in[];                               \
-    build_input(x, nw, eps, mode, cols, in);                    \
-    int lane = threadIdx.x & 31;
-
-#define ROWS_LOOP \
-    for (int r = blockIdx.x * MV_ROWS + (threadIdx.x >> 5); r < rows; r += gridDim.x * MV_ROWS)
-
-// Prologue of the integer kernels: in[], then its int8 blocks xq / xd / xs.
-#define INT_PROLOGUE                                            \
-    extern __shared__ float in[];                               \
-    build_input(x, nw, eps, mode, cols, in);                    \
-    i8* xq8 = (i8*)(in + cols);                                 \
-    float* xd = (float*)(xq8 + cols);                           \
-    int* xs = (int*)(xd + cols / 32);                           \
-    quantize_input(in, cols, xq8, xd, xs);                      \
-    const int* xq4 = (const int*)xq8;                           \
-    int lane = threadIdx.x & 31;                                \
-    int nb = cols >> 5;
-
-extern "C" __global__ void matvec_f32(const float* w, int rows, int cols, INPUT_ARGS,
-                                      OUTPUT_ARGS) {
-    FLOAT_PROLOGUE
-    ROWS_LOOP {
-        const float* row = w + (size_t)r * cols;
-        float sum = 0.0f;
-        for (int c = lane; c < cols; c += 32) sum += row[c] * in[c];
-        finish_row(sum, r, out, bias, acc);
-    }
-}
-
-extern "C" __global__ void matvec_f16(const f16* w, int rows, int cols, INPUT_ARGS,
-                                      OUTPUT_ARGS) {
-    FLOAT_PROLOGUE
-    ROWS_LOOP {
-        const f16* row = w + (size_t)r * cols;
-        float sum = 0.0f;
-        if ((cols & 7) == 0) {
-            // 8 halves (16 bytes) per lane per step.
-            const uint4* row8 = (const uint4*)row;
+        if (vec) {
 #pragma unroll 4
-            for (int c8 = lane; c8 < cols / 8; c8 += 32) {
-                uint4 p = row8[c8];
-                const float* a = in + c8 * 8;
-                sum += h2f(p.x & 0xffff) * a[0] + h2f(p.x >> 16) * a[1];
-                sum += h2f(p.y & 0xffff) * a[2] + h2f(p.y >> 16) * a[3];
-                sum += h2f(p.z & 0xffff) * a[4] + h2f(p.z >> 16) * a[5];
-                sum += h2f(p.w & 0xffff) * a[6] + h2f(p.w >> 16) * a[7];
+            for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+                float4 v = __ldcg((const float4*)src + i);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
         } else {
-            for (int c = lane; c < cols; c += 32) sum += h2f(row[c]) * in[c];
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                float v = __ldcg(src + i);
+                ss += v * v;
+            }
         }
-        finish_row(sum, r, out, bias, acc);
+        ss = block_sum(ss, shared32);
+        inv = 1.0f / sqrtf(ss / (float)n + eps);
+    }
+    if (!vec) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            xf[i] = mode == PREP_SWIGLU ? silu_mul(__ldcg(src + i), __ldcg(src + n + i))
+                                        : __ldcg(src + i) * inv * nw[i];
+        return;
+    }
+    float* xd = (float*)(xq + n);
+    int* xs = (int*)(xd + n / 32);
+    // Uniform trip count for the whole block, so every lane takes part in the shuffles.
+#pragma unroll 4
+    for (int base = 0; base < n / 4; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        bool in = i < n / 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (in) {
+            float4 a = __ldcg((const float4*)src + i);
+            if (mode == PREP_SWIGLU) {
+                float4 u = __ldcg((const float4*)(src + n) + i);
+                v = make_float4(silu_mul(a.x, u.x), silu_mul(a.y, u.y), silu_mul(a.z, u.z),
+                                silu_mul(a.w, u.w));
+            } else {
+                float4 w = __ldg((const float4*)nw + i);
+                v = make_float4(a.x * inv * w.x, a.y * inv * w.y, a.z * inv * w.z, a.w * inv * w.w);
+            }
+            ((float4*)xf)[i] = v;
+        }
+        if (xq) {
+            // The 8 threads i & ~7 .. i | 7 hold one block of 32: quantize_q8 of the CPU.
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+            float d = amax / 127.0f;
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int q0 = (int)roundf(v.x * id), q1 = (int)roundf(v.y * id);
+            int q2 = (int)roundf(v.z * id), q3 = (int)roundf(v.w * id);
+            int sum = q0 + q1 + q2 + q3;
+            for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+            if (in) {
+                ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | (q3 << 24);
+                if ((i & 7) == 0) {
+                    xd[i / 8] = d;
+                    xs[i / 8] = sum;
+                }
+            }
+        }
     }
 }
 
-// Q8_0 x int8: 8 lanes per block of 32 (one dp4a word each), 4 blocks per warp step.
-extern "C" __global__ void matvec_q8_0(const i8* q, const f16* d, int rows, int cols,
-                                       INPUT_ARGS, OUTPUT_ARGS) {
-    INT_PROLOGUE
-    (void)xs;
-    ROWS_LOOP {
-        const int* rowq = (const int*)(q + (size_t)r * cols);
-        const f16* rowd = d + (size_t)r * nb;
-        float sum = 0.0f;
-#pragma unroll 4
-        for (int b = lane >> 3; b < nb; b += 4) {
-            int w = lane & 7;
-            int i = __dp4a(rowq[b * 8 + w], xq4[b * 8 + w], 0);
-            sum += h2f(rowd[b]) * xd[b] * (float)i;
+// x = token_embd[state[0]], then the first layer's input RMSNorm(x, nw). One block.
+extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16* m,
+                                 const u32* qh, int dim, const int* state, float* x,
+                                 const float* nw, float eps, float* xf, i8* xq) {
+    int tok = state[0];
+    for (int c = threadIdx.x; c < dim; c += blockDim.x)
+        x[c] = mat_value(type, q, d, m, qh, dim, tok, c);
+    __syncthreads();
+    prep_input(PREP_NORM, x, nw, dim, eps, xf, xq);
+}
+
+// --- matrix-vector products, `out[r] = (acc ? out[r] : 0) + W[r] . in + bias[r]`.
+//
+// A block of 256 threads is split into groups of `tpr` threads (a power of two, 8..256, chosen by
+// the host from the row length); a group computes MV_R rows at once, so each load of the input
+// serves MV_R rows. A thread takes one unit at a time: a block of 32 values for the integer
+// types (16 or 32 bytes of quants in one or two 16-byte loads, the input's 32 int8 in two),
+// 8 halves of an f16 row, 4 floats of an f32 row. Integer kernels accumulate with dp4a and
+// dequantize once per block of 32 (the weight scale times the input scale).
+//
+// After the product, `fin` says what the last block to finish prepares for the next kernel
+// (see `finish`); `counter` counts finished blocks and is reset by the last one.
+
+#define MV_THREADS 256
+#define MV_R 2
+
+enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3 };
+
+// Sum of v over the group of `tpr` threads; the group's first thread gets it.
+__device__ __forceinline__ void group_sums(float* s, int tpr, float (*red)[MV_R]) {
+#pragma unroll
+    for (int k = 0; k < MV_R; k++) {
+        int top = tpr < 32 ? tpr : 32;
+        for (int o = top >> 1; o > 0; o >>= 1) s[k] += __shfl_xor_sync(0xffffffff, s[k], o);
+    }
+    if (tpr > 32) {
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        if (lane == 0)
+#pragma unroll
+            for (int k = 0; k < MV_R; k++) red[warp][k] = s[k];
+        __syncthreads();
+        if ((threadIdx.x & (tpr - 1)) == 0) {
+            int nw = tpr >> 5;
+#pragma unroll
+            for (int k = 0; k < MV_R; k++) {
+                float v = 0.0f;
+                for (int w = 0; w < nw; w++) v += red[warp + w][k];
+                s[k] = v;
+            }
         }
-        finish_row(sum, r, out, bias, acc);
     }
 }
 
-// 4-bit kernels: 4 lanes per block (one 32-bit word of 8 nibbles each), 8 blocks per step.
-// Word w holds values 4w..4w+3 (low nibbles) and 16+4w..16+4w+3 (high nibbles).
-extern "C" __global__ void matvec_q4_0(const u32* q, const f16* d, int rows, int cols,
-                                       INPUT_ARGS, OUTPUT_ARGS) {
-    INT_PROLOGUE
-    ROWS_LOOP {
-        const u32* rowq = q + (size_t)r * nb * 4;
-        const f16* rowd = d + (size_t)r * nb;
-        float sum = 0.0f;
-#pragma unroll 4
-        for (int b = lane >> 2; b < nb; b += 8) {
-            int w = lane & 3;
-            u32 word = rowq[b * 4 + w];
-            int i = __dp4a((int)(word & 0x0F0F0F0F), xq4[b * 8 + w], 0);
-            i = __dp4a((int)((word >> 4) & 0x0F0F0F0F), xq4[b * 8 + 4 + w], i);
-            if (w == 0) i -= 8 * xs[b];
-            sum += h2f(rowd[b]) * xd[b] * (float)i;
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// The epilogue after a product's rows are written: `best_v/best_i` = this thread's best row
+// (FIN_ARGMAX, group leaders). Every block counts itself done; the last one prepares the next
+// input from the whole output (FIN_NORM, FIN_SWIGLU), or picks the greedy token from every
+// block's best (FIN_ARGMAX: two phases, no pass over the logits again).
+__device__ void finish(int fin, int tpr, float best_v, int best_i, const float* src,
+                       const float* nw, int n, float eps, float* xf, i8* xq, unsigned* counter,
+                       float* part, int* state, volatile int* host_tokens) {
+    __shared__ float bv[MV_THREADS];
+    __shared__ int bi[MV_THREADS];
+    __shared__ int last;
+    if (fin == FIN_NONE) return;
+    int* part_i = (int*)(part + gridDim.x);
+    if (fin == FIN_ARGMAX) {
+        int groups = MV_THREADS / tpr, g = threadIdx.x / tpr;
+        if ((threadIdx.x & (tpr - 1)) == 0) {
+            bv[g] = best_v;
+            bi[g] = best_i;
         }
-        finish_row(sum, r, out, bias, acc);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = bv[0];
+            int i = bi[0];
+            for (int k = 1; k < groups; k++)
+                if (better(bv[k], bi[k], v, i)) { v = bv[k]; i = bi[k]; }
+            part[blockIdx.x] = v;
+            part_i[blockIdx.x] = i;
+        }
+    }
+    // Writes of this block (rows, partials) are visible device-wide before it counts itself.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0;  // for the next product
+    if (fin != FIN_ARGMAX) {
+        prep_input(fin == FIN_NORM ? PREP_NORM : PREP_SWIGLU, src, nw, n, eps, xf, xq);
+        return;
+    }
+    float v = NEG_INF;
+    int i = 0x7fffffff;
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        float ov = __ldcg(part + b);
+        int oi = __ldcg(part_i + b);
+        if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+    bv[threadIdx.x] = v;
+    bi[threadIdx.x] = i;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s && better(bv[threadIdx.x + s], bi[threadIdx.x + s], bv[threadIdx.x], bi[threadIdx.x])) {
+            bv[threadIdx.x] = bv[threadIdx.x + s];
+            bi[threadIdx.x] = bi[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (host_tokens) host_tokens[state[1]] = bi[0];
+        state[0] = bi[0];
+        state[1] += 1;
     }
 }
 
-extern "C" __global__ void matvec_q4_1(const u32* q, const f16* d, const f16* m, int rows,
-                                       int cols, INPUT_ARGS, OUTPUT_ARGS) {
-    INT_PROLOGUE
-    ROWS_LOOP {
-        const u32* rowq = q + (size_t)r * nb * 4;
-        const f16* rowd = d + (size_t)r * nb;
-        const f16* rowm = m + (size_t)r * nb;
-        float sum = 0.0f;
-#pragma unroll 4
-        for (int b = lane >> 2; b < nb; b += 8) {
-            int w = lane & 3;
-            u32 word = rowq[b * 4 + w];
-            int i = __dp4a((int)(word & 0x0F0F0F0F), xq4[b * 8 + w], 0);
-            i = __dp4a((int)((word >> 4) & 0x0F0F0F0F), xq4[b * 8 + 4 + w], i);
-            sum += h2f(rowd[b]) * xd[b] * (float)i;
-            if (w == 0) sum += h2f(rowm[b]) * (xd[b] * (float)xs[b]);
-        }
-        finish_row(sum, r, out, bias, acc);
-    }
+__device__ __forceinline__ int dp4a_lo(u32 w, int a, int acc) {
+    return __dp4a((int)(w & 0x0F0F0F0F), a, acc);
+}
+__device__ __forceinline__ int dp4a_hi(u32 w, int a, int acc) {
+    return __dp4a((int)((w >> 4) & 0x0F0F0F0F), a, acc);
 }
 
 // Spreads 4 bits (b0..b3) to bit 4 of each byte.
@@ -291,83 +323,216 @@ __device__ __forceinline__ int high_bits(u32 four) {
     return (int)(((four & 1) << 4) | ((four & 2) << 11) | ((four & 4) << 18) | ((four & 8) << 25));
 }
 
-extern "C" __global__ void matvec_q5_0(const u32* q, const f16* d, const u32* qh, int rows,
-                                       int cols, INPUT_ARGS, OUTPUT_ARGS) {
-    INT_PROLOGUE
-    ROWS_LOOP {
-        const u32* rowq = q + (size_t)r * nb * 4;
-        const u32* rowh = qh + (size_t)r * nb;
-        const f16* rowd = d + (size_t)r * nb;
-        float sum = 0.0f;
-#pragma unroll 4
-        for (int b = lane >> 2; b < nb; b += 8) {
-            int w = lane & 3;
-            u32 word = rowq[b * 4 + w], h = rowh[b];
-            int lo = (int)(word & 0x0F0F0F0F) | high_bits(h >> (4 * w));
-            int hi = (int)((word >> 4) & 0x0F0F0F0F) | high_bits(h >> (16 + 4 * w));
-            int i = __dp4a(lo, xq4[b * 8 + w], 0);
-            i = __dp4a(hi, xq4[b * 8 + 4 + w], i);
-            if (w == 0) i -= 16 * xs[b];
-            sum += h2f(rowd[b]) * xd[b] * (float)i;
+// Dot product of unit u of row r with the input unit (a0, a1 = its 32 int8 or 8 floats), as a
+// float already scaled by the weights' per-block factor; the input scale is applied by the caller.
+template <int TY>
+__device__ __forceinline__ float unit_dot(const u8* __restrict__ q, const f16* __restrict__ d,
+                                          const f16* __restrict__ m, const u32* __restrict__ qh,
+                                          size_t nb, int cols, int r, int u, int4 a0, int4 a1,
+                                          float xd, int xs) {
+    size_t b = (size_t)r * nb + u;
+    if (TY == T_Q8_0) {
+        const int4* w = (const int4*)(q + b * 32);
+        int4 w0 = __ldg(w), w1 = __ldg(w + 1);
+        int i = __dp4a(w0.x, a0.x, 0);
+        i = __dp4a(w0.y, a0.y, i);
+        i = __dp4a(w0.z, a0.z, i);
+        i = __dp4a(w0.w, a0.w, i);
+        i = __dp4a(w1.x, a1.x, i);
+        i = __dp4a(w1.y, a1.y, i);
+        i = __dp4a(w1.z, a1.z, i);
+        i = __dp4a(w1.w, a1.w, i);
+        return h2f(__ldg(d + b)) * xd * (float)i;
+    } else {
+        // Word k of the 16 bytes: values 4k..4k+3 (low nibbles), 16+4k..16+4k+3 (high).
+        uint4 w = __ldg((const uint4*)(q + b * 16));
+        u32 lx = w.x, ly = w.y, lz = w.z, lw = w.w;
+        u32 hx = w.x >> 4, hy = w.y >> 4, hz = w.z >> 4, hw = w.w >> 4;
+        lx &= 0x0F0F0F0F; ly &= 0x0F0F0F0F; lz &= 0x0F0F0F0F; lw &= 0x0F0F0F0F;
+        hx &= 0x0F0F0F0F; hy &= 0x0F0F0F0F; hz &= 0x0F0F0F0F; hw &= 0x0F0F0F0F;
+        if (TY == T_Q5_0) {
+            u32 h = __ldg(qh + b);
+            lx |= high_bits(h); ly |= high_bits(h >> 4); lz |= high_bits(h >> 8); lw |= high_bits(h >> 12);
+            hx |= high_bits(h >> 16); hy |= high_bits(h >> 20); hz |= high_bits(h >> 24); hw |= high_bits(h >> 28);
         }
-        finish_row(sum, r, out, bias, acc);
+        int i = __dp4a((int)lx, a0.x, 0);
+        i = __dp4a((int)ly, a0.y, i);
+        i = __dp4a((int)lz, a0.z, i);
+        i = __dp4a((int)lw, a0.w, i);
+        i = __dp4a((int)hx, a1.x, i);
+        i = __dp4a((int)hy, a1.y, i);
+        i = __dp4a((int)hz, a1.z, i);
+        i = __dp4a((int)hw, a1.w, i);
+        if (TY == T_Q4_0) i -= 8 * xs;
+        if (TY == T_Q5_0) i -= 16 * xs;
+        float s = h2f(__ldg(d + b)) * xd * (float)i;
+        if (TY == T_Q4_1) s += h2f(__ldg(m + b)) * (xd * (float)xs);
+        return s;
     }
 }
 
-// Rotary embedding of q and k (in qkv = [q | k | v]) at position state[1], then k and v are
-// written to the cache row of that position. One thread per rotated pair of q or k.
-extern "C" __global__ void rope_store(float* qkv, int n_heads, int n_kv_heads, int head_dim,
-                                      float base, int half_split, const int* state, float* kcache,
-                                      float* vcache) {
-    int pos = state[1];
-    int half = head_dim / 2, q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    int pairs = (n_heads + n_kv_heads) * half;
-    if (t < pairs) {
-        int head = t / half, i = t % half;
-        float* x = qkv + head * head_dim;  // k heads follow q heads
+// f16 unit u (8 halves, 16 bytes) of row r times 8 input floats.
+__device__ __forceinline__ float f16_dot8(const f16* __restrict__ w16, int cols, int r, int u,
+                                          float4 a, float4 b) {
+    uint4 p = __ldg((const uint4*)(w16 + (size_t)r * cols) + u);
+    float s = h2f(p.x & 0xffff) * a.x + h2f(p.x >> 16) * a.y;
+    s += h2f(p.y & 0xffff) * a.z + h2f(p.y >> 16) * a.w;
+    s += h2f(p.z & 0xffff) * b.x + h2f(p.z >> 16) * b.y;
+    s += h2f(p.w & 0xffff) * b.z + h2f(p.w >> 16) * b.w;
+    return s;
+}
+
+#define MV_ARGS                                                                           \
+    const u8 *__restrict__ q, const f16 *__restrict__ d, const f16 *__restrict__ m,       \
+        const u32 *__restrict__ qh, int rows, int cols, int tpr, float *xf,                  \
+        i8 *xq, float *out, const float *bias, int acc, int fin, const float *fin_src,    \
+        const float *fin_nw, int fin_n, float eps, unsigned *counter, float *part,         \
+        int *state, volatile int *host_tokens
+
+template <int TY>
+__device__ void matvec(MV_ARGS) {
+    __shared__ float red[MV_THREADS / 32][MV_R];
+    int t = threadIdx.x & (tpr - 1);
+    int r0 = (blockIdx.x * (MV_THREADS / tpr) + threadIdx.x / tpr) * MV_R;
+    int rr[MV_R];
+#pragma unroll
+    for (int k = 0; k < MV_R; k++) rr[k] = min(r0 + k, rows - 1);  // rows past the end: loads only
+    float s[MV_R];
+#pragma unroll
+    for (int k = 0; k < MV_R; k++) s[k] = 0.0f;
+
+    if (TY == T_F16 || TY == T_F32) {
+        const float4* x4 = (const float4*)xf;
+        if (TY == T_F16 && (cols & 7) == 0) {
+#pragma unroll 2
+            for (int u = t; u < cols / 8; u += tpr) {
+                float4 a = __ldg(x4 + 2 * u), b = __ldg(x4 + 2 * u + 1);
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) s[k] += f16_dot8((const f16*)q, cols, rr[k], u, a, b);
+            }
+        } else if (TY == T_F32 && (cols & 3) == 0) {
+#pragma unroll 2
+            for (int u = t; u < cols / 4; u += tpr) {
+                float4 a = __ldg(x4 + u);
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) {
+                    float4 w = __ldg((const float4*)((const float*)q + (size_t)rr[k] * cols) + u);
+                    s[k] += w.x * a.x + w.y * a.y + w.z * a.z + w.w * a.w;
+                }
+            }
+        } else {
+            for (int c = t; c < cols; c += tpr) {
+                float a = __ldg(xf + c);
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) {
+                    size_t at = (size_t)rr[k] * cols + c;
+                    float w = TY == T_F16 ? h2f(__ldg((const f16*)q + at)) : __ldg((const float*)q + at);
+                    s[k] += w * a;
+                }
+            }
+        }
+    } else {
+        int nb = cols >> 5;
+        const int4* x4 = (const int4*)xq;
+        const float* xd = (const float*)(xq + cols);
+        const int* xs = (const int*)(xd + nb);
+#pragma unroll 2
+        for (int u = t; u < nb; u += tpr) {
+            int4 a0 = __ldg(x4 + 2 * u), a1 = __ldg(x4 + 2 * u + 1);
+            float dx = __ldg(xd + u);
+            int sx = TY == T_Q8_0 ? 0 : __ldg(xs + u);
+#pragma unroll
+            for (int k = 0; k < MV_R; k++)
+                s[k] += unit_dot<TY>(q, d, m, qh, nb, cols, rr[k], u, a0, a1, dx, sx);
+        }
+    }
+
+    group_sums(s, tpr, red);
+    float best_v = NEG_INF;
+    int best_i = 0x7fffffff;
+    if (t == 0) {
+#pragma unroll
+        for (int k = 0; k < MV_R; k++) {
+            int r = r0 + k;
+            if (r < rows) {
+                float v = s[k] + (bias ? bias[r] : 0.0f);
+                if (acc) v += out[r];
+                out[r] = v;
+                if (better(v, r, best_v, best_i)) { best_v = v; best_i = r; }
+            }
+        }
+    }
+    finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, xf, xq, counter, part, state,
+           host_tokens);
+}
+
+#define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
+                eps, counter, part, state, host_tokens
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0>(MV_PASS); }
+
+// One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
+// head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache
+// row p (the others use the rotated k and the v in hand for p, so no block waits on another);
+// scores over positions 0..=p, softmax, weighted sum of values. The output is the wo product's
+// input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 == 0: blocks of 32 do
+// not cross heads). `att` is scratch of n_heads * ctx floats. Every phase keeps many independent
+// loads in flight (one position per thread for the scores, (partition, dim) pairs for the
+// values): a chain of dependent loads per warp would make decode latency-bound here.
+extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
+                                     float base, int half_split, const int* state, float* kcache,
+                                     float* vcache, int ctx, float* att, float* xf, i8* xq) {
+    __shared__ float shared32[32];
+    __shared__ float qh[256], kh[256], vh[256];
+    __shared__ float partial[1024];
+    int h = blockIdx.x, pos = state[1], group = n_heads / n_kv_heads, kvh = h / group;
+    int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
+    const float* qsrc = qkv + h * head_dim;
+    const float* ksrc = qkv + q_dim + kvh * head_dim;
+    const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
+    // Threads 0..half rotate the q pairs, half..2*half the k pairs (as the CPU's rope).
+    for (int t = threadIdx.x; t < 2 * half; t += blockDim.x) {
+        int i = t % half;
+        const float* src = t < half ? qsrc : ksrc;
+        float* dst = t < half ? qh : kh;
         float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
         float s, c;
         sincosf((float)pos * freq, &s, &c);
         int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
-        float x0 = x[a], x1 = x[b];
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        float x0 = src[a], x1 = src[b];
+        dst[a] = x0 * c - x1 * s;
+        dst[b] = x0 * s + x1 * c;
     }
-    // Each k pair is stored by the thread that rotated it (no order between blocks is needed);
-    // v is copied by the first kv_dim threads.
-    if (t < pairs && t >= n_heads * half) {
-        int kt = t - n_heads * half, head = kt / half, i = kt % half;
-        int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
-        const float* k = qkv + q_dim + head * head_dim;
-        kcache[(size_t)pos * kv_dim + head * head_dim + a] = k[a];
-        kcache[(size_t)pos * kv_dim + head * head_dim + b] = k[b];
-    }
-    if (t < kv_dim) vcache[(size_t)pos * kv_dim + t] = qkv[q_dim + kv_dim + t];
-}
-
-// One block per query head: scores over positions 0..=pos of its kv head, softmax, weighted sum
-// of values. `att` is scratch of n_heads * ctx floats. Every phase keeps many independent loads
-// in flight (one position per thread for the scores, (partition, dim) pairs for the values):
-// a chain of dependent loads per warp would make decode latency-bound here.
-extern "C" __global__ void attention(const float* q, const float* kcache, const float* vcache,
-                                     int kv_dim, int head_dim, int group, int ctx,
-                                     const int* state, float* att, float* out) {
-    __shared__ float shared32[32];
-    __shared__ float qh[256];
-    __shared__ float partial[1024];
-    int h = blockIdx.x, pos = state[1], kvh = h / group;
-    float* a = att + (size_t)h * ctx;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qh[i] = q[h * head_dim + i];
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vh[i] = vsrc[i];
     __syncthreads();
+    float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
+    float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
+    if (h % group == 0)
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            krow[i] = kh[i];
+            vrow[i] = vh[i];
+        }
+
+    float* a = att + (size_t)h * ctx;
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = NEG_INF;
     for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
-        const float4* k4 = (const float4*)(kcache + (size_t)t * kv_dim + kvh * head_dim);
         float s = 0.0f;
-        for (int i = 0; i < head_dim / 4; i++) {
-            float4 k = k4[i];
-            s += qh[4 * i] * k.x + qh[4 * i + 1] * k.y + qh[4 * i + 2] * k.z + qh[4 * i + 3] * k.w;
+        if (t == pos) {
+            for (int i = 0; i < head_dim / 4; i++)
+                s += qh[4 * i] * kh[4 * i] + qh[4 * i + 1] * kh[4 * i + 1] + qh[4 * i + 2] * kh[4 * i + 2] +
+                     qh[4 * i + 3] * kh[4 * i + 3];
+        } else {
+            const float4* k4 = (const float4*)(kcache + (size_t)t * kv_dim + kvh * head_dim);
+#pragma unroll 8
+            for (int i = 0; i < head_dim / 4; i++) {
+                float4 k = k4[i];
+                s += qh[4 * i] * k.x + qh[4 * i + 1] * k.y + qh[4 * i + 2] * k.z + qh[4 * i + 3] * k.w;
+            }
         }
         s *= scale;
         a[t] = s;
@@ -387,46 +552,23 @@ extern "C" __global__ void attention(const float* q, const float* kcache, const 
     int i = threadIdx.x % head_dim, p = threadIdx.x / head_dim;
     float acc = 0.0f;
     if (p < P)
-        for (int t = p; t <= pos; t += P) acc += a[t] * vcache[(size_t)t * kv_dim + kvh * head_dim + i];
+#pragma unroll 4
+        for (int t = p; t <= pos; t += P)
+            acc += a[t] * (t == pos ? vh[i] : vcache[(size_t)t * kv_dim + kvh * head_dim + i]);
     partial[threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.x < head_dim) {
         float o = 0.0f;
         for (int pp = 0; pp < P; pp++) o += partial[pp * head_dim + threadIdx.x];
-        out[h * head_dim + threadIdx.x] = o / sum;
+        o /= sum;
+        xf[h * head_dim + threadIdx.x] = o;
+        qh[threadIdx.x] = o;  // q is no longer needed: the output, for quantizing
     }
-}
-
-// Greedy pick: state[0] = argmax(logits) (lowest index on ties, as the CPU sampler),
-// state[1] += 1, and the token is also written to host_tokens[position] (mapped host memory),
-// so steps can run back to back and the host reads every token afterwards.
-extern "C" __global__ void argmax_advance(const float* logits, int n, int* state,
-                                          volatile int* host_tokens) {
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
-    float bv = NEG_INF;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = logits[i];
-        if (v > bv) { bv = v; bi = i; }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            float ov = best_v[threadIdx.x + s];
-            int oi = best_i[threadIdx.x + s];
-            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
+    if (xq) {
         __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        if (host_tokens) host_tokens[state[1]] = best_i[0];
-        state[0] = best_i[0];
-        state[1] += 1;
+        float* xd = (float*)(xq + q_dim);
+        int* xs = (int*)(xd + q_dim / 32);
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, blocks = head_dim / 32;
+        if (warp < blocks) quant_lane(qh[warp * 32 + lane], h * blocks + warp, xq, xd, xs);
     }
 }

@@ -4,9 +4,11 @@
 # then the benchmarks on same-shape random-weight models written here from bench-shapes/
 # (every CUDA configuration is checked against the CPU backend before it is timed), then a
 # short table last. Results land in $OUT (else hil-out/results): tests.txt, bench-*.md/json/png.
+# HIL_DIR: where the staged binaries and models are (default hil-out; `.` when this script runs
+# from the self-contained copy that scripts/hil.sh puts in hil-out/, see docs/HIL.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-h=hil-out
+h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
 m=$h/models
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"

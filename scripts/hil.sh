@@ -34,4 +34,10 @@ strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" 2>/dev/null || true
 # The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+# A self-contained copy (scripts, shapes, wheel) so hil-out/ alone can travel, e.g. from a
+# checkout that is not the one the device call sends: `HIL_DIR=. bash DIR/scripts/hil-run.sh`.
+mkdir -p "$out/scripts" "$out/.whl"
+cp scripts/hil-run.sh scripts/synth-gguf.py "$out/scripts/"
+cp -r bench-shapes "$out/"
+cp .whl/gguf-*.whl "$out/.whl/"
 du -sh "$out"; ls -la "$out" "$out/models"

@@ -481,13 +481,13 @@ impl Drop for MappedHost {
 /// Kernel parameters, each in an 8-byte slot (pointers, u64, and i32/f32 in the low bytes).
 #[derive(Default)]
 pub struct KernelArgs {
-    slots: [u64; 16],
+    slots: [u64; 32],
     n: usize,
 }
 
 impl KernelArgs {
     fn push(&mut self, v: u64) -> &mut Self {
-        assert!(self.n < 16, "more than 16 kernel parameters");
+        assert!(self.n < 32, "more than 32 kernel parameters");
         self.slots[self.n] = v;
         self.n += 1;
         self
@@ -508,8 +508,8 @@ impl KernelArgs {
     pub fn then(&mut self, f: Function) -> Function {
         f
     }
-    fn pointers(&mut self) -> [*mut c_void; 16] {
-        let mut p = [std::ptr::null_mut(); 16];
+    fn pointers(&mut self) -> [*mut c_void; 32] {
+        let mut p = [std::ptr::null_mut(); 32];
         for (i, slot) in self.slots[..self.n].iter_mut().enumerate() {
             p[i] = slot as *mut u64 as *mut c_void;
         }

@@ -69,9 +69,7 @@ struct GpuLayer {
 
 struct Kernels {
     embed: Function,
-    rope_store: Function,
     attention: Function,
-    argmax_advance: Function,
     matvec_f32: Function,
     matvec_f16: Function,
     matvec_q8_0: Function,
@@ -90,37 +88,58 @@ enum WeightMemory {
 /// Device buffers for one token's activations and the KV cache.
 struct Activations {
     _buf: DeviceBuffer,
+    /// The residual stream.
     x: u64,
     qkv: u64,
-    att_out: u64,
     /// [gate | up] of the FFN.
     gu: u64,
     logits: u64,
     att: u64,
     /// [token, position] of the step.
     state: u64,
+    /// The next product's input, prepared once by the kernel before it: floats (`xf`), and
+    /// int8 blocks of 32 with their scales and sums (`xq`, 0 when no kernel reads int8).
+    xf: u64,
+    xq: u64,
+    /// Blocks of a product that have finished (its last block prepares the next input).
+    counter: u64,
+    /// Each block's best logit and its row, for the two-phase argmax.
+    part: u64,
 }
 
-/// What a product kernel computes its input from, in its prologue (kernels-ptx/decode.cu).
+/// What the last block of a product prepares for the next kernel (kernels-ptx/decode.cu).
 #[derive(Clone, Copy)]
-enum Input {
-    /// The vector as it is.
-    Plain(u64),
-    /// RMSNorm of the vector with these weights.
-    Norm(u64, u64),
+enum Finish {
+    None,
+    /// RMSNorm of the residual `x` with these weights.
+    Norm(u64),
     /// SwiGLU of [gate | up].
-    SwiGlu(u64),
+    SwiGlu,
+    /// The greedy pick over the logits; advances the step's state.
+    Argmax,
 }
 
-/// Dynamic shared memory of a product kernel over `cols` inputs: the float input, plus its int8
-/// blocks (values, scales, sums) for the integer kernels.
-fn input_shared_bytes(cols: usize, int8: bool) -> usize {
-    4 * cols
-        + if int8 {
-            cols + 8 * cols.div_ceil(32)
-        } else {
-            0
-        }
+/// Threads of a product kernel's block.
+const MV_THREADS: usize = 256;
+/// Rows each group of threads computes at once (MV_R in decode.cu).
+const MV_R: usize = 2;
+
+/// Threads per row (a power of two, 8..=256) for a row of `cols` values of type `ty`: about one
+/// unit of work each (a block of 32 for the integer types, 16 bytes for f16/f32 rows).
+fn threads_per_row(ty: GpuType, cols: usize) -> usize {
+    let units = match ty {
+        GpuType::F16 if cols % 8 == 0 => cols / 8,
+        GpuType::F32 if cols % 4 == 0 => cols / 4,
+        GpuType::F16 | GpuType::F32 => cols,
+        _ => cols / 32,
+    };
+    units.next_power_of_two().clamp(8, MV_THREADS)
+}
+
+/// Blocks of a product kernel over `m`.
+fn mv_grid(m: &Mat) -> usize {
+    let rows_per_block = MV_THREADS / threads_per_row(m.ty, m.cols) * MV_R;
+    m.rows.div_ceil(rows_per_block)
 }
 
 /// Fields drop in order: everything made on the GPU goes before `gpu` (declared last).
@@ -337,9 +356,7 @@ impl<'a> CudaEngine<'a> {
         let f = |n: &str| module.function(n).map_err(cuda);
         let k = Kernels {
             embed: f("embed")?,
-            rope_store: f("rope_store")?,
             attention: f("attention")?,
-            argmax_advance: f("argmax_advance")?,
             matvec_f32: f("matvec_f32")?,
             matvec_f16: f("matvec_f16")?,
             matvec_q8_0: f("matvec_q8_0")?,
@@ -348,48 +365,51 @@ impl<'a> CudaEngine<'a> {
             matvec_q5_0: f("matvec_q5_0")?,
         };
 
-        // The product kernels build their input in shared memory (float, then int8 blocks).
-        let widest = h.dim.max(q_dim).max(h.hidden_dim);
-        for mv in [
-            k.matvec_f32,
-            k.matvec_f16,
-            k.matvec_q8_0,
-            k.matvec_q4_0,
-            k.matvec_q4_1,
-            k.matvec_q5_0,
-        ] {
-            mv.allow_shared(input_shared_bytes(widest, true))
-                .map_err(cuda)?;
+        // The attention kernel quantizes its output per head, in blocks of 32 that must not
+        // cross heads.
+        if layers.iter().any(|l| l.wo.ty.int8_activations()) && h.head_dim % 32 != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "the CUDA backend reads a quantized attention output matrix with int8 activations only when head_dim is a multiple of 32 (it is {})",
+                h.head_dim
+            )));
         }
 
-        // Activations: one device buffer carved into aligned slices.
+        // Activations: one device buffer carved into aligned slices (zeroed: the counter).
+        let widest = h.dim.max(q_dim).max(h.hidden_dim);
+        let out_grid = mv_grid(&mat(&output_l));
         let sizes = [
-            h.dim * 4,                // x
-            (q_dim + 2 * kv_dim) * 4, // qkv
-            q_dim * 4,                // att_out
-            2 * h.hidden_dim * 4,     // gu
-            h.vocab_size * 4,         // logits
-            h.n_heads * context * 4,  // att
-            8,                        // state
+            h.dim * 4,                        // x
+            (q_dim + 2 * kv_dim) * 4,         // qkv
+            2 * h.hidden_dim * 4,             // gu
+            h.vocab_size * 4,                 // logits
+            h.n_heads * context * 4,          // att
+            8,                                // state
+            widest * 4,                       // xf
+            widest + 8 * widest.div_ceil(32), // xq: int8, then f32 scales and i32 sums
+            4,                                // counter
+            8 * out_grid,                     // part
         ];
         let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
         let buf = gpu.alloc(total).map_err(cuda)?;
-        let mut ptrs = [0u64; 7];
+        let mut ptrs = [0u64; 10];
         let mut off = 0u64;
         for (p, s) in ptrs.iter_mut().zip(sizes) {
             *p = buf.ptr + off;
             off += s.next_multiple_of(256) as u64;
         }
-        let [x, qkv, att_out, gu, logits, att, state] = ptrs;
+        let [x, qkv, gu, logits, att, state, xf, xq, counter, part] = ptrs;
         let a = Activations {
             _buf: buf,
             x,
             qkv,
-            att_out,
             gu,
             logits,
             att,
             state,
+            xf,
+            xq: if int8_activations { xq } else { 0 },
+            counter,
+            part,
         };
         let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
         let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
@@ -443,13 +463,16 @@ impl<'a> CudaEngine<'a> {
         let (dim, head_dim) = (h.dim, h.head_dim);
         let kv_dim = h.n_kv_heads * head_dim;
         let ctx = self.context;
-        let blocks = |n: usize, per: usize| n.div_ceil(per) as u32;
 
-        // Embedding of the token.
+        // Embedding of the token, and the first layer's normed input.
         let e = &self.embd;
+        let first_norm = self
+            .layers
+            .first()
+            .map_or(self.output_norm, |l| l.attn_norm);
         g.launch(
             k.embed,
-            blocks(dim, 256),
+            1,
             256,
             KernelArgs::default()
                 .i32(e.ty as i32)
@@ -459,13 +482,17 @@ impl<'a> CudaEngine<'a> {
                 .ptr(e.qh)
                 .i32(dim as i32)
                 .ptr(a.state)
-                .ptr(a.x),
+                .ptr(a.x)
+                .ptr(first_norm)
+                .f32(h.norm_eps)
+                .ptr(a.xf)
+                .ptr(a.xq),
         )?;
 
         for (l, w) in self.layers.iter().enumerate() {
             let kc = self.kcache.ptr + (l * ctx * kv_dim * 4) as u64;
             let vc = self.vcache.ptr + (l * ctx * kv_dim * 4) as u64;
-            // Attention: q, k, v of the normed input; rotate q and k, store k and v in the cache.
+            // Attention: q, k, v of the normed input.
             for &(m, off) in &w.qkv {
                 let bias = if w.qkv_bias != 0 {
                     w.qkv_bias + off as u64 * 4
@@ -473,13 +500,14 @@ impl<'a> CudaEngine<'a> {
                     0
                 };
                 let out = a.qkv + off as u64 * 4;
-                self.matvec(&m, Input::Norm(a.x, w.attn_norm), out, bias, false)?;
+                self.matvec(&m, out, bias, false, Finish::None)?;
             }
-            let pairs = (h.n_heads + h.n_kv_heads) * head_dim / 2;
+            // Each head rotates its q and k, attends over positions 0..=pos of its KV head
+            // (storing k and v of pos), and writes wo's input.
             g.launch(
-                k.rope_store,
-                blocks(pairs.max(kv_dim), 256),
-                256,
+                k.attention,
+                h.n_heads as u32,
+                1024,
                 KernelArgs::default()
                     .ptr(a.qkv)
                     .i32(h.n_heads as i32)
@@ -489,96 +517,81 @@ impl<'a> CudaEngine<'a> {
                     .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
                     .ptr(a.state)
                     .ptr(kc)
-                    .ptr(vc),
-            )?;
-            // Each head attends over positions 0..=pos of its KV head.
-            g.launch(
-                k.attention,
-                h.n_heads as u32,
-                1024,
-                KernelArgs::default()
-                    .ptr(a.qkv)
-                    .ptr(kc)
                     .ptr(vc)
-                    .i32(kv_dim as i32)
-                    .i32(head_dim as i32)
-                    .i32((h.n_heads / h.n_kv_heads) as i32)
                     .i32(ctx as i32)
-                    .ptr(a.state)
                     .ptr(a.att)
-                    .ptr(a.att_out),
+                    .ptr(a.xf)
+                    .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 }),
             )?;
-            self.matvec(&w.wo, Input::Plain(a.att_out), a.x, 0, true)?;
+            // Added to the residual; the last block norms it for the FFN.
+            self.matvec(&w.wo, a.x, 0, true, Finish::Norm(w.ffn_norm))?;
 
-            // Feed-forward: SwiGLU of the normed input, added to the residual.
-            for &(m, off) in &w.gate_up {
+            // Feed-forward: [gate | up], then the last block of the last launch builds SwiGLU;
+            // down is added to the residual and norms it for the next layer (or the output).
+            let n_gu = w.gate_up.len();
+            for (i, &(m, off)) in w.gate_up.iter().enumerate() {
                 let out = a.gu + off as u64 * 4;
-                self.matvec(&m, Input::Norm(a.x, w.ffn_norm), out, 0, false)?;
+                let fin = if i + 1 == n_gu {
+                    Finish::SwiGlu
+                } else {
+                    Finish::None
+                };
+                self.matvec(&m, out, 0, false, fin)?;
             }
-            self.matvec(&w.down, Input::SwiGlu(a.gu), a.x, 0, true)?;
+            let next_norm = self
+                .layers
+                .get(l + 1)
+                .map_or(self.output_norm, |n| n.attn_norm);
+            self.matvec(&w.down, a.x, 0, true, Finish::Norm(next_norm))?;
         }
 
-        let logits_in = Input::Norm(a.x, self.output_norm);
-        self.matvec(&self.output, logits_in, a.logits, 0, false)?;
-        g.launch(
-            k.argmax_advance,
-            1,
-            1024,
-            KernelArgs::default()
-                .ptr(a.logits)
-                .i32(h.vocab_size as i32)
-                .ptr(a.state)
-                .ptr(self.host_tokens.dev),
-        )
+        // Logits, and the greedy pick that advances the state.
+        self.matvec(&self.output, a.logits, 0, false, Finish::Argmax)
     }
 
-    /// `out = (acc ? out : 0) + W in + bias`, `in` built by the kernel's prologue.
-    fn matvec(&self, m: &Mat, input: Input, out: u64, bias: u64, acc: bool) -> CudaResult<()> {
-        let (rows, cols) = (m.rows as i32, m.cols as i32);
-        let mut args = KernelArgs::default();
+    /// `out = (acc ? out : 0) + W in + bias` over the prepared input, then `fin`.
+    fn matvec(&self, m: &Mat, out: u64, bias: u64, acc: bool, fin: Finish) -> CudaResult<()> {
+        let h = &self.hyper;
+        let a = &self.a;
         let f = match m.ty {
-            GpuType::F32 => args.ptr(m.q).i32(rows).i32(cols).then(self.k.matvec_f32),
-            GpuType::F16 => args.ptr(m.q).i32(rows).i32(cols).then(self.k.matvec_f16),
-            GpuType::Q8_0 => args
-                .ptr(m.q)
-                .ptr(m.d)
-                .i32(rows)
-                .i32(cols)
-                .then(self.k.matvec_q8_0),
-            GpuType::Q4_0 => args
-                .ptr(m.q)
-                .ptr(m.d)
-                .i32(rows)
-                .i32(cols)
-                .then(self.k.matvec_q4_0),
-            GpuType::Q4_1 => args
-                .ptr(m.q)
-                .ptr(m.d)
-                .ptr(m.m)
-                .i32(rows)
-                .i32(cols)
-                .then(self.k.matvec_q4_1),
-            GpuType::Q5_0 => args
-                .ptr(m.q)
-                .ptr(m.d)
-                .ptr(m.qh)
-                .i32(rows)
-                .i32(cols)
-                .then(self.k.matvec_q5_0),
+            GpuType::F32 => self.k.matvec_f32,
+            GpuType::F16 => self.k.matvec_f16,
+            GpuType::Q8_0 => self.k.matvec_q8_0,
+            GpuType::Q4_0 => self.k.matvec_q4_0,
+            GpuType::Q4_1 => self.k.matvec_q4_1,
+            GpuType::Q5_0 => self.k.matvec_q5_0,
         };
-        let (x, norm_w, mode) = match input {
-            Input::Plain(x) => (x, 0, 0),
-            Input::Norm(x, w) => (x, w, 1),
-            Input::SwiGlu(gu) => (gu, 0, 2),
+        let (fin_mode, fin_src, fin_nw, fin_n) = match fin {
+            Finish::None => (0, 0, 0, 0),
+            Finish::Norm(nw) => (1, a.x, nw, h.dim),
+            Finish::SwiGlu => (2, a.gu, 0, h.hidden_dim),
+            Finish::Argmax => (3, 0, 0, 0),
         };
-        args.ptr(x).ptr(norm_w).f32(self.hyper.norm_eps).i32(mode);
-        args.ptr(out).ptr(bias).i32(acc as i32);
-        let shared = input_shared_bytes(m.cols, m.ty.int8_activations()) as u32;
-        // 8 warps per block, one row at a time; at most 8 blocks per multiprocessor, each
-        // walking rows grid-stride, so the input prologue is paid a bounded number of times.
-        let grid = m.rows.div_ceil(8).min(8 * self.gpu.sm_count as usize);
+        let mut args = KernelArgs::default();
+        args.ptr(m.q)
+            .ptr(m.d)
+            .ptr(m.m)
+            .ptr(m.qh)
+            .i32(m.rows as i32)
+            .i32(m.cols as i32)
+            .i32(threads_per_row(m.ty, m.cols) as i32)
+            .ptr(a.xf)
+            .ptr(a.xq)
+            .ptr(out)
+            .ptr(bias)
+            .i32(acc as i32)
+            .i32(fin_mode)
+            .ptr(fin_src)
+            .ptr(fin_nw)
+            .i32(fin_n as i32)
+            .f32(h.norm_eps)
+            .ptr(a.counter)
+            .ptr(a.part)
+            .ptr(a.state)
+            .ptr(self.host_tokens.dev);
+        let grid = mv_grid(m);
         self.gpu
-            .launch_shared(f, grid as u32, 256, shared, &mut args)
+            .launch(f, grid as u32, MV_THREADS as u32, &mut args)
     }
 
     /// Queues one step for `token` at `pos` (state upload, then the graph or every kernel).
