@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: fetch the models the tests use, then formatting,
-# lints and the whole test suite. Tests whose data is missing print `skipped: ...`.
+# lints and the whole test suite, then the CPU kernels built for aarch64 and tested under qemu.
+# Tests whose data or tools are missing print `skipped: ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
@@ -15,3 +16,5 @@ python3 scripts/build-ptx.py --check
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test -- --show-output
+# The same kernels built for the Jetson's aarch64 CPU and run under qemu (NEON against scalar).
+scripts/test-aarch64.sh

@@ -39,7 +39,7 @@ fn axpy_fn(ty: GgmlType, k: Kernel) -> AxpyFn {
             _ => {}
         }
     }
-    let _ = k;
+    let _ = (ty, k);
     axpy_scalar
 }
 

@@ -292,7 +292,9 @@ impl ActScratch {
 pub(crate) struct Act<'a> {
     pub(crate) x: &'a [f32],
     pub(crate) qs: &'a [i8],
-    /// `qs` permuted per group for the lane-interleaved w4 packings (empty when unused).
+    /// `qs` permuted per group for the lane-interleaved w4 packings (empty when unused); only
+    /// the AVX2 w4 kernels read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) qp: &'a [i8],
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
@@ -1314,7 +1316,7 @@ mod neon {
     pub(super) fn chunk_fn(ty: GgmlType) -> Option<ChunkFn> {
         Some(match ty {
             GgmlType::Q4_0 => chunk::<18, 2, false, true>,
-            GgmlType::Q4_1 => chunk::<20, 4, true, false>,
+            GgmlType::Q4_1 => chunk::<20, 4, true, true>,
             GgmlType::Q8_0 => chunk::<34, 2, false, false>,
             _ => return None,
         })
