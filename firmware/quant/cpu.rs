@@ -374,6 +374,8 @@ mod x86 {
 #[cfg(target_arch = "aarch64")]
 mod neon {
     use super::*;
+    // Baseline NEON's widening multiply and pairwise add, shared with the classic kernels.
+    use crate::backend::cpu::matvec::neon::mul_acc;
     use std::arch::aarch64::*;
 
     /// Whether this core has `sdot` (checked once by the standard library, cached).
@@ -396,15 +398,6 @@ mod neon {
             options(pure, nomem, nostack)
         );
         acc
-    }
-
-    /// The same sums with baseline NEON: widening multiplies, pairwise add-accumulate.
-    #[inline]
-    #[target_feature(enable = "neon")]
-    unsafe fn dot_mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-        let hi = vmull_s8(vget_high_s8(a), vget_high_s8(b));
-        vpadalq_s16(vpadalq_s16(acc, lo), hi)
     }
 
     /// The group's 32 weights as two registers, in the order its activations are stored.
@@ -486,7 +479,7 @@ mod neon {
                 let lanes = if DOT {
                     dot_sdot(dot_sdot(zero, w0, y0), w1, y1)
                 } else {
-                    dot_mull(dot_mull(zero, w0, y0), w1, y1)
+                    mul_acc(mul_acc(zero, w0, y0), w1, y1)
                 };
                 let i = vaddvq_s32(lanes);
                 let d = f16_to_f32(u16::from_le_bytes([data[s], data[s + 1]])) * a.d[g];

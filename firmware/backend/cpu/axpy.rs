@@ -9,7 +9,7 @@
 
 use super::matvec::{kernel, Kernel, Rows};
 use super::pool::WorkerPool;
-use super::{prefetch, GATHER_PREFETCH_ROWS};
+use super::prefetch_gathered;
 use crate::model::ggml::{dequantize_row, GgmlType, QK};
 
 /// Adds `h * row` to `out` for `out.len()` values (a whole number of 32-value groups) of one
@@ -129,11 +129,7 @@ pub fn axpy_rows_with(
         let o = unsafe { std::slice::from_raw_parts_mut(pp.ptr().add(t * cols), cols) };
         o.fill(0.0);
         // The rows a token needs are scattered: each is prefetched a few rows ahead.
-        let prefetch_ahead = |i: usize| {
-            for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
-                prefetch(row(r));
-            }
-        };
+        let prefetch_ahead = |i: usize| prefetch_gathered(ids, i, row);
         let mut i = 0;
         if let Some(f4) = f4 {
             while i + 4 <= ids.len() {

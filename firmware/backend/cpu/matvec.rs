@@ -13,7 +13,7 @@
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
 use super::pool::WorkerPool;
-use super::{prefetch, GATHER_PREFETCH_ROWS};
+use super::prefetch_gathered;
 use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
 use crate::quant::{Packing, QFormat};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -468,11 +468,7 @@ pub fn matvec_gather_with(
         // SAFETY: tasks write disjoint ranges i0..i1 of `out` (borrowed mutably for the call).
         let o = unsafe { std::slice::from_raw_parts_mut(outp.ptr().add(i0), i1 - i0) };
         // The rows a token needs are scattered: each is prefetched a few rows ahead.
-        let prefetch_ahead = |i: usize| {
-            for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
-                prefetch(row(r));
-            }
-        };
+        let prefetch_ahead = |i: usize| prefetch_gathered(ids, i, row);
         let mut i = 0;
         if let Some(f4) = f4 {
             while i + 4 <= ids.len() {
@@ -1309,7 +1305,7 @@ mod x86 {
 // vmull_s8 + vpadalq_s16 (baseline NEON); `vdotq_s32` would be faster on cores with dotprod.
 
 #[cfg(target_arch = "aarch64")]
-mod neon {
+pub(crate) mod neon {
     use super::*;
     use std::arch::aarch64::*;
 
@@ -1325,7 +1321,7 @@ mod neon {
     /// Sum of the products of 16 signed bytes, as 4 lanes of i32 added to `acc`.
     #[inline]
     #[target_feature(enable = "neon")]
-    unsafe fn mul_acc(acc: int32x4_t, w: int8x16_t, y: int8x16_t) -> int32x4_t {
+    pub(crate) unsafe fn mul_acc(acc: int32x4_t, w: int8x16_t, y: int8x16_t) -> int32x4_t {
         let lo = vmull_s8(vget_low_s8(w), vget_low_s8(y));
         let hi = vmull_s8(vget_high_s8(w), vget_high_s8(y));
         vpadalq_s16(vpadalq_s16(acc, lo), hi)

@@ -13,6 +13,15 @@ pub use pool::WorkerPool;
 /// (a few KiB) ahead keeps enough misses in flight to stream.
 pub const GATHER_PREFETCH_ROWS: usize = 16;
 
+/// Prefetches the rows of the four chosen neurons `GATHER_PREFETCH_ROWS` after position `i` of
+/// `ids` (gathers call it before each group of four, or before each single row at the end).
+#[inline]
+pub fn prefetch_gathered<'a>(ids: &[u32], i: usize, row: impl Fn(u32) -> &'a [u8]) {
+    for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
+        prefetch(row(r));
+    }
+}
+
 /// Hints the CPU to bring `bytes` into cache; never faults, changes no result.
 #[inline]
 pub fn prefetch(bytes: &[u8]) {
