@@ -102,6 +102,23 @@ const FMT_W4C: u8 = 1;
 const FMT_W4I: u8 = 2;
 const FMT_W4S: u8 = 3;
 
+/// Groups of 32 in a row of `row_bytes` of format `F`.
+#[inline(always)]
+fn groups<const F: u8>(row_bytes: usize) -> usize {
+    row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES }
+}
+
+/// The activations a kernel of format `F` reads: the permuted copy for the lane-interleaved w4
+/// packings (their weights unpack in `PERM` order), the natural ones otherwise.
+#[inline(always)]
+fn activations<'a, const F: u8>(a: &Act<'a>) -> &'a [i8] {
+    if F == FMT_W4I || F == FMT_W4S {
+        a.qp
+    } else {
+        a.qs
+    }
+}
+
 /// Byte offset of group `g` of (band- or chunk-local) row `r`, its scale and quant words.
 #[inline(always)]
 fn group_at<const F: u8>(row_bytes: usize, r: usize, g: usize) -> (usize, [usize; 4]) {
@@ -184,7 +201,7 @@ pub fn group_dot_scalar(
 
 /// Computes `out[r]` for the chunk's rows. Safe in itself; `unsafe` only to be a `ChunkFn`.
 unsafe fn scalar_chunk<const F: u8>(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
-    let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+    let ng = groups::<F>(row_bytes);
     for (r, o) in out.iter_mut().enumerate() {
         let mut acc = 0f32;
         for g in 0..ng {
@@ -258,12 +275,8 @@ mod x86 {
         a: &Act,
         out: &mut [f32],
     ) {
-        let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
-        let act = if F == FMT_W4I || F == FMT_W4S {
-            a.qp
-        } else {
-            a.qs
-        };
+        let ng = groups::<F>(row_bytes);
+        let act = activations::<F>(a);
         debug_assert!(act.len() >= ng * GROUP && a.d.len() >= ng);
         let p = data.as_ptr();
         let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
@@ -333,7 +346,7 @@ mod x86 {
         a: &Act,
         out: &mut [f32],
     ) {
-        let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+        let ng = groups::<F>(row_bytes);
         // Where each 8-byte run of the unpacked register starts in the row (two runs of 4).
         let runs: [(usize, usize); 4] = if F == FMT_W4I || F == FMT_W4S {
             [(0, 8), (16, 24), (4, 12), (20, 28)]
@@ -460,12 +473,8 @@ mod neon {
         a: &Act,
         out: &mut [f32],
     ) {
-        let ng = row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
-        let act = if F == FMT_W4I || F == FMT_W4S {
-            a.qp
-        } else {
-            a.qs
-        };
+        let ng = groups::<F>(row_bytes);
+        let act = activations::<F>(a);
         assert!(act.len() >= ng * GROUP && a.d.len() >= ng);
         let p = data.as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
@@ -519,7 +528,7 @@ mod neon {
             };
             fn check<const F: u8>(data: &mut [u8], rb: usize, rows: usize, a: &Act) {
                 for r in 0..rows {
-                    for g in 0..rb / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES } {
+                    for g in 0..groups::<F>(rb) {
                         let s = group_at::<F>(rb, r, g).0;
                         data[s..s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
                     }
