@@ -94,43 +94,50 @@ fn bench(c: &mut Criterion) {
             data,
         }
     }
-    let mut arena = Arena::map(ArenaKind::FfnCache, 64 << 20).expect("arena");
+    let mut arena = Arena::map(ArenaKind::FfnCache, 128 << 20).expect("arena");
     let mut carver = arena.carver();
-    let bundles: Vec<Bundles> = layers
-        .iter()
-        .map(|[gd, ud, dd]| {
-            Bundles::build(
-                &mut carver,
-                &tensor(gd, HIDDEN, DIM),
-                &tensor(ud, HIDDEN, DIM),
-                &tensor(dd, DIM, HIDDEN),
-                BundleDown::AtLeast8Bit,
-            )
-            .expect("bundles")
-        })
-        .collect();
-    let mut scratch = Arena::map(ArenaKind::ActivationScratch, 1 << 20).expect("arena");
+    let mut scratch = Arena::map(ArenaKind::ActivationScratch, 4 << 20).expect("arena");
     let mut sc = scratch.carver();
-    for score in [Score::Glu, Score::Gate] {
-        for sparsity in [0.5f32, 0.8] {
-            let opts = FfnOptions {
-                mode: FfnMode::TopK,
-                score,
-                sparsity,
-                thresholds: None,
-                bundle_down: BundleDown::AtLeast8Bit,
-            };
-            let mut ffn = SparseFfn::new(&mut sc, LAYERS, HIDDEN, DIM, &opts).expect("sparse ffn");
-            let name = format!("topk-{score:?}-{sparsity}").to_lowercase();
-            let mut y = x.clone();
-            g.bench_function(name, |b| {
-                b.iter(|| {
-                    for (l, bl) in bundles.iter().enumerate() {
-                        y.copy_from_slice(&x);
-                        ffn.forward(l, bl, &pool, &mut y, &mut act);
-                    }
-                })
-            });
+    // The default int8 down tiles, and the Q8_0 columns they replaced.
+    for (down, down_name) in [
+        (BundleDown::Tiles, "tiles"),
+        (BundleDown::AtLeast8Bit, "q8"),
+    ] {
+        let bundles: Vec<Bundles> = layers
+            .iter()
+            .map(|[gd, ud, dd]| {
+                Bundles::build(
+                    &mut carver,
+                    &tensor(gd, HIDDEN, DIM),
+                    &tensor(ud, HIDDEN, DIM),
+                    &tensor(dd, DIM, HIDDEN),
+                    down,
+                )
+                .expect("bundles")
+            })
+            .collect();
+        for score in [Score::Glu, Score::Gate] {
+            for sparsity in [0.5f32, 0.8] {
+                let opts = FfnOptions {
+                    mode: FfnMode::TopK,
+                    score,
+                    sparsity,
+                    thresholds: None,
+                    bundle_down: down,
+                };
+                let mut ffn =
+                    SparseFfn::new(&mut sc, LAYERS, HIDDEN, DIM, &opts).expect("sparse ffn");
+                let name = format!("topk-{score:?}-{sparsity}-{down_name}").to_lowercase();
+                let mut y = x.clone();
+                g.bench_function(name, |b| {
+                    b.iter(|| {
+                        for (l, bl) in bundles.iter().enumerate() {
+                            y.copy_from_slice(&x);
+                            ffn.forward(l, bl, &pool, &mut y, &mut act);
+                        }
+                    })
+                });
+            }
         }
     }
     g.finish();

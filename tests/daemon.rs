@@ -177,6 +177,16 @@ fn sse_text(body: &str, key: &str) -> (String, bool) {
 }
 
 fn cli_greedy(model: &Path, tokenizer: Option<&Path>, prompt: &str, n: usize) -> String {
+    cli_greedy_with(model, tokenizer, prompt, n, &[])
+}
+
+fn cli_greedy_with(
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompt: &str,
+    n: usize,
+    extra: &[&str],
+) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstream"));
     cmd.args(["generate", "--model"]).arg(model).args([
         "--prompt",
@@ -187,6 +197,7 @@ fn cli_greedy(model: &Path, tokenizer: Option<&Path>, prompt: &str, n: usize) ->
     if let Some(t) = tokenizer {
         cmd.arg("--tokenizer").arg(t);
     }
+    cmd.args(extra);
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -261,6 +272,51 @@ fn endpoints_and_greedy_parity_with_the_cli() {
         metrics.body.contains("leanstream_requests_total"),
         "{}",
         metrics.body
+    );
+    assert_eq!(d.stop(), 0);
+}
+
+/// A daemon booted with the sparse FFN (top-k, half the neurons) answers what the CLI generates
+/// with the same flags, which is not the dense text, and allocates nothing while serving.
+#[test]
+fn sparse_ffn_daemon_matches_the_cli_and_allocates_nothing() {
+    let sparse = ["--ffn", "topk", "--sparsity", "0.5"];
+    let Some(d) = Daemon::stories_with("sparse", &sparse) else {
+        return;
+    };
+    let model = common::shared("data/stories260K/stories260K.bin").unwrap();
+    let tok = common::shared("data/stories260K/tok512.bin").unwrap();
+    let prompt = "Once upon a time";
+    let dense = cli_greedy(&model, Some(&tok), prompt, 40);
+    let expected = cli_greedy_with(&model, Some(&tok), prompt, 40, &sparse);
+    assert_ne!(
+        expected, dense,
+        "half the neurons should change 40 greedy tokens"
+    );
+    for i in 0..12 {
+        let r = d.post(
+            "/v1/completions",
+            &format!(
+                r#"{{"prompt":"{prompt}","max_tokens":40,"temperature":0,"stream":{}}}"#,
+                i % 2 == 1
+            ),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        let text = if i % 2 == 1 {
+            let (t, done) = sse_text(&r.body, "text");
+            assert!(done, "{r:?}");
+            t
+        } else {
+            r.field("text").unwrap()
+        };
+        assert_eq!(text, expected);
+        assert_eq!(d.post("/v1/completions", "{bad").status, 400);
+    }
+    let m = d.get("/metrics").body;
+    assert!(
+        m.lines()
+            .any(|l| l == "leanstream_heap_allocations_after_boot_total 0"),
+        "{m}"
     );
     assert_eq!(d.stop(), 0);
 }

@@ -4,12 +4,12 @@
 
 mod common;
 
-use leanstream::backend::cpu::axpy::partials_len;
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
+use leanstream::sparsity::bundle::partials_len;
 use leanstream::sparsity::thresholds::{calibrate, ThresholdTable};
 use leanstream::sparsity::trace::{TapOptions, TraceMeta, TraceReader, TraceWriter};
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};

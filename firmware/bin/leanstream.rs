@@ -1302,15 +1302,21 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
     }
     let threads = engines[0].threads();
     let p: Vec<f64> = prefill.into_iter().map(median).collect();
-    let d: Vec<f64> = decode.into_iter().map(median).collect();
-    let base = configs
+    let d: Vec<f64> = decode.iter().cloned().map(median).collect();
+    // Against dense: the median over repetitions of the ratio within each repetition (the
+    // configurations of one repetition run back to back, so a slow moment of the machine
+    // touches both sides of a ratio).
+    let dense_at = configs.iter().position(|c| c.mode == FfnMode::Dense);
+    let vs_dense: Vec<Option<f64>> = decode
         .iter()
-        .position(|c| c.mode == FfnMode::Dense)
-        .map(|i| d[i]);
+        .map(|runs| {
+            dense_at.map(|b| median(runs.iter().zip(&decode[b]).map(|(x, y)| x / y).collect()))
+        })
+        .collect();
     let mut rows = Vec::new();
     let mut md = String::from("| model | backend | threads | ffn | neurons dropped | prompt tokens | gen tokens | prefill tok/s | decode tok/s | decode vs dense |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (i, c) in configs.iter().enumerate() {
-        let ratio = base.map(|b| d[i] / b);
+        let ratio = vs_dense[i];
         rows.push(format!(
             "    {{\"ffn\": \"{}\", \"neurons_dropped\": {:.4}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"decode_vs_dense\": {}}}",
             c.label(),

@@ -9,17 +9,21 @@
 //! one (docs/BENCHMARKS.md); a tile keeps each part's rows adjacent over 32 neurons.
 //!
 //! Gate and up rows are the model's bytes, unchanged. The down matrix is stored by rows of
-//! `dim` (one row per output), so its column j is gathered at boot and quantized again into
-//! the down tensor's own type; K-quants cannot hold a column of `dim` values (256-value
-//! super-blocks) and no kernel adds them up, so their columns are stored as Q8_0. That
-//! requantization is the one difference between the bundles and the model; the quality report
-//! measures it (oracle at sparsity 0 against dense).
+//! `dim` (one row per output), so its column j is gathered at boot and quantized again. By
+//! default (`BundleDown::Tiles`) a tile's down columns become int8 with one scale per output
+//! row and tile (`backend::cpu::down8`), whose kernel adds a tile's kept neurons up in
+//! integers; float down matrices (F32, F16, BF16) keep their own columns, exactly. The ablations store each column in the down tensor's own type or in Q8_0 and add
+//! them in floating point (`backend::cpu::axpy`); K-quants cannot hold a column of `dim` values
+//! (256-value super-blocks), so their columns are Q8_0. That requantization is the one
+//! difference between the bundles and the model; the quality report measures it (oracle at
+//! sparsity 0 against dense).
 //!
 //! SwiGLU is a sum over neurons, so the sparse FFN over a set of neurons, in any order, is the
 //! dense FFN restricted to that set (LeanStream paper 3.2.2, item 2); `tests` check it.
 
 use super::{silu, BundleDown, FfnMode, FfnOptions, Score, SparsityError};
-use crate::backend::cpu::axpy::{axpy_rows, axpy_supported, partials_len};
+use crate::backend::cpu::axpy::{self, axpy_rows, axpy_supported};
+use crate::backend::cpu::down8::{self, axpy_tiles, DownTiles};
 use crate::backend::cpu::matvec::{matvec_gather, matvec_pairs, matvec_rows_many};
 use crate::backend::cpu::{ActScratch, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
@@ -35,10 +39,25 @@ pub struct Bundles<'a> {
     pub dim: usize,
     /// Bytes per tile of `TILE` bundles.
     pub tile_bytes: usize,
-    /// Gate rows, up rows and down columns, each `n` rows of `dim` values, tiled.
+    /// Gate rows and up rows, each `n` rows of `dim` values, tiled.
     pub gate: Rows<'a>,
     pub up: Rows<'a>,
-    pub down: Rows<'a>,
+    /// Down columns, `n` of `dim` values.
+    pub down: Down<'a>,
+}
+
+/// How a layer's bundles hold their down columns (`BundleDown`).
+#[derive(Clone, Copy, Debug)]
+pub enum Down<'a> {
+    /// int8 squares, one tile of `TILE` columns per bundle tile.
+    Tiles(DownTiles<'a>),
+    /// One row of a GGML type per column.
+    Columns(Rows<'a>),
+}
+
+/// Scratch values the down projection needs for `hidden` neurons of width `dim`.
+pub fn partials_len(hidden: usize, dim: usize) -> usize {
+    axpy::partials_len(hidden, dim).max(down8::partials_len(hidden, dim))
 }
 
 /// The type a bundle stores down columns in. `BundleDown::Model`: the down tensor's own when
@@ -50,7 +69,7 @@ pub fn down_column_type(down: GgmlType, dim: usize, how: BundleDown) -> GgmlType
         down,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1
     );
-    if how == BundleDown::AtLeast8Bit && low_bit {
+    if how != BundleDown::Model && low_bit {
         return GgmlType::Q8_0;
     }
     if axpy_supported(down) && down.row_bytes(dim).is_some() {
@@ -58,6 +77,12 @@ pub fn down_column_type(down: GgmlType, dim: usize, how: BundleDown) -> GgmlType
     } else {
         GgmlType::Q8_0
     }
+}
+
+/// Whether a down matrix of type `down` is held as int8 tiles: the default for quantized types;
+/// float types keep exact columns of their own type.
+fn int8_tiles(down: GgmlType, how: BundleDown) -> bool {
+    how == BundleDown::Tiles && !matches!(down, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
@@ -72,13 +97,14 @@ fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
 /// Neurons per tile of bundles (a power of two and a multiple of 4, the kernels' row group).
 pub const TILE: usize = 32;
 
-/// (gate bytes, up bytes, down bytes) of one bundle, and the bytes of a tile of `TILE`.
+/// (gate bytes, up bytes, down column bytes) of one bundle (down: 0 for int8 tiles), the
+/// offset of the down part in a tile, and the bytes of a tile of `TILE`.
 fn layout(
     gate: &TensorRef,
     up: &TensorRef,
     down: &TensorRef,
     how: BundleDown,
-) -> Result<(usize, usize, usize, usize), String> {
+) -> Result<(usize, usize, usize, usize, usize), String> {
     let dim = gate.cols;
     if up.cols != dim || down.rows != dim || gate.rows != up.rows || down.cols != gate.rows {
         return Err(format!(
@@ -93,8 +119,14 @@ fn layout(
     }
     let g = seg_bytes(gate.ty, dim, "gate")?;
     let u = seg_bytes(up.ty, dim, "up")?;
-    let d = seg_bytes(down_column_type(down.ty, dim, how), dim, "down")?;
-    Ok((g, u, d, (TILE * (g + u + d)).next_multiple_of(64)))
+    let (d, down_part) = if int8_tiles(down.ty, how) {
+        (0, down8::tile_bytes(dim))
+    } else {
+        let d = seg_bytes(down_column_type(down.ty, dim, how), dim, "down")?;
+        (d, TILE * d)
+    };
+    let down_at = TILE * (g + u);
+    Ok((g, u, d, down_at, (down_at + down_part).next_multiple_of(64)))
 }
 
 impl<'a> Bundles<'a> {
@@ -121,14 +153,14 @@ impl<'a> Bundles<'a> {
         down: &TensorRef,
         how: BundleDown,
     ) -> Result<Bundles<'a>, Result<String, BootError>> {
-        let (gb, ub, db, tile_bytes) = layout(gate, up, down, how).map_err(Ok)?;
+        let (gb, ub, db, down_at, tile_bytes) = layout(gate, up, down, how).map_err(Ok)?;
         let (n, dim) = (gate.rows, gate.cols);
         let data = c.take::<u8>(tile_bytes * n.div_ceil(TILE)).map_err(Err)?;
         // Where each part of neuron j's bundle starts.
         let at = |j: usize, part: usize, bytes: usize| {
             (j / TILE) * tile_bytes + part + (j % TILE) * bytes
         };
-        let (up_at, down_at) = (TILE * gb, TILE * (gb + ub));
+        let up_at = TILE * gb;
         // The down matrix as f32, [dim][n], to read columns from (boot only).
         let mut dense = vec![0f32; dim * n];
         let drb = down.ty.row_bytes(n).expect("validated tensor");
@@ -136,14 +168,25 @@ impl<'a> Bundles<'a> {
             dequantize_row(down.ty, &down.data[r * drb..][..drb], out);
         }
         let dty = down_column_type(down.ty, dim, how);
-        let mut col = vec![0f32; dim];
-        for j in 0..n {
-            data[at(j, 0, gb)..][..gb].copy_from_slice(&gate.data[j * gb..][..gb]);
-            data[at(j, up_at, ub)..][..ub].copy_from_slice(&up.data[j * ub..][..ub]);
-            for (i, v) in col.iter_mut().enumerate() {
-                *v = dense[i * n + j];
+        let tiles = int8_tiles(down.ty, how);
+        let mut cols = vec![0f32; TILE * dim];
+        for t in 0..n.div_ceil(TILE) {
+            let js = t * TILE..((t + 1) * TILE).min(n);
+            for (c, j) in js.clone().enumerate() {
+                data[at(j, 0, gb)..][..gb].copy_from_slice(&gate.data[j * gb..][..gb]);
+                data[at(j, up_at, ub)..][..ub].copy_from_slice(&up.data[j * ub..][..ub]);
+                let col = &mut cols[c * dim..][..dim];
+                for (i, v) in col.iter_mut().enumerate() {
+                    *v = dense[i * n + j];
+                }
+                if !tiles {
+                    quantize_row(dty, col, &mut data[at(j, down_at, db)..][..db]);
+                }
             }
-            quantize_row(dty, &col, &mut data[at(j, down_at, db)..][..db]);
+            if tiles {
+                let part = &mut data[t * tile_bytes + down_at..][..down8::tile_bytes(dim)];
+                down8::quantize_tile(&cols[..js.len() * dim], dim, part);
+            }
         }
         let data: &'a [u8] = data;
         let rows = |ty, off: usize, bytes: usize| Rows {
@@ -164,13 +207,23 @@ impl<'a> Bundles<'a> {
             tile_bytes,
             gate: rows(gate.ty, 0, gb),
             up: rows(up.ty, up_at, ub),
-            down: rows(dty, down_at, db),
+            down: if tiles {
+                Down::Tiles(DownTiles {
+                    data: &data[down_at..],
+                    stride: tile_bytes,
+                    n,
+                    dim,
+                })
+            } else {
+                Down::Columns(rows(dty, down_at, db))
+            },
         })
     }
 
     /// `out = sum over idx (in that order) of SiLU(gate_j . x) * (up_j . x) * down_j`, the FFN
     /// restricted to the neurons `idx`. `g` and `h` are scratch of at least `idx.len()`,
-    /// `partials` of `axpy::partials_len(idx.len(), dim)`.
+    /// `partials` of `partials_len(n, dim)`. A test and tool entry point: it sorts a copy of
+    /// `idx` (the int8 tiles add neurons tile by tile), so it allocates.
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_subset(
         &self,
@@ -183,13 +236,30 @@ impl<'a> Bundles<'a> {
         partials: &mut [f32],
         out: &mut [f32],
     ) {
+        let mut idx = idx.to_vec();
+        idx.sort_unstable();
         let k = idx.len();
-        matvec_gather(pool, self.gate, idx, x, act, &mut g[..k]);
-        matvec_gather(pool, self.up, idx, x, act, &mut h[..k]);
+        matvec_gather(pool, self.gate, &idx, x, act, &mut g[..k]);
+        matvec_gather(pool, self.up, &idx, x, act, &mut h[..k]);
         for (hv, gv) in h[..k].iter_mut().zip(&g[..k]) {
             *hv *= silu(*gv);
         }
-        axpy_rows(pool, self.down, idx, &h[..k], partials, out);
+        self.down(pool, &idx, &h[..k], partials, out);
+    }
+
+    /// `out = sum over idx of h[i] * down column idx[i]`, `idx` ascending.
+    fn down(
+        &self,
+        pool: &WorkerPool,
+        idx: &[u32],
+        h: &[f32],
+        partials: &mut [f32],
+        out: &mut [f32],
+    ) {
+        match self.down {
+            Down::Tiles(t) => axpy_tiles(pool, t, idx, h, partials, out),
+            Down::Columns(r) => axpy_rows(pool, r, idx, h, partials, out),
+        }
     }
 }
 
@@ -393,27 +463,33 @@ impl<'a> SparseFfn<'a> {
             &mut self.h[..n],
             &mut self.mag[..n],
         );
-        // Score every neuron: SiLU(gate) (and, for the glu score, its activation with up).
-        match self.score {
-            Score::Glu => matvec_pairs(pool, b.gate, b.up, x, act, g, u),
-            Score::Gate => matvec_rows_many(pool, &mut [(b.gate, &mut *g)], x, act),
-        }
-        for j in 0..n {
-            g[j] = silu(g[j]);
-            mag[j] = match self.score {
-                Score::Glu => {
-                    u[j] *= g[j];
-                    u[j].abs()
+        // Score every neuron: SiLU(gate), and for the glu score its activation with up (in `u`,
+        // computed by each task of the products on its own rows). The score is the magnitude.
+        let score: &[f32] = match self.score {
+            Score::Glu => {
+                let swiglu = |g: &mut [f32], u: &mut [f32]| {
+                    for (gv, uv) in g.iter_mut().zip(u) {
+                        *gv = silu(*gv);
+                        *uv *= *gv;
+                    }
+                };
+                matvec_pairs(pool, b.gate, b.up, x, act, g, u, &swiglu);
+                u
+            }
+            Score::Gate => {
+                matvec_rows_many(pool, &mut [(b.gate, &mut *g)], x, act);
+                for gv in g.iter_mut() {
+                    *gv = silu(*gv);
                 }
-                Score::Gate => g[j].abs(),
-            };
-        }
+                g
+            }
+        };
         // Choose the neurons, in ascending order.
         let k = match self.mode {
-            FfnMode::Oracle => keep_at_least(mag, self.thresholds[l], self.idx),
+            FfnMode::Oracle => keep_at_least(score, self.thresholds[l], self.idx),
             _ => {
                 let keep = n - ((self.sparsity as f64 * n as f64).round() as usize).min(n - 1);
-                keep_top(mag, keep, h, self.idx)
+                keep_top(score, keep, mag, self.idx)
             }
         };
         self.kept += k as u64;
@@ -433,15 +509,15 @@ impl<'a> SparseFfn<'a> {
                 }
             }
         }
-        axpy_rows(pool, b.down, idx, &h[..k], self.partials, x);
+        b.down(pool, idx, &h[..k], self.partials, x);
     }
 }
 
-/// Indices j with `mag[j] >= t`, ascending, into `idx`; returns how many.
-fn keep_at_least(mag: &[f32], t: f32, idx: &mut [u32]) -> usize {
+/// Indices j with `|score[j]| >= t`, ascending, into `idx`; returns how many.
+fn keep_at_least(score: &[f32], t: f32, idx: &mut [u32]) -> usize {
     let mut k = 0;
-    for (j, &m) in mag.iter().enumerate() {
-        if m >= t {
+    for (j, &m) in score.iter().enumerate() {
+        if m.abs() >= t {
             idx[k] = j as u32;
             k += 1;
         }
@@ -449,8 +525,12 @@ fn keep_at_least(mag: &[f32], t: f32, idx: &mut [u32]) -> usize {
     k
 }
 
-/// The `keep` indices with the largest `mag` (ties to the lower index), ascending, into `idx`;
-/// `tmp` is scratch of `mag.len()`. Returns `keep`.
+/// The `keep` indices with the largest `|mag|` (ties to the lower index), ascending, into
+/// `idx`; `tmp` is scratch of `mag.len()`. Returns `keep`.
+///
+/// Magnitudes are non-negative, so their bit patterns sort as the values do: a histogram of the
+/// top bits finds the bucket holding the keep-th largest, and only that bucket is sorted (a
+/// full `select_nth` per layer and token cost 3% of a token).
 fn keep_top(mag: &[f32], keep: usize, tmp: &mut [f32], idx: &mut [u32]) -> usize {
     let n = mag.len();
     if keep >= n {
@@ -459,18 +539,37 @@ fn keep_top(mag: &[f32], keep: usize, tmp: &mut [f32], idx: &mut [u32]) -> usize
         }
         return n;
     }
-    let tmp = &mut tmp[..n];
-    tmp.copy_from_slice(mag);
-    // The keep-th largest value: everything above it is kept, then ties in index order.
-    let (_, kth, _) = tmp.select_nth_unstable_by(n - keep, |a, b| a.total_cmp(b));
-    let kth = *kth;
-    let above = mag.iter().filter(|m| m.total_cmp(&kth).is_gt()).count();
+    // Order key: the bits of |m| (NaN above infinity, as `total_cmp` puts a positive NaN).
+    let key = |m: f32| m.abs().to_bits();
+    const SHIFT: u32 = 20;
+    let mut hist = [0u32; 1 << (31 - SHIFT)];
+    for &m in mag {
+        hist[(key(m) >> SHIFT) as usize] += 1;
+    }
+    // The bucket of the keep-th largest, and how many lie in the buckets above it.
+    let (mut bucket, mut above) = (hist.len(), 0usize);
+    while above + (hist[bucket - 1] as usize) < keep {
+        bucket -= 1;
+        above += hist[bucket] as usize;
+    }
+    bucket -= 1;
+    let mut c = 0;
+    for &m in mag {
+        if (key(m) >> SHIFT) as usize == bucket {
+            tmp[c] = f32::from_bits(key(m));
+            c += 1;
+        }
+    }
+    let need = keep - above;
+    let (_, kth, _) = tmp[..c].select_nth_unstable_by(c - need, |a, b| a.total_cmp(b));
+    let kth = key(*kth);
+    let above = mag.iter().filter(|&&m| key(m) > kth).count();
     let mut ties = keep - above;
     let mut k = 0;
-    for (j, m) in mag.iter().enumerate() {
-        let o = m.total_cmp(&kth);
-        if o.is_gt() || (o.is_eq() && ties > 0) {
-            if o.is_eq() {
+    for (j, &m) in mag.iter().enumerate() {
+        let v = key(m);
+        if v > kth || (v == kth && ties > 0) {
+            if v == kth {
                 ties -= 1;
             }
             idx[k] = j as u32;
@@ -529,7 +628,10 @@ mod tests {
         let (dim, n) = (64, 96);
         let pool = WorkerPool::new(2);
         let mut act = ActScratch::new(n.max(dim));
-        for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_1] {
+        let kinds = [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_1]
+            .into_iter()
+            .flat_map(|ty| [(ty, BundleDown::Model), (ty, BundleDown::Tiles)]);
+        for (ty, how) in kinds {
             let mut rng = Rng(ty as u64 + 11);
             let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
             let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
@@ -558,8 +660,19 @@ mod tests {
             };
             let mut arena = Arena::map(ArenaKind::FfnCache, 1 << 20).unwrap();
             let mut c = arena.carver();
-            let b = Bundles::build(&mut c, &gt, &ut, &dt, BundleDown::Model).unwrap();
-            assert_eq!(b.down.ty, ty);
+            let b = Bundles::build(&mut c, &gt, &ut, &dt, how).unwrap();
+            // The bundle's own down column j.
+            let column = |j: usize, col: &mut [f32]| match b.down {
+                Down::Columns(r) => {
+                    assert_eq!(r.ty, ty);
+                    dequantize_row(r.ty, r.row(j), col)
+                }
+                Down::Tiles(t) => {
+                    for (i, v) in col.iter_mut().enumerate() {
+                        *v = down8::tile_value(t.tile(j / TILE), dim, j % TILE, i);
+                    }
+                }
+            };
             // Dense weights as the model holds them (dequantized), and the bundles' own down.
             let (gw, uw, dw) = (
                 dequant(ty, n, dim, &gd),
@@ -592,7 +705,7 @@ mod tests {
                             .sum::<f64>()
                     };
                     let hj = silu(dot(&gw) as f32) as f64 * dot(&uw);
-                    dequantize_row(b.down.ty, b.down.row(j), &mut col);
+                    column(j, &mut col);
                     for i in 0..dim {
                         want[i] += hj * dw[i * n + j] as f64;
                         want_bundle[i] += hj * col[i] as f64;
@@ -626,11 +739,14 @@ mod tests {
                     &mut out2,
                 );
                 let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
-                // Float weights: exact up to rounding. Quantized ones: the int8 activations
-                // (as in the dense kernels) and, for Q4_1, the requantized down columns.
-                let (tol, tol_model) = match ty {
-                    GgmlType::F32 => (1e-5, 1e-5),
-                    GgmlType::Q8_0 => (2e-2, 3e-2),
+                // Float weights in columns: exact up to rounding. Quantized ones: the int8
+                // activations (as in the dense kernels) and, for Q4_1 columns, the second 4-bit
+                // rounding; int8 tiles: their int8 rounding of every model type.
+                let (tol, tol_model) = match (ty, how) {
+                    (GgmlType::F32, BundleDown::Model) => (1e-5, 1e-5),
+                    (GgmlType::F32, BundleDown::Tiles) => (1e-5, 1e-5),
+                    (_, BundleDown::Tiles) => (2e-2, 3e-2),
+                    (GgmlType::Q8_0, _) => (2e-2, 3e-2),
                     _ => (2e-2, 0.15),
                 };
                 for i in 0..dim {
@@ -664,6 +780,23 @@ mod tests {
         assert_eq!(keep_top(&mag, 6, &mut tmp, &mut idx), 6);
         assert_eq!(keep_at_least(&mag, 0.5, &mut idx), 4);
         assert_eq!(&idx[..4], &[0, 2, 3, 4]);
+        // Against a sort, on random magnitudes with repeats and values spread over many powers
+        // of two.
+        let mut rng = Rng(17);
+        let n = 1000;
+        let mag: Vec<f32> = (0..n)
+            .map(|_| (rng.f().abs() * 8.0).exp2() * ((rng.below(50) as f32) / 7.0))
+            .collect();
+        let mut tmp = vec![0f32; n];
+        let mut idx = vec![0u32; n];
+        for keep in [1, 7, 300, 500, 999] {
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| mag[b].total_cmp(&mag[a]).then(a.cmp(&b)));
+            let mut want: Vec<u32> = order[..keep].iter().map(|&j| j as u32).collect();
+            want.sort_unstable();
+            assert_eq!(keep_top(&mag, keep, &mut tmp, &mut idx), keep);
+            assert_eq!(&idx[..keep], &want[..], "keep {keep}");
+        }
     }
 
     #[test]

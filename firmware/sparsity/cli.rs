@@ -24,9 +24,10 @@ pub struct SparsityArgs {
     /// `leanstream calibrate`).
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
-    /// Precision of the bundles' down columns: q8 (Q8_0 when the model's down matrix has fewer
+    /// Precision of the bundles' down columns: tiles (int8 with one scale per 32 rows x 32
+    /// neurons, added up in integers), q8 (Q8_0 columns when the model's down matrix has fewer
     /// than 8 bits) or model (the model's own type: quantizes 4/5-bit columns a second time).
-    #[arg(long, default_value = "q8")]
+    #[arg(long, default_value = "tiles")]
     pub bundle_down: String,
 }
 

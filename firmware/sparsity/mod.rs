@@ -113,8 +113,11 @@ pub fn check_sparsity(v: f32) -> Result<(), String> {
 /// The precision of the bundles' down columns (gate and up rows are always the model's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BundleDown {
-    /// Q8_0 when the model's down matrix has fewer than 8 bits, else the model's type.
+    /// int8 squares, one scale per 32 rows x 32 neurons, added up in integers
+    /// (`backend::cpu::down8`).
     #[default]
+    Tiles,
+    /// Q8_0 when the model's down matrix has fewer than 8 bits, else the model's type.
     AtLeast8Bit,
     /// The model's own type (K-quants: Q8_0).
     Model,
@@ -124,9 +127,12 @@ impl FromStr for BundleDown {
     type Err = String;
     fn from_str(s: &str) -> Result<BundleDown, String> {
         match s {
+            "tiles" => Ok(BundleDown::Tiles),
             "q8" => Ok(BundleDown::AtLeast8Bit),
             "model" => Ok(BundleDown::Model),
-            _ => Err(format!("unknown --bundle-down '{s}': expected q8 or model")),
+            _ => Err(format!(
+                "unknown --bundle-down '{s}': expected tiles, q8 or model"
+            )),
         }
     }
 }

@@ -492,6 +492,9 @@ pub fn matvec_gather_with(
 /// `out_a[j] = a.row(j) . x` and `out_b[j] = b.row(j) . x` for every row, where row j of `a`
 /// and row j of `b` lie side by side (a neuron bundle's gate and up rows): each task reads the
 /// two together, so the pair streams as one run of bytes instead of two strided streams.
+/// `then` runs on each task's finished rows of both outputs (the sparse FFN's SwiGLU), so that
+/// per-row work after the products is spread over the pool too.
+#[allow(clippy::too_many_arguments)]
 pub fn matvec_pairs(
     pool: &WorkerPool,
     a: Rows,
@@ -500,11 +503,13 @@ pub fn matvec_pairs(
     act: &mut ActScratch,
     out_a: &mut [f32],
     out_b: &mut [f32],
+    then: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
 ) {
     let k = kernel();
     let f4 = dot4_fn(a.ty, k).filter(|_| a.ty == b.ty && a.q.is_none() && b.q.is_none());
     let Some(f4) = f4 else {
-        return matvec_rows_many(pool, &mut [(a, out_a), (b, out_b)], x, act);
+        matvec_rows_many(pool, &mut [(a, &mut *out_a), (b, &mut *out_b)], x, act);
+        return then(out_a, out_b);
     };
     assert!(
         a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.tile == b.tile,
@@ -567,6 +572,7 @@ pub fn matvec_pairs(
                 f(b.row(r), row_bytes, row_bytes, &act, &mut ob[r - r0..]);
             }
         }
+        then(oa, ob);
     });
 }
 
