@@ -9,7 +9,7 @@
 
 use super::matvec::{kernel, Kernel, Rows};
 use super::pool::WorkerPool;
-use super::prefetch_gathered;
+use super::{prefetch_gathered, sum_partials, OutPtr};
 use crate::model::ggml::{dequantize_row, GgmlType, QK};
 
 /// Adds `h * row` to `out` for `out.len()` values (a whole number of 32-value groups) of one
@@ -149,24 +149,7 @@ pub fn axpy_rows_with(
             i += 1;
         }
     });
-    out.fill(0.0);
-    for p in partials[..tasks * cols].chunks_exact(cols) {
-        for (o, v) in out.iter_mut().zip(p) {
-            *o += v;
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only used to hand disjoint ranges of one `&mut [f32]` to pool tasks.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
+    sum_partials(partials, tasks, cols, out);
 }
 
 unsafe fn axpy_scalar(ty: GgmlType, src: &[u8], h: f32, out: &mut [f32]) {

@@ -21,7 +21,7 @@
 
 use super::matvec::{kernel, Kernel};
 use super::pool::WorkerPool;
-use super::prefetch;
+use super::{prefetch, sum_partials, OutPtr};
 use crate::model::ggml::QK;
 
 /// Neurons per tile (the squares' width).
@@ -179,12 +179,7 @@ pub fn axpy_tiles_with(
             from = to;
         }
     });
-    out.fill(0.0);
-    for p in partials[..2 * tasks * dim].chunks_exact(2 * dim) {
-        for (o, v) in out.iter_mut().zip(&p[..dim]) {
-            *o += v;
-        }
-    }
+    sum_partials(partials, tasks, 2 * dim, out);
 }
 
 /// Columns prefetched ahead of the ones being added (4.5 KiB at SmolLM2's width): enough DRAM
@@ -284,19 +279,6 @@ unsafe fn tile_scalar(
             let s = scale_at(scales, b * QK + r) * step;
             *y = s.mul_add(a as f32, *y);
         }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint ranges of the partials (see `axpy_tiles_with`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    // A method, so that closures capture the whole `OutPtr` (Sync), not its raw field.
-    fn ptr(&self) -> *mut f32 {
-        self.0
     }
 }
 

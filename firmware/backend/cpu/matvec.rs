@@ -13,7 +13,7 @@
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
 use super::pool::WorkerPool;
-use super::prefetch_gathered;
+use super::{prefetch_gathered, OutPtr};
 use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
 use crate::quant::{Packing, QFormat};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -694,18 +694,6 @@ fn rows_many_with(
             }
         };
     });
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only used to hand disjoint row ranges of one `&mut [f32]` to pool tasks.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
 }
 
 struct Part<'a> {

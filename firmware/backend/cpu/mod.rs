@@ -9,6 +9,32 @@ pub mod pool;
 pub use matvec::{matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
 pub use pool::WorkerPool;
 
+/// An output buffer handed to pool tasks, each of which writes its own disjoint range.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used to hand disjoint ranges of one `&mut [f32]` to pool tasks.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    // A method, so that closures capture the whole `OutPtr` (Sync), not its raw field.
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out` = the sum, in task order, of the `tasks` partial outputs in `partials`, one every
+/// `stride` values (each `out.len()` long): a result that does not depend on which thread ran
+/// which task.
+fn sum_partials(partials: &[f32], tasks: usize, stride: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for p in partials[..tasks * stride].chunks_exact(stride) {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+}
+
 /// How many gathered rows ahead the sparse kernels prefetch. The rows a token needs are scattered
 /// over the FFN arena, so without a hint every row is a DRAM miss served one at a time; 8 rows
 /// (a few KiB) ahead keeps enough misses in flight to stream.
