@@ -98,7 +98,7 @@ fn bench(c: &mut Criterion) {
     let mut carver = arena.carver();
     let mut scratch = Arena::map(ArenaKind::ActivationScratch, 4 << 20).expect("arena");
     let mut sc = scratch.carver();
-    // The default int8 down tiles, and the Q8_0 columns they replaced.
+    // The default down tiles (4-bit, from these Q4_1 weights), and Q8_0 columns.
     for (down, down_name) in [
         (BundleDown::Tiles, "tiles"),
         (BundleDown::AtLeast8Bit, "q8"),

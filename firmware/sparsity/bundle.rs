@@ -9,21 +9,23 @@
 //! one (docs/BENCHMARKS.md); a tile keeps each part's rows adjacent over 32 neurons.
 //!
 //! Gate and up rows are the model's bytes, unchanged. The down matrix is stored by rows of
-//! `dim` (one row per output), so its column j is gathered at boot and quantized again. By
-//! default (`BundleDown::Tiles`) a tile's down columns become int8 with one scale per output
-//! row and tile (`backend::cpu::down8`), whose kernel adds a tile's kept neurons up in
-//! integers; float down matrices (F32, F16, BF16) keep their own columns, exactly. The ablations store each column in the down tensor's own type or in Q8_0 and add
-//! them in floating point (`backend::cpu::axpy`); K-quants cannot hold a column of `dim` values
-//! (256-value super-blocks), so their columns are Q8_0. That requantization is the one
-//! difference between the bundles and the model; the quality report measures it (oracle at
-//! sparsity 0 against dense).
+//! `dim` (one row per output), so its column j is gathered at boot. By default
+//! (`BundleDown::Tiles`) a tile's down columns are held with one scale per output row and tile
+//! (`backend::cpu::down_tiles`), whose kernels add a tile's kept neurons up in integers: a
+//! Q4_0/Q4_1 down matrix's own 4-bit values, unchanged, and every other quantized type as int8
+//! (exact for Q8_0); float down matrices (F32, F16, BF16) keep their own columns, exactly. The
+//! ablations store each column in the down tensor's own type or in Q8_0 and add them in
+//! floating point (`backend::cpu::axpy`); K-quants cannot hold a column of `dim` values
+//! (256-value super-blocks), so their columns are Q8_0. Where the columns are quantized again,
+//! that is the one difference between the bundles and the model; the quality report measures
+//! it (oracle at sparsity 0 against dense).
 //!
 //! SwiGLU is a sum over neurons, so the sparse FFN over a set of neurons, in any order, is the
 //! dense FFN restricted to that set (LeanStream paper 3.2.2, item 2); `tests` check it.
 
 use super::{silu, BundleDown, FfnMode, FfnOptions, Score, SparsityError};
 use crate::backend::cpu::axpy::{self, axpy_rows, axpy_supported};
-use crate::backend::cpu::down8::{self, axpy_tiles, DownTiles};
+use crate::backend::cpu::down_tiles::{self, axpy_tiles, DownTiles, TileKind};
 use crate::backend::cpu::matvec::{matvec_gather, matvec_pairs, matvec_rows_many};
 use crate::backend::cpu::{ActScratch, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
@@ -49,7 +51,7 @@ pub struct Bundles<'a> {
 /// How a layer's bundles hold their down columns (`BundleDown`).
 #[derive(Clone, Copy, Debug)]
 pub enum Down<'a> {
-    /// int8 squares, one tile of `TILE` columns per bundle tile.
+    /// One tile of `TILE` columns per bundle tile (`down_tiles`).
     Tiles(DownTiles<'a>),
     /// One row of a GGML type per column.
     Columns(Rows<'a>),
@@ -57,7 +59,7 @@ pub enum Down<'a> {
 
 /// Scratch values the down projection needs for `hidden` neurons of width `dim`.
 pub fn partials_len(hidden: usize, dim: usize) -> usize {
-    axpy::partials_len(hidden, dim).max(down8::partials_len(hidden, dim))
+    axpy::partials_len(hidden, dim).max(down_tiles::partials_len(hidden, dim))
 }
 
 /// The type a bundle stores down columns in. `BundleDown::Model`: the down tensor's own when
@@ -79,9 +81,9 @@ pub fn down_column_type(down: GgmlType, dim: usize, how: BundleDown) -> GgmlType
     }
 }
 
-/// Whether a down matrix of type `down` is held as int8 tiles: the default for quantized types;
-/// float types keep exact columns of their own type.
-fn int8_tiles(down: GgmlType, how: BundleDown) -> bool {
+/// Whether a down matrix of type `down` is held as tiles (`down_tiles`): the default for
+/// quantized types; float types keep exact columns of their own type.
+fn held_as_tiles(down: GgmlType, how: BundleDown) -> bool {
     how == BundleDown::Tiles && !matches!(down, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
@@ -97,7 +99,7 @@ fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
 /// Neurons per tile of bundles (a power of two and a multiple of 4, the kernels' row group).
 pub const TILE: usize = 32;
 
-/// (gate bytes, up bytes, down column bytes) of one bundle (down: 0 for int8 tiles), the
+/// (gate bytes, up bytes, down column bytes) of one bundle (down: 0 for tiles), the
 /// offset of the down part in a tile, and the bytes of a tile of `TILE`.
 fn layout(
     gate: &TensorRef,
@@ -119,8 +121,8 @@ fn layout(
     }
     let g = seg_bytes(gate.ty, dim, "gate")?;
     let u = seg_bytes(up.ty, dim, "up")?;
-    let (d, down_part) = if int8_tiles(down.ty, how) {
-        (0, down8::tile_bytes(dim))
+    let (d, down_part) = if held_as_tiles(down.ty, how) {
+        (0, TileKind::for_type(down.ty).tile_bytes(dim))
     } else {
         let d = seg_bytes(down_column_type(down.ty, dim, how), dim, "down")?;
         (d, TILE * d)
@@ -168,7 +170,8 @@ impl<'a> Bundles<'a> {
             dequantize_row(down.ty, &down.data[r * drb..][..drb], out);
         }
         let dty = down_column_type(down.ty, dim, how);
-        let tiles = int8_tiles(down.ty, how);
+        let tiles = held_as_tiles(down.ty, how);
+        let kind = TileKind::for_type(down.ty);
         let mut cols = vec![0f32; TILE * dim];
         for t in 0..n.div_ceil(TILE) {
             let js = t * TILE..((t + 1) * TILE).min(n);
@@ -184,8 +187,13 @@ impl<'a> Bundles<'a> {
                 }
             }
             if tiles {
-                let part = &mut data[t * tile_bytes + down_at..][..down8::tile_bytes(dim)];
-                down8::quantize_tile(&cols[..js.len() * dim], dim, part);
+                let part = &mut data[t * tile_bytes + down_at..][..kind.tile_bytes(dim)];
+                match kind {
+                    TileKind::Q4 => {
+                        down_tiles::q4_tile_from_blocks(down.ty, down.data, n, dim, t, part)
+                    }
+                    TileKind::Int8 => down_tiles::quantize_tile(&cols[..js.len() * dim], dim, part),
+                }
             }
         }
         let data: &'a [u8] = data;
@@ -209,6 +217,7 @@ impl<'a> Bundles<'a> {
             up: rows(up.ty, up_at, ub),
             down: if tiles {
                 Down::Tiles(DownTiles {
+                    kind,
                     data: &data[down_at..],
                     stride: tile_bytes,
                     n,
@@ -513,14 +522,16 @@ impl<'a> SparseFfn<'a> {
     }
 }
 
-/// Indices j with `|score[j]| >= t`, ascending, into `idx`; returns how many.
+/// Indices j with `|score[j]| >= t`, ascending, into `idx` (at least `score.len()` long);
+/// returns how many. Without a branch: every index is written and the count moves on only
+/// for a kept one, since whether a neuron is kept is a coin toss a branch predictor misses
+/// half the time at 50% sparsity.
 fn keep_at_least(score: &[f32], t: f32, idx: &mut [u32]) -> usize {
+    let idx = &mut idx[..score.len()];
     let mut k = 0;
     for (j, &m) in score.iter().enumerate() {
-        if m.abs() >= t {
-            idx[k] = j as u32;
-            k += 1;
-        }
+        idx[k] = j as u32;
+        k += (m.abs() >= t) as usize;
     }
     k
 }
@@ -566,15 +577,14 @@ fn keep_top(mag: &[f32], keep: usize, tmp: &mut [f32], idx: &mut [u32]) -> usize
     let above = mag.iter().filter(|&&m| key(m) > kth).count();
     let mut ties = keep - above;
     let mut k = 0;
+    // Without a branch on the coin toss of keeping (as in `keep_at_least`).
+    let idx = &mut idx[..n];
     for (j, &m) in mag.iter().enumerate() {
         let v = key(m);
-        if v > kth || (v == kth && ties > 0) {
-            if v == kth {
-                ties -= 1;
-            }
-            idx[k] = j as u32;
-            k += 1;
-        }
+        let tie = v == kth && ties > 0;
+        ties -= tie as usize;
+        idx[k] = j as u32;
+        k += (v > kth || tie) as usize;
     }
     debug_assert_eq!(k, keep);
     k
@@ -669,7 +679,7 @@ mod tests {
                 }
                 Down::Tiles(t) => {
                     for (i, v) in col.iter_mut().enumerate() {
-                        *v = down8::tile_value(t.tile(j / TILE), dim, j % TILE, i);
+                        *v = t.value(j, i);
                     }
                 }
             };
@@ -706,6 +716,10 @@ mod tests {
                     };
                     let hj = silu(dot(&gw) as f32) as f64 * dot(&uw);
                     column(j, &mut col);
+                    if how == BundleDown::Tiles && ty == GgmlType::Q4_1 {
+                        // Q4 tiles hold the model's own values.
+                        assert!((0..dim).all(|i| col[i] == dw[i * n + j]), "neuron {j}");
+                    }
                     for i in 0..dim {
                         want[i] += hj * dw[i * n + j] as f64;
                         want_bundle[i] += hj * col[i] as f64;

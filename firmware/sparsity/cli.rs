@@ -24,9 +24,10 @@ pub struct SparsityArgs {
     /// `leanstream calibrate`).
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
-    /// Precision of the bundles' down columns: tiles (int8 with one scale per 32 rows x 32
-    /// neurons, added up in integers), q8 (Q8_0 columns when the model's down matrix has fewer
-    /// than 8 bits) or model (the model's own type: quantizes 4/5-bit columns a second time).
+    /// Precision of the bundles' down columns: tiles (32 columns with one scale per output
+    /// row, added up in integers: a Q4_0/Q4_1 model's own 4-bit values, other types as int8),
+    /// q8 (Q8_0 columns when the model's down matrix has fewer than 8 bits) or model (the
+    /// model's own type: quantizes 4/5-bit columns a second time).
     #[arg(long, default_value = "tiles")]
     pub bundle_down: String,
 }

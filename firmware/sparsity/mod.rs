@@ -113,8 +113,8 @@ pub fn check_sparsity(v: f32) -> Result<(), String> {
 /// The precision of the bundles' down columns (gate and up rows are always the model's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BundleDown {
-    /// int8 squares, one scale per 32 rows x 32 neurons, added up in integers
-    /// (`backend::cpu::down8`).
+    /// Tiles of 32 columns with one scale per output row, added up in integers
+    /// (`backend::cpu::down_tiles`): a Q4_0/Q4_1 model's own 4-bit values, other types as int8.
     #[default]
     Tiles,
     /// Q8_0 when the model's down matrix has fewer than 8 bits, else the model's type.

@@ -2,7 +2,7 @@
 //! sparse down projection over neuron bundles.
 
 pub mod axpy;
-pub mod down8;
+pub mod down_tiles;
 pub mod matvec;
 pub mod pool;
 
