@@ -124,6 +124,7 @@ fn bench(c: &mut Criterion) {
                     sparsity,
                     thresholds: None,
                     bundle_down: down,
+                    dropped: None,
                 };
                 let mut ffn =
                     SparseFfn::new(&mut sc, LAYERS, HIDDEN, DIM, &opts).expect("sparse ffn");

@@ -93,6 +93,29 @@ def ppl_section(data, key, name, out_dir, lines, figs):
     plt.close(fig)
     figs.append(f)
     lines.append(f"![perplexity against sparsity, {name}]({os.path.basename(out_dir)}/{f})\n")
+    # The ablation: dropped neurons counted as zero (`--dropped-mean off`), if measured.
+    zero_path = os.path.join(data, f"dropped-zero-ppl-{key}.json")
+    if os.path.exists(zero_path) and dense:
+        zero = {}
+        for r in json.load(open(zero_path))["results"]:
+            zero[(r["mode"], r["score"], round(r["sparsity"], 2))] = r
+        lines.append(
+            f"Dropped neurons counted as zero instead of their mean (`--dropped-mean off`; "
+            f"`{os.path.basename(zero_path)}`), against the same dense run:\n"
+        )
+        lines.append("| sparsity | glu: mean / zero | gate: mean / zero |")
+        lines.append("|---|---|---|")
+        for s in LEVELS:
+            cells = []
+            for score in ["glu", "gate"]:
+                r, z = res.get(("oracle", score, s)), zero.get(("oracle", score, s))
+                ok = r and z and r["windows"] == z["windows"] == dense["windows"]
+                cells.append(
+                    f"{100 * (r['ppl'] / dense['ppl'] - 1):+.1f}% / {100 * (z['ppl'] / dense['ppl'] - 1):+.1f}%"
+                    if ok else "not run"
+                )
+            lines.append(f"| {s:.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
     # Goals.
     for score in ["glu", "gate"]:
         r5, r8 = res.get(("oracle", score, 0.5)), res.get(("oracle", score, 0.8))

@@ -35,12 +35,13 @@ fn ffn_modes(model: &Path, tokenizer: Option<&Path>) -> Vec<FfnOptions> {
         "The sun was warm and the children played by the river all day.",
         true,
     );
-    let hist = calibrate(&mut engine, &tokens, tokens.len(), &mut |_| {}).unwrap();
+    let (_, levels) = calibrate(&mut engine, &tokens, tokens.len(), &[0.5], &mut |_| {}).unwrap();
     let oracle = FfnOptions {
         mode: FfnMode::Oracle,
         score: Score::Glu,
         sparsity: 0.5,
-        thresholds: Some(hist.level(0.5).glu),
+        thresholds: Some(levels[0].glu.clone()),
+        dropped: Some(levels[0].glu_dropped.clone()),
         ..Default::default()
     };
     let topk = FfnOptions {

@@ -54,13 +54,13 @@ fn calibrated(file: &ModelFile, tokens: &[u32], ctx: usize, sparsities: &[f32]) 
     let mut o = opts(FfnOptions::default());
     o.tap = Some(TapOptions::default());
     let mut engine = Engine::boot(&mut arenas, file, o).unwrap();
-    let hist = calibrate(&mut engine, tokens, ctx, &mut |_| {}).unwrap();
+    let (_, levels) = calibrate(&mut engine, tokens, ctx, sparsities, &mut |_| {}).unwrap();
     ThresholdTable {
         n_layers: engine.hyper.n_layers as u32,
         hidden: engine.hyper.hidden_dim as u32,
         calibration: "test".into(),
         tokens: tokens.len() as u64,
-        levels: sparsities.iter().map(|&s| hist.level(s)).collect(),
+        levels,
     }
 }
 
@@ -98,6 +98,19 @@ fn stories260k_modes_against_dense() {
     let calib = text_tokens(&t, 200_000, 8000);
     let table = calibrated(&file, &calib[..1024], 256, &[0.5, 0.8]);
     let test: Vec<u32> = text_tokens(&t, 0, 4000)[..200].to_vec();
+    // The dropped-neuron means: a neuron is dropped when |activation| is under the layer's glu
+    // threshold, so its mean activation while dropped is under it too.
+    let hidden = file.hyper().unwrap().hidden_dim;
+    for s in [0.5, 0.8] {
+        let th = table.thresholds(s, Score::Glu).unwrap();
+        let d = table.dropped_mean(s, Score::Glu).unwrap();
+        for (l, t) in th.iter().enumerate() {
+            let m = &d.mean[l * hidden..][..hidden];
+            assert!(m.iter().all(|v| v.abs() <= *t), "layer {l} at {s}");
+            assert!(m.iter().any(|v| *v != 0.0), "layer {l} at {s}: no means");
+        }
+        assert!(d.offset.iter().all(|v| v.is_finite()));
+    }
     let dense = logits(&model, Some(&tok), FfnOptions::default(), &test);
     for score in [Score::Glu, Score::Gate] {
         let all = logits(
@@ -122,13 +135,28 @@ fn stories260k_modes_against_dense() {
     )
     .unwrap();
     let dense_ppl = perplexity_of(&model, &tok, &test);
-    for (s, score) in [(0.5, Score::Glu), (0.8, Score::Glu), (0.5, Score::Gate)] {
-        let o = sparse(
+    let with_mean = |s: f32, score: Score| FfnOptions {
+        dropped: Some(table.dropped_mean(s, score).unwrap()),
+        ..sparse(
             FfnMode::Oracle,
             score,
             s,
             Some(table.thresholds(s, score).unwrap()),
-        );
+        )
+    };
+    let configs = [
+        with_mean(0.5, Score::Glu),
+        with_mean(0.8, Score::Glu),
+        with_mean(0.5, Score::Gate),
+        sparse(
+            FfnMode::Oracle,
+            Score::Glu,
+            0.5,
+            Some(table.thresholds(0.5, Score::Glu).unwrap()),
+        ),
+    ];
+    for o in configs {
+        let (s, score) = (o.sparsity, o.score);
         engine.set_ffn(&o).unwrap();
         engine.take_ffn_counts();
         let p = perplexity(&mut engine, &test, 200, 1, &mut |_, _| {})
@@ -136,7 +164,10 @@ fn stories260k_modes_against_dense() {
             .ppl;
         let (kept, seen) = engine.take_ffn_counts().unwrap();
         let dropped = 1.0 - kept as f64 / seen as f64;
-        eprintln!("stories260K oracle {score:?} {s}: dropped {dropped:.3}, ppl {p:.3} (dense {dense_ppl:.3})");
+        eprintln!(
+            "stories260K oracle {score:?} {s} (dropped means: {}): dropped {dropped:.3}, ppl {p:.3} (dense {dense_ppl:.3})",
+            o.dropped.is_some()
+        );
         assert!(
             (dropped - s as f64).abs() < 0.12,
             "dropped {dropped} at {s}"

@@ -773,16 +773,22 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
     }
     let started = Instant::now();
     let ctx = a.text.ctx;
-    let hist =
-        leanstream::sparsity::thresholds::calibrate(&mut engine, &tokens, ctx, &mut |done| {
+    // Two passes: thresholds, then the dropped-neuron means under them.
+    let (hist, levels) = leanstream::sparsity::thresholds::calibrate(
+        &mut engine,
+        &tokens,
+        ctx,
+        &sparsities,
+        &mut |done| {
             if done % ctx == 0 {
                 eprintln!(
-                    "calibrate: {done} / {} tokens ({:.1} tok/s)",
-                    tokens.len(),
+                    "calibrate: {done} / {} tokens over two passes ({:.1} tok/s)",
+                    2 * tokens.len(),
                     done as f64 / started.elapsed().as_secs_f64()
                 );
             }
-        })?;
+        },
+    )?;
     let table = ThresholdTable {
         n_layers: n_layers as u32,
         hidden: hidden as u32,
@@ -794,7 +800,7 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
             a.text.ctx
         ),
         tokens: tokens.len() as u64,
-        levels: sparsities.iter().map(|&s| hist.level(s)).collect(),
+        levels,
     };
     for lv in &table.levels {
         let mean = |score, t: &[f32]| {

@@ -568,6 +568,38 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// `out = down_l v` for a dense engine's layer `l`, in f64 over the dequantized rows
+    /// (calibration: not the decode path; allocates one row).
+    pub fn ffn_down_exact(&self, l: usize, v: &[f32], out: &mut [f32]) -> Result<(), String> {
+        let down = match &self.layers[l].ffn {
+            LayerFfn::Dense { down, .. } if down.q.is_none() => down,
+            _ => {
+                return Err(
+                    "the exact down product needs a dense engine at the model's own precision"
+                        .into(),
+                )
+            }
+        };
+        assert_eq!(
+            (v.len(), out.len()),
+            (down.cols, down.rows),
+            "down is {}x{}",
+            down.rows,
+            down.cols
+        );
+        let rows = crate::backend::cpu::Rows::from(down);
+        let mut row = vec![0f32; down.cols];
+        for (r, o) in out.iter_mut().enumerate() {
+            dequantize_row(down.ty, rows.row(r), &mut row);
+            *o = row
+                .iter()
+                .zip(v)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32;
+        }
+        Ok(())
+    }
+
     /// Neurons the sparse FFN kept and saw since the last call (None when dense).
     pub fn take_ffn_counts(&mut self) -> Option<(u64, u64)> {
         self.sparse.as_mut().map(|s| s.take_counts())

@@ -376,6 +376,10 @@ pub struct SparseFfn<'a> {
     score: Score,
     sparsity: f32,
     thresholds: &'a mut [f32],
+    /// The dropped-neuron means, [layer][neuron], and offsets (down x means), [layer][output]:
+    /// zeros when off, which leaves every sum as it is without them.
+    dropped_mean: &'a mut [f32],
+    dropped_offset: &'a mut [f32],
     g: &'a mut [f32],
     u: &'a mut [f32],
     h: &'a mut [f32],
@@ -392,6 +396,8 @@ impl<'a> SparseFfn<'a> {
     /// What `new` carves, for boot's plan of the scratch arena.
     pub fn plan(plan: &mut Plan, n_layers: usize, hidden: usize, dim: usize) {
         plan.add::<f32>(n_layers);
+        plan.add::<f32>(n_layers * hidden);
+        plan.add::<f32>(n_layers * dim);
         for _ in 0..4 {
             plan.add::<f32>(hidden);
         }
@@ -412,6 +418,8 @@ impl<'a> SparseFfn<'a> {
             score: opts.score,
             sparsity: opts.sparsity,
             thresholds: c.take(n_layers)?,
+            dropped_mean: c.take(n_layers * hidden)?,
+            dropped_offset: c.take(n_layers * dim)?,
             g: c.take(hidden)?,
             u: c.take(hidden)?,
             h: c.take(hidden)?,
@@ -436,6 +444,28 @@ impl<'a> SparseFfn<'a> {
         self.mode = opts.mode;
         self.score = opts.score;
         self.sparsity = opts.sparsity;
+        match &opts.dropped {
+            Some(d)
+                if d.mean.len() != self.dropped_mean.len()
+                    || d.offset.len() != self.dropped_offset.len() =>
+            {
+                return Err(SparsityError(format!(
+                    "dropped-neuron means of {} and {} values for {} and {}",
+                    d.mean.len(),
+                    d.offset.len(),
+                    self.dropped_mean.len(),
+                    self.dropped_offset.len()
+                )));
+            }
+            Some(d) => {
+                self.dropped_mean.copy_from_slice(&d.mean);
+                self.dropped_offset.copy_from_slice(&d.offset);
+            }
+            None => {
+                self.dropped_mean.fill(0.0);
+                self.dropped_offset.fill(0.0);
+            }
+        }
         match &opts.thresholds {
             Some(t) => self.thresholds.copy_from_slice(t),
             None => self.thresholds.fill(0.0),
@@ -504,21 +534,27 @@ impl<'a> SparseFfn<'a> {
         self.kept += k as u64;
         self.seen += n as u64;
         let idx = &self.idx[..k];
-        // Their activations: up for the kept neurons only with the gate score.
+        // Their activations (up for the kept neurons only with the gate score), less the
+        // dropped-neuron mean: with the offset added after, the dropped neurons count with
+        // their mean, `sum over kept (h - mean) down + down mean`.
+        let mean = &self.dropped_mean[l * n..][..n];
         match self.score {
             Score::Glu => {
                 for (hv, &j) in h[..k].iter_mut().zip(idx) {
-                    *hv = u[j as usize];
+                    *hv = u[j as usize] - mean[j as usize];
                 }
             }
             Score::Gate => {
                 matvec_gather(pool, b.up, idx, x, act, &mut u[..k]);
                 for ((hv, uv), &j) in h[..k].iter_mut().zip(&u[..k]).zip(idx) {
-                    *hv = g[j as usize] * uv;
+                    *hv = g[j as usize] * uv - mean[j as usize];
                 }
             }
         }
         b.down(pool, idx, &h[..k], self.partials, x);
+        for (y, o) in x.iter_mut().zip(&self.dropped_offset[l * b.dim..][..b.dim]) {
+            *y += o;
+        }
     }
 }
 
@@ -781,6 +817,134 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The oracle with dropped-neuron means: the kept neurons' activations plus, for each
+    /// dropped neuron, its mean times its down column (as `sum over kept (h - mean) down +
+    /// offset`, the offset being down x means); without them, the kept neurons only. On f32
+    /// weights (exact bundles) and Q4_1 ones (4-bit tiles).
+    #[test]
+    fn oracle_counts_dropped_neurons_with_their_mean() {
+        let (dim, n) = (64, 96);
+        let pool = WorkerPool::new(2);
+        let mut act = ActScratch::new(n.max(dim));
+        for (ty, how) in [
+            (GgmlType::F32, BundleDown::Model),
+            (GgmlType::Q4_1, BundleDown::Tiles),
+        ] {
+            let mut rng = Rng(ty as u64 + 5);
+            let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
+            let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
+            let (gd, ud, dd) = (
+                tensor(ty, n, dim, &gv),
+                tensor(ty, n, dim, &uv),
+                tensor(ty, dim, n, &dv),
+            );
+            let t = |rows, cols, data| TensorRef {
+                ty,
+                rows,
+                cols,
+                data,
+            };
+            let mut ffn_arena = Arena::map(ArenaKind::FfnCache, 1 << 20).unwrap();
+            let mut c = ffn_arena.carver();
+            let b = Bundles::build(
+                &mut c,
+                &t(n, dim, &gd),
+                &t(n, dim, &ud),
+                &t(dim, n, &dd),
+                how,
+            )
+            .unwrap();
+            let (gw, uw, dw) = (
+                dequant(ty, n, dim, &gd),
+                dequant(ty, n, dim, &ud),
+                dequant(ty, dim, n, &dd),
+            );
+            let x: Vec<f32> = (0..dim).map(|_| rng.f()).collect();
+            let dot = |w: &[f32], j: usize| {
+                w[j * dim..][..dim]
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+            };
+            let h: Vec<f64> = (0..n)
+                .map(|j| silu(dot(&gw, j) as f32) as f64 * dot(&uw, j))
+                .collect();
+            // A threshold in the widest gap near the median, so that rounding cannot move a
+            // neuron across it.
+            let mut mags: Vec<f64> = h.iter().map(|v| v.abs()).collect();
+            mags.sort_by(f64::total_cmp);
+            let at = (n / 3..2 * n / 3)
+                .max_by(|&a, &b| (mags[a + 1] - mags[a]).total_cmp(&(mags[b + 1] - mags[b])))
+                .unwrap();
+            let th = ((mags[at] + mags[at + 1]) / 2.0) as f32;
+            let mean: Vec<f32> = (0..n).map(|_| rng.f() * 0.3).collect();
+            let offset: Vec<f32> = (0..dim)
+                .map(|i| {
+                    (0..n)
+                        .map(|j| dw[i * n + j] as f64 * mean[j] as f64)
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            let mut scratch = Arena::map(ArenaKind::ActivationScratch, 1 << 20).unwrap();
+            let mut sc = scratch.carver();
+            let mut opts = FfnOptions {
+                mode: FfnMode::Oracle,
+                score: Score::Glu,
+                sparsity: 0.5,
+                thresholds: Some(vec![th]),
+                bundle_down: how,
+                dropped: Some(super::super::DroppedMean {
+                    mean: mean.clone(),
+                    offset,
+                }),
+            };
+            let mut ffn = SparseFfn::new(&mut sc, 1, n, dim, &opts).unwrap();
+            let mut outs = Vec::new();
+            for with_mean in [true, false] {
+                if !with_mean {
+                    opts.dropped = None;
+                    ffn.set(&opts).unwrap();
+                }
+                let mut y = x.clone();
+                ffn.forward(0, &b, &pool, &mut y, &mut act);
+                let mut want = vec![0f64; dim];
+                for j in 0..n {
+                    let hj = if h[j].abs() >= th as f64 {
+                        h[j]
+                    } else if with_mean {
+                        mean[j] as f64
+                    } else {
+                        continue;
+                    };
+                    for (i, w) in want.iter_mut().enumerate() {
+                        *w += hj * dw[i * n + j] as f64;
+                    }
+                }
+                let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                // Q4_1: the dense kernels' int8 activations in the gate and up products.
+                let tol = if ty == GgmlType::F32 { 1e-4 } else { 3e-2 };
+                for (o, w) in y.iter().zip(&want) {
+                    assert!(
+                        (*o as f64 - w).abs() <= tol * scale,
+                        "{ty:?} with mean {with_mean}: {o} vs {w}"
+                    );
+                }
+                outs.push((y, tol * scale));
+            }
+            // The means move the output well beyond the tolerance (the test can tell).
+            let moved = outs[0]
+                .0
+                .iter()
+                .zip(&outs[1].0)
+                .fold(0f64, |m, (a, b)| m.max((a - b).abs() as f64));
+            assert!(
+                moved > 4.0 * outs[0].1,
+                "{ty:?}: the means moved the output by {moved}"
+            );
         }
     }
 

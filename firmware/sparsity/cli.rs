@@ -30,6 +30,10 @@ pub struct SparsityArgs {
     /// model's own type: quantizes 4/5-bit columns a second time).
     #[arg(long, default_value = "tiles")]
     pub bundle_down: String,
+    /// Oracle mode: count each dropped neuron with its mean activation when dropped, as
+    /// calibrated in the thresholds' table (on), or as zero (off).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub dropped_mean: String,
 }
 
 fn list<T>(
@@ -70,6 +74,7 @@ impl SparsityArgs {
             }
             for &score in &scores {
                 for &sparsity in &sparsities {
+                    let mut dropped = None;
                     let thresholds = if mode == FfnMode::Oracle {
                         if table.is_none() {
                             let path = self
@@ -85,7 +90,11 @@ impl SparsityArgs {
                             }
                             table = Some(ThresholdTable::load(&path, model)?);
                         }
-                        Some(table.as_ref().unwrap().thresholds(sparsity, score)?)
+                        let table = table.as_ref().unwrap();
+                        if self.dropped_mean == "on" {
+                            dropped = Some(table.dropped_mean(sparsity, score)?);
+                        }
+                        Some(table.thresholds(sparsity, score)?)
                     } else {
                         None
                     };
@@ -95,6 +104,7 @@ impl SparsityArgs {
                         sparsity,
                         thresholds,
                         bundle_down,
+                        dropped,
                     });
                 }
             }

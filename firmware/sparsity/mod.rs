@@ -12,7 +12,8 @@
 //!
 //! Modes (`--ffn`): `dense` (the model's own matrices, every neuron), `oracle` (gate, and up for
 //! the `glu` score, computed for every neuron; those at or over the layer's threshold are kept:
-//! the upper bound of a perfect predictor), `topk` (the `1 - S` fraction with the largest score
+//! the upper bound of a perfect predictor; the dropped ones count with their calibrated mean
+//! activation unless `--dropped-mean off`), `topk` (the `1 - S` fraction with the largest score
 //! in each layer, per token; needs no table).
 
 pub mod bundle;
@@ -22,7 +23,7 @@ pub mod thresholds;
 pub mod trace;
 
 pub use bundle::{Bundles, SparseFfn};
-pub use thresholds::{ThresholdLevel, ThresholdTable};
+pub use thresholds::{DroppedMean, ThresholdLevel, ThresholdTable};
 
 use std::fmt;
 use std::str::FromStr;
@@ -148,6 +149,9 @@ pub struct FfnOptions {
     pub thresholds: Option<Vec<f32>>,
     /// Precision of the bundles' down columns (fixed at boot).
     pub bundle_down: BundleDown,
+    /// The dropped neurons' mean contribution, added back (oracle mode; from the thresholds'
+    /// table; None: dropped neurons count as zero).
+    pub dropped: Option<DroppedMean>,
 }
 
 impl FfnOptions {
@@ -166,6 +170,9 @@ impl FfnOptions {
                 }
                 Some(_) => Ok(()),
             },
+            _ if self.dropped.is_some() => {
+                Err("dropped-neuron means go with thresholds (oracle mode)".into())
+            }
             _ => Ok(()),
         }
     }

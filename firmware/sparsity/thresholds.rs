@@ -4,6 +4,14 @@
 //! text, fills one histogram per layer and score, and writes every asked-for S into one table
 //! file (kind "thresh", postcard, format version, model identity, checksum: `crate::tables`).
 //!
+//! Dropped-neuron means: with the thresholds set, a second pass over the same tokens records,
+//! per level, score, layer and neuron, the mean activation SiLU(gate) * up of the neuron over
+//! the tokens where it fell under the threshold, and the layer's `offset` = down x those means.
+//! The sparse FFN then adds the kept neurons' `h - mean` and the offset: the dropped neurons
+//! count with their mean activation instead of zero, at the cost of one subtraction per kept
+//! neuron and one addition per output (`bundle::SparseFfn::forward`). It uses only which
+//! neurons were dropped, so a predictor that never computes them can use it as well.
+//!
 //! Histograms: 65,536 bins over the bit pattern of the magnitude (sign dropped, low 15 bits of
 //! the mantissa dropped), so each bin spans 2^-8 of its value; the threshold is interpolated
 //! linearly inside the bin where the count crosses S. S = 0 gives threshold 0 (every neuron).
@@ -16,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub const KIND: &str = "thresh";
-pub const VERSION: u32 = 1;
+/// 2: levels carry the dropped-neuron means and offsets.
+pub const VERSION: u32 = 2;
 
 /// The thresholds of every calibrated sparsity for one model.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -36,6 +45,19 @@ pub struct ThresholdLevel {
     pub glu: Vec<f32>,
     /// Per layer, on |SiLU(gate)|.
     pub gate: Vec<f32>,
+    /// The dropped-neuron means for each score: [layer][neuron] and [layer][output].
+    pub glu_dropped: DroppedMean,
+    pub gate_dropped: DroppedMean,
+}
+
+/// What the neurons a threshold drops contribute on average (see the module's comment).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct DroppedMean {
+    /// Per layer and neuron: the mean of SiLU(gate) * up over the calibration tokens where the
+    /// neuron's score fell under the layer's threshold (0 if it never did).
+    pub mean: Vec<f32>,
+    /// Per layer and output: down x `mean`.
+    pub offset: Vec<f32>,
 }
 
 /// `tables/<model file stem>.thresh`: where `calibrate` writes and the other commands look.
@@ -61,11 +83,19 @@ impl ThresholdTable {
         let t: ThresholdTable = tables::read(path, KIND, VERSION, tables::model_identity(model))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let h = model.hyper().map_err(|e| e.to_string())?;
+        let dropped_ok = |d: &DroppedMean| {
+            d.mean.len() == h.n_layers * h.hidden_dim
+                && d.offset.len() == h.n_layers * h.dim
+                && d.mean.iter().chain(&d.offset).all(|v| v.is_finite())
+        };
         let bad = t.n_layers as usize != h.n_layers
             || t.hidden as usize != h.hidden_dim
-            || t.levels
-                .iter()
-                .any(|l| l.glu.len() != h.n_layers || l.gate.len() != h.n_layers);
+            || t.levels.iter().any(|l| {
+                l.glu.len() != h.n_layers
+                    || l.gate.len() != h.n_layers
+                    || !dropped_ok(&l.glu_dropped)
+                    || !dropped_ok(&l.gate_dropped)
+            });
         if bad {
             return Err(format!(
                 "{}: thresholds do not match the model's {} layers of {} neurons",
@@ -79,7 +109,24 @@ impl ThresholdTable {
 
     /// The per-layer thresholds for `score` at `sparsity` (calibrated to within 1e-4).
     pub fn thresholds(&self, sparsity: f32, score: Score) -> Result<Vec<f32>, String> {
-        let l = self
+        let l = self.level(sparsity)?;
+        Ok(match score {
+            Score::Glu => l.glu.clone(),
+            Score::Gate => l.gate.clone(),
+        })
+    }
+
+    /// The dropped-neuron means for `score` at `sparsity`.
+    pub fn dropped_mean(&self, sparsity: f32, score: Score) -> Result<DroppedMean, String> {
+        let l = self.level(sparsity)?;
+        Ok(match score {
+            Score::Glu => l.glu_dropped.clone(),
+            Score::Gate => l.gate_dropped.clone(),
+        })
+    }
+
+    fn level(&self, sparsity: f32) -> Result<&ThresholdLevel, String> {
+        self
             .levels
             .iter()
             .find(|l| (l.sparsity - sparsity).abs() < 1e-4)
@@ -90,22 +137,22 @@ impl ThresholdTable {
                     "no thresholds for sparsity {sparsity} (the table has {}): run leanstream calibrate --sparsity {sparsity}",
                     have.join(", ")
                 )
-            })?;
-        Ok(match score {
-            Score::Glu => l.glu.clone(),
-            Score::Gate => l.gate.clone(),
-        })
+            })
     }
 }
 
 /// Runs `tokens` through `engine` (booted dense with a tap) in windows of `ctx`, as
-/// perplexity does, and returns the magnitude histograms of both scores for every layer.
+/// perplexity does, twice: first for the magnitude histograms of both scores for every layer,
+/// which set each level's thresholds, then for the dropped-neuron means under them. Returns
+/// the histograms and one level per entry of `sparsities`. `progress` gets the tokens done
+/// over both passes (`2 * tokens.len()` in all).
 pub fn calibrate(
     engine: &mut Engine,
     tokens: &[u32],
     ctx: usize,
+    sparsities: &[f32],
     progress: &mut dyn FnMut(usize),
-) -> Result<Histograms, String> {
+) -> Result<(Histograms, Vec<ThresholdLevel>), String> {
     if engine.tap().is_none() {
         return Err("calibration needs an engine booted dense with a tap".into());
     }
@@ -115,7 +162,11 @@ pub fn calibrate(
             engine.context
         ));
     }
-    let (n_layers, hidden) = (engine.hyper.n_layers, engine.hyper.hidden_dim);
+    let (n_layers, hidden, dim) = (
+        engine.hyper.n_layers,
+        engine.hyper.hidden_dim,
+        engine.hyper.dim,
+    );
     let mut hist = Histograms::new(n_layers);
     for (i, &t) in tokens.iter().enumerate() {
         engine.forward(t, i % ctx);
@@ -126,7 +177,59 @@ pub fn calibrate(
         }
         progress(i + 1);
     }
-    Ok(hist)
+    let mut levels: Vec<ThresholdLevel> = sparsities.iter().map(|&s| hist.level(s)).collect();
+    // Per level and score: the sum of each neuron's activation while dropped, and how often.
+    let slots = levels.len() * 2;
+    let mut sums = vec![0f64; slots * n_layers * hidden];
+    let mut counts = vec![0u32; slots * n_layers * hidden];
+    for (i, &t) in tokens.iter().enumerate() {
+        engine.forward(t, i % ctx);
+        let tap = engine.tap().expect("checked above");
+        for l in 0..n_layers {
+            let act = &tap.neuron_act[l * hidden..][..hidden];
+            for (v, lv) in levels.iter().enumerate() {
+                for (k, (score, th)) in [(&tap.neuron_act, lv.glu[l]), (&tap.gate_act, lv.gate[l])]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let at = ((v * 2 + k) * n_layers + l) * hidden;
+                    let score = &score[l * hidden..][..hidden];
+                    for j in 0..hidden {
+                        if score[j].abs() < th {
+                            sums[at + j] += act[j] as f64;
+                            counts[at + j] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        progress(tokens.len() + i + 1);
+    }
+    for (v, lv) in levels.iter_mut().enumerate() {
+        for k in 0..2 {
+            let at = (v * 2 + k) * n_layers * hidden;
+            let mean: Vec<f32> = sums[at..][..n_layers * hidden]
+                .iter()
+                .zip(&counts[at..][..n_layers * hidden])
+                .map(|(&s, &c)| if c > 0 { (s / c as f64) as f32 } else { 0.0 })
+                .collect();
+            let mut offset = vec![0f32; n_layers * dim];
+            for l in 0..n_layers {
+                engine.ffn_down_exact(
+                    l,
+                    &mean[l * hidden..][..hidden],
+                    &mut offset[l * dim..][..dim],
+                )?;
+            }
+            let d = DroppedMean { mean, offset };
+            if k == 0 {
+                lv.glu_dropped = d;
+            } else {
+                lv.gate_dropped = d;
+            }
+        }
+    }
+    Ok((hist, levels))
 }
 
 const BINS: usize = 1 << 16;
@@ -201,7 +304,7 @@ impl Histograms {
         (below as f64 + part * bins[b] as f64) / self.totals[s].max(1) as f64
     }
 
-    /// A table level for `sparsity`.
+    /// A table level for `sparsity`, its thresholds only (`calibrate` adds the dropped means).
     pub fn level(&self, sparsity: f32) -> ThresholdLevel {
         ThresholdLevel {
             sparsity,
@@ -211,6 +314,8 @@ impl Histograms {
             gate: (0..self.n_layers)
                 .map(|l| self.threshold(l, Score::Gate, sparsity))
                 .collect(),
+            glu_dropped: DroppedMean::default(),
+            gate_dropped: DroppedMean::default(),
         }
     }
 }
@@ -256,6 +361,8 @@ mod tests {
                 sparsity: 0.5,
                 glu: vec![0.1],
                 gate: vec![0.2],
+                glu_dropped: DroppedMean::default(),
+                gate_dropped: DroppedMean::default(),
             }],
         };
         assert_eq!(t.thresholds(0.5, Score::Gate).unwrap(), vec![0.2]);
