@@ -226,7 +226,7 @@ def main():
     if os.path.exists(bench):
         lines.append("## Speed (decode, CPU, same run)\n")
         lines.append(
-            "`leanstream bench --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt-tokens 16 --gen-tokens 64 --reps 5 "
+            "`leanstream bench --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt-tokens 16 --gen-tokens 64 --reps 15 "
             "--ffn dense,oracle,topk --score glu,gate --sparsity 0.5,0.8` (each configuration its own engine, repetitions "
             "alternating; medians). See docs/BENCHMARKS.md for how to read it.\n"
         )
