@@ -667,6 +667,53 @@ mod tests {
         out
     }
 
+    /// A random FFN of `n` neurons and width `dim` in `ty` (values within 0.5 of 0): the gate,
+    /// up and down tensors' bytes, and their weights as the model holds them (dequantized).
+    struct RandomFfn {
+        ty: GgmlType,
+        n: usize,
+        dim: usize,
+        bytes: [Vec<u8>; 3],
+        weights: [Vec<f32>; 3],
+    }
+
+    impl RandomFfn {
+        fn new(ty: GgmlType, n: usize, dim: usize, rng: &mut Rng) -> RandomFfn {
+            let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
+            let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
+            let bytes = [
+                tensor(ty, n, dim, &gv),
+                tensor(ty, n, dim, &uv),
+                tensor(ty, dim, n, &dv),
+            ];
+            let weights = [
+                dequant(ty, n, dim, &bytes[0]),
+                dequant(ty, n, dim, &bytes[1]),
+                dequant(ty, dim, n, &bytes[2]),
+            ];
+            RandomFfn {
+                ty,
+                n,
+                dim,
+                bytes,
+                weights,
+            }
+        }
+
+        /// Its bundles, carved from `c`.
+        fn bundles<'a>(&self, c: &mut Carver<'a>, how: BundleDown) -> Bundles<'a> {
+            let t = |rows, cols, data| TensorRef {
+                ty: self.ty,
+                rows,
+                cols,
+                data,
+            };
+            let (n, dim) = (self.n, self.dim);
+            let [g, u, d] = &self.bytes;
+            Bundles::build(c, &t(n, dim, g), &t(n, dim, u), &t(dim, n, d), how).unwrap()
+        }
+    }
+
     /// The sparse FFN over a random set of neurons, in a random order, equals the dense FFN
     /// restricted to that set, for f32 weights (exact bundles) and Q8_0/Q4_1 ones.
     #[test]
@@ -678,35 +725,10 @@ mod tests {
             .into_iter()
             .flat_map(|ty| [(ty, BundleDown::Model), (ty, BundleDown::Tiles)]);
         for (ty, how) in kinds {
-            let mut rng = Rng(ty as u64 + 11);
-            let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
-            let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
-            let (gd, ud, dd) = (
-                tensor(ty, n, dim, &gv),
-                tensor(ty, n, dim, &uv),
-                tensor(ty, dim, n, &dv),
-            );
-            let gt = TensorRef {
-                ty,
-                rows: n,
-                cols: dim,
-                data: &gd,
-            };
-            let ut = TensorRef {
-                ty,
-                rows: n,
-                cols: dim,
-                data: &ud,
-            };
-            let dt = TensorRef {
-                ty,
-                rows: dim,
-                cols: n,
-                data: &dd,
-            };
+            let ffn = RandomFfn::new(ty, n, dim, &mut Rng(ty as u64 + 11));
             let mut arena = Arena::map(ArenaKind::FfnCache, 1 << 20).unwrap();
             let mut c = arena.carver();
-            let b = Bundles::build(&mut c, &gt, &ut, &dt, how).unwrap();
+            let b = ffn.bundles(&mut c, how);
             // The bundle's own down column j.
             let column = |j: usize, col: &mut [f32]| match b.down {
                 Down::Columns(r) => {
@@ -720,11 +742,7 @@ mod tests {
                 }
             };
             // Dense weights as the model holds them (dequantized), and the bundles' own down.
-            let (gw, uw, dw) = (
-                dequant(ty, n, dim, &gd),
-                dequant(ty, n, dim, &ud),
-                dequant(ty, dim, n, &dd),
-            );
+            let [gw, uw, dw] = &ffn.weights;
             let mut x = vec![0f32; dim];
             let mut rng = Rng(99);
             for v in x.iter_mut() {
@@ -750,7 +768,7 @@ mod tests {
                             .map(|(a, b)| *a as f64 * *b as f64)
                             .sum::<f64>()
                     };
-                    let hj = silu(dot(&gw) as f32) as f64 * dot(&uw);
+                    let hj = silu(dot(gw) as f32) as f64 * dot(uw);
                     column(j, &mut col);
                     if how == BundleDown::Tiles && ty == GgmlType::Q4_1 {
                         // Q4 tiles hold the model's own values.
@@ -834,34 +852,11 @@ mod tests {
             (GgmlType::Q4_1, BundleDown::Tiles),
         ] {
             let mut rng = Rng(ty as u64 + 5);
-            let mut vals = |len: usize| (0..len).map(|_| rng.f() * 0.5).collect::<Vec<f32>>();
-            let (gv, uv, dv) = (vals(n * dim), vals(n * dim), vals(dim * n));
-            let (gd, ud, dd) = (
-                tensor(ty, n, dim, &gv),
-                tensor(ty, n, dim, &uv),
-                tensor(ty, dim, n, &dv),
-            );
-            let t = |rows, cols, data| TensorRef {
-                ty,
-                rows,
-                cols,
-                data,
-            };
+            let ffn = RandomFfn::new(ty, n, dim, &mut rng);
             let mut ffn_arena = Arena::map(ArenaKind::FfnCache, 1 << 20).unwrap();
             let mut c = ffn_arena.carver();
-            let b = Bundles::build(
-                &mut c,
-                &t(n, dim, &gd),
-                &t(n, dim, &ud),
-                &t(dim, n, &dd),
-                how,
-            )
-            .unwrap();
-            let (gw, uw, dw) = (
-                dequant(ty, n, dim, &gd),
-                dequant(ty, n, dim, &ud),
-                dequant(ty, dim, n, &dd),
-            );
+            let b = ffn.bundles(&mut c, how);
+            let [gw, uw, dw] = &ffn.weights;
             let x: Vec<f32> = (0..dim).map(|_| rng.f()).collect();
             let dot = |w: &[f32], j: usize| {
                 w[j * dim..][..dim]
@@ -871,7 +866,7 @@ mod tests {
                     .sum::<f64>()
             };
             let h: Vec<f64> = (0..n)
-                .map(|j| silu(dot(&gw, j) as f32) as f64 * dot(&uw, j))
+                .map(|j| silu(dot(gw, j) as f32) as f64 * dot(uw, j))
                 .collect();
             // A threshold in the widest gap near the median, so that rounding cannot move a
             // neuron across it.
