@@ -180,3 +180,105 @@ fn smollm2_short_window_quality_and_identical_packings() {
         "packings differ: {w4:?}"
     );
 }
+
+/// Logits of the first `n` tokens of a prompt, booted at `precision`, and how many matrices boot
+/// requantized.
+fn logits(model: &std::path::Path, precision: Precision, n: usize) -> (Vec<Vec<f32>>, usize) {
+    let (file, tok) = open_model(model, None).unwrap();
+    let tokens = tok.encode("The capital of France is Paris, and the capital of", true);
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut engine = Engine::boot(
+        &mut arenas,
+        &file,
+        EngineOptions {
+            threads: 2,
+            precision,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let requantized = engine.conversions.requantized();
+    let out = tokens[..n]
+        .iter()
+        .enumerate()
+        .map(|(pos, &t)| engine.forward(t, pos).to_vec())
+        .collect();
+    (out, requantized)
+}
+
+/// `leanstream flash` writes the values boot's own requantization makes: the flashed SmolLM2
+/// boots with nothing requantized and decodes bit for bit as the original at w4a8. Native
+/// precision, a non-GGUF input and an output over the input are refused with a sentence, and a
+/// refused run leaves no file behind.
+#[test]
+fn flashed_file_decodes_as_requantized_at_boot() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("leanstream-flash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smollm2.w4a8.gguf");
+    let m = model.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    let (code, err) = leanstream(&["flash", m, "--precision", "w4a8", "--out", o]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("180 Q4_1 -> Q4_0 requantized (round to nearest, group 32)")
+            && err.contains("30 Q4_1 -> Q8_0 requantized")
+            && err.contains("requantization error (relative RMS)"),
+        "report: {err}"
+    );
+
+    let (want, requantized) = logits(&model, Precision::W4a8, 6);
+    assert_eq!(requantized, 210, "the original is requantized at boot");
+    let (got, requantized) = logits(&out, Precision::W4a8, 6);
+    assert_eq!(requantized, 0, "the flashed file imports as it is");
+    for (pos, (a, b)) in want.iter().zip(&got).enumerate() {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "logits differ at position {pos}"
+        );
+    }
+    // Run as stored (Q4_0/Q8_0 through the classic kernels, f32 KV), it still makes sense:
+    // its greedy next token after the prompt matches the w4a8 engine's.
+    let (native, _) = logits(&out, Precision::Native, 6);
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
+    };
+    assert_eq!(argmax(&native[5]), argmax(&got[5]));
+
+    for (args, needle) in [
+        (
+            vec!["flash", m, "--precision", "native", "--out", o],
+            "flash needs a precision",
+        ),
+        (
+            vec!["flash", o, "--precision", "w8a8", "--out", o],
+            "would overwrite the input",
+        ),
+        (
+            vec!["flash", m, "--precision", "w3a8", "--out", o],
+            "unknown precision",
+        ),
+    ] {
+        assert_refused(&args, needle);
+    }
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"GGUF\x03\x00\x00\x00 truncated").unwrap();
+    let bad_out = dir.join("never.gguf");
+    assert_refused(
+        &[
+            "flash",
+            junk.to_str().unwrap(),
+            "--precision",
+            "w8a8",
+            "--out",
+            bad_out.to_str().unwrap(),
+        ],
+        "flash reads GGUF files",
+    );
+    assert!(!bad_out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -43,6 +43,9 @@ enum Command {
     Inspect { path: PathBuf },
     /// Prefill and decode speed; writes JSON and a Markdown table.
     Bench(BenchArgs),
+    /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
+    /// imports it as it is; prints what it did and the requantization error.
+    Flash(FlashArgs),
     /// Fit the int8 KV cache's layout cost model on this board (a short microbenchmark) and
     /// write it as a `kvcost` table for the model.
     CalibrateKv(CalibrateKvArgs),
@@ -182,6 +185,18 @@ struct GenerateArgs {
     /// Stop when this text is generated (may repeat, up to 4).
     #[arg(long)]
     stop: Vec<String>,
+}
+
+#[derive(Args)]
+struct FlashArgs {
+    /// The GGUF to requantize.
+    model: PathBuf,
+    /// f16, w8a8 or w4a8 (the targets of `--precision` at boot).
+    #[arg(long)]
+    precision: String,
+    /// Where to write it (default: <model stem>.<precision>.gguf beside the model).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -386,6 +401,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
         Command::Bench(a) => cmd_bench(a),
+        Command::Flash(a) => cmd_flash(a),
         Command::CalibrateKv(a) => cmd_calibrate_kv(a),
         Command::Calibrate(a) => cmd_calibrate(a),
         Command::Trace(a) => cmd_trace(a),
@@ -1150,6 +1166,22 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     );
     bench::plot::decode_bars(&rows, &title, &a.png)?;
     print!("{md}");
+    Ok(())
+}
+
+fn cmd_flash(a: FlashArgs) -> Result<(), String> {
+    let precision = Precision::parse(&a.precision)?;
+    let out = a.out.unwrap_or_else(|| {
+        let stem = a.model.file_stem().unwrap_or_default().to_string_lossy();
+        a.model.with_file_name(format!("{stem}.{precision}.gguf"))
+    });
+    let report = leanstream::quant::flash::flash(&a.model, precision, &out)?;
+    eprintln!(
+        "flash: {} -> {} at {precision}:\n{report}",
+        a.model.display(),
+        out.display()
+    );
+    println!("{}", out.display());
     Ok(())
 }
 

@@ -305,7 +305,7 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
     let io_block_align = positive("io.block_align", f.io.block_align)?;
     if !io_block_align.is_power_of_two()
         || io_block_align < 512
-        || ARENA_ALIGN % io_block_align != 0
+        || !ARENA_ALIGN.is_multiple_of(io_block_align)
     {
         return err(
             "io.block_align",

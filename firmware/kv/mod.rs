@@ -258,7 +258,7 @@ impl<'a> KvCache<'a> {
                 kbuf,
                 vbuf,
             } => {
-                assert!(shape.head_dim % GROUP == 0 && shape.head_dim <= MAX_HEAD_DIM);
+                assert!(shape.head_dim.is_multiple_of(GROUP) && shape.head_dim <= MAX_HEAD_DIM);
                 assert!(k.len() >= shape.i8_values() && v.len() >= shape.i8_values());
                 assert!(ks.len() >= shape.i8_scales() && vs.len() >= shape.i8_scales());
                 assert!(kbuf.len() == shape.kv_dim() && vbuf.len() == shape.kv_dim());

@@ -483,6 +483,71 @@ fn min_size(ty: u32) -> Option<usize> {
     })
 }
 
+impl Value {
+    /// The GGUF encoding of this value: its type id and bytes, as [`read_value`] reads them
+    /// (`leanstream flash` copies a file's metadata through it).
+    pub fn encode(&self) -> (u32, Vec<u8>) {
+        match self {
+            Value::U8(v) => (T_U8, vec![*v]),
+            Value::I8(v) => (T_I8, v.to_le_bytes().to_vec()),
+            Value::U16(v) => (T_U16, v.to_le_bytes().to_vec()),
+            Value::I16(v) => (T_I16, v.to_le_bytes().to_vec()),
+            Value::U32(v) => (T_U32, v.to_le_bytes().to_vec()),
+            Value::I32(v) => (T_I32, v.to_le_bytes().to_vec()),
+            Value::U64(v) => (T_U64, v.to_le_bytes().to_vec()),
+            Value::I64(v) => (T_I64, v.to_le_bytes().to_vec()),
+            Value::F32(v) => (T_F32, v.to_le_bytes().to_vec()),
+            Value::F64(v) => (T_F64, v.to_le_bytes().to_vec()),
+            Value::Bool(v) => (T_BOOL, vec![*v as u8]),
+            Value::Str(v) => (T_STR, build::str_bytes(v)),
+            Value::Array(a) => (T_ARRAY, a.encode()),
+        }
+    }
+}
+
+impl Array {
+    /// Element type, count, then the elements (the bytes after an array's type id).
+    fn encode(&self) -> Vec<u8> {
+        fn prim<T: Copy, const N: usize>(ty: u32, v: &[T], le: fn(T) -> [u8; N]) -> Vec<u8> {
+            let mut b = ty.to_le_bytes().to_vec();
+            b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            for &x in v {
+                b.extend_from_slice(&le(x));
+            }
+            b
+        }
+        match self {
+            Array::U8(v) => prim(T_U8, v, u8::to_le_bytes),
+            Array::I8(v) => prim(T_I8, v, i8::to_le_bytes),
+            Array::U16(v) => prim(T_U16, v, u16::to_le_bytes),
+            Array::I16(v) => prim(T_I16, v, i16::to_le_bytes),
+            Array::U32(v) => prim(T_U32, v, u32::to_le_bytes),
+            Array::I32(v) => prim(T_I32, v, i32::to_le_bytes),
+            Array::U64(v) => prim(T_U64, v, u64::to_le_bytes),
+            Array::I64(v) => prim(T_I64, v, i64::to_le_bytes),
+            Array::F32(v) => prim(T_F32, v, f32::to_le_bytes),
+            Array::F64(v) => prim(T_F64, v, f64::to_le_bytes),
+            Array::Bool(v) => prim(T_BOOL, v, |x: bool| [x as u8]),
+            Array::Str(v) => {
+                let mut b = T_STR.to_le_bytes().to_vec();
+                b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                for s in v {
+                    b.extend(build::str_bytes(s));
+                }
+                b
+            }
+            Array::Nested(v) => {
+                let mut b = T_ARRAY.to_le_bytes().to_vec();
+                b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                for a in v {
+                    b.extend(a.encode());
+                }
+                b
+            }
+        }
+    }
+}
+
 fn read_bool(r: &mut Reader, what: &dyn Fn() -> String) -> Result<bool, FormatError> {
     let at = r.pos;
     match r.array::<1>(what)?[0] {
@@ -950,6 +1015,41 @@ mod tests {
         );
         b.tensor("q.weight", &[32, 1], GgmlType::Q8_0, (0..34).collect());
         b
+    }
+
+    #[test]
+    fn metadata_reencodes_to_the_same_values() {
+        let g = Gguf::from_bytes(sample().build()).unwrap();
+        let mut b = Builder::default();
+        for (k, v) in g.metadata() {
+            let (ty, bytes) = v.encode();
+            b.kv_raw(k, ty, bytes);
+        }
+        // Nested arrays and every scalar type, which sample() does not hold.
+        let nested = Value::Array(Array::Nested(vec![
+            Array::U8(vec![1, 2]),
+            Array::Bool(vec![true, false]),
+            Array::F64(vec![-0.25]),
+            Array::Str(vec!["x".into()]),
+        ]));
+        let scalars = [
+            Value::U8(7),
+            Value::I8(-7),
+            Value::U16(700),
+            Value::I16(-700),
+            Value::I64(-1 << 40),
+            Value::Bool(false),
+            nested.clone(),
+        ];
+        for (i, v) in scalars.iter().enumerate() {
+            let (ty, bytes) = v.encode();
+            b.kv_raw(&format!("extra.{i}"), ty, bytes);
+        }
+        let again = Gguf::from_bytes(b.build()).unwrap();
+        assert_eq!(&again.metadata()[..g.metadata().len()], g.metadata());
+        for (i, v) in scalars.iter().enumerate() {
+            assert_eq!(again.get(&format!("extra.{i}")), Some(v));
+        }
     }
 
     #[test]

@@ -132,19 +132,19 @@ fn parse(buf: &[u8]) -> Result<(Config, Vec<Tensor>), FormatError> {
         seq_len: h[6],
         shared_classifier: shared,
     };
-    if c.dim % c.n_heads != 0 {
+    if !c.dim.is_multiple_of(c.n_heads) {
         return Err(model_err(format!(
             "dim {} is not a multiple of n_heads {}",
             c.dim, c.n_heads
         )));
     }
-    if c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 {
+    if c.n_kv_heads > c.n_heads || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return Err(model_err(format!(
             "n_heads {} is not a multiple of n_kv_heads {}",
             c.n_heads, c.n_kv_heads
         )));
     }
-    if c.head_size() % 2 != 0 {
+    if !c.head_size().is_multiple_of(2) {
         return Err(model_err(format!("head size {} is odd", c.head_size())));
     }
 

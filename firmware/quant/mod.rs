@@ -48,6 +48,7 @@
 //! rows are not whole groups of 32 stays in its own type (said in the conversion report).
 
 pub mod cpu;
+pub mod flash;
 
 use crate::model::ggml::{dequantize_row, f16_to_f32, f32_to_f16, quantize_row_q8_0, GgmlType};
 use crate::model::TensorRef;
@@ -229,7 +230,7 @@ impl Role {
 
 /// The target of a matrix of type `ty` with `cols` columns in `role` at `precision`.
 pub fn target(precision: Precision, packing: Packing, role: Role, cols: usize) -> Target {
-    let whole = cols % GROUP == 0;
+    let whole = cols.is_multiple_of(GROUP);
     match precision {
         Precision::Native => Target::Keep,
         Precision::F16 => Target::F16,

@@ -14,7 +14,7 @@ impl Rng {
     /// Roughly normal-ish in (-1, 1), with occasional outliers.
     fn f(&mut self) -> f32 {
         let u = ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-        if self.next() % 50 == 0 {
+        if self.next().is_multiple_of(50) {
             u * 8.0
         } else {
             u

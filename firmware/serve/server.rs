@@ -700,7 +700,7 @@ impl<'a> Server<'a> {
         let mut emitted_tokens = 0u32;
         let stats = generate(engine, sampler, tok, prompt, &gp, &mut |bytes| {
             emitted_tokens += 1;
-            if emitted_tokens % 4 == 0 {
+            if emitted_tokens.is_multiple_of(4) {
                 self.mark_engine_alive();
             }
             if peer_gone(stream) {

@@ -114,7 +114,7 @@ fn layout(
             gate.rows, gate.cols, up.rows, up.cols, down.rows, down.cols
         ));
     }
-    if dim % QK != 0 {
+    if !dim.is_multiple_of(QK) {
         return Err(format!(
             "bundles need a model width that is a multiple of 32, not {dim}"
         ));

@@ -385,7 +385,11 @@ impl TraceReader {
                 .as_u64()
                 .ok_or(format!("trace has no tensor {name}"))? as usize,
         );
-        if b < a || self.base + b > self.map.len() || (b - a) % 4 != 0 || (self.base + a) % 4 != 0 {
+        if b < a
+            || self.base + b > self.map.len()
+            || (b - a) % 4 != 0
+            || !(self.base + a).is_multiple_of(4)
+        {
             return Err(format!("trace tensor {name}: bad offsets"));
         }
         let bytes = &self.map[self.base + a..self.base + b];

@@ -106,7 +106,10 @@ pub fn axpy_rows_with(
         idx.len(),
         h.len()
     );
-    assert!(cols % QK == 0, "rows of {cols} values are not 32-groups");
+    assert!(
+        cols.is_multiple_of(QK),
+        "rows of {cols} values are not 32-groups"
+    );
     let tasks = idx.len().div_ceil(ROWS_PER_TASK);
     assert!(
         partials.len() >= partials_len(idx.len(), cols),

@@ -79,14 +79,17 @@ pub fn partials_len(n: usize, dim: usize) -> usize {
 /// Quantizes one int8 tile. `cols` holds `m <= 32` down columns of `dim` values back to back (a
 /// last tile may be short); the missing columns are zero.
 pub fn quantize_tile(cols: &[f32], dim: usize, dst: &mut [u8]) {
-    assert!(dim % QK == 0, "rows of {dim} values are not 32-groups");
+    assert!(
+        dim.is_multiple_of(QK),
+        "rows of {dim} values are not 32-groups"
+    );
     assert_eq!(
         dst.len(),
         TileKind::Int8.tile_bytes(dim),
         "tile of {} bytes",
         dst.len()
     );
-    assert!(cols.len() % dim == 0 && cols.len() / dim <= TILE_NEURONS);
+    assert!(cols.len().is_multiple_of(dim) && cols.len() / dim <= TILE_NEURONS);
     let m = cols.len() / dim;
     dst.fill(0);
     let (q, scales) = dst.split_at_mut(TILE_NEURONS * dim);
@@ -117,7 +120,7 @@ pub fn q4_tile_from_blocks(
         ty.name()
     );
     assert!(
-        dim % QK == 0 && n % QK == 0,
+        dim.is_multiple_of(QK) && n.is_multiple_of(QK),
         "{dim} x {n} is not in 32-groups"
     );
     assert_eq!(
@@ -222,7 +225,10 @@ pub fn axpy_tiles_with(
     out: &mut [f32],
 ) {
     let dim = w.dim;
-    assert!(dim % QK == 0, "rows of {dim} values are not 32-groups");
+    assert!(
+        dim.is_multiple_of(QK),
+        "rows of {dim} values are not 32-groups"
+    );
     assert_eq!(
         out.len(),
         dim,

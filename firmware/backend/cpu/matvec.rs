@@ -256,7 +256,7 @@ impl ActScratch {
     /// Quantizes `x` (a whole number of blocks of 32) and returns the view kernels read.
     fn quantize<'a>(&'a mut self, x: &'a [f32], permuted: bool) -> Act<'a> {
         assert!(
-            x.len() % QK == 0,
+            x.len().is_multiple_of(QK),
             "input of {} values is not whole blocks of 32",
             x.len()
         );

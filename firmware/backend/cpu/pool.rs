@@ -205,7 +205,7 @@ fn worker_loop(sh: &Shared) {
         while gen == seen {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 && start.elapsed() >= sh.spin {
+            if spins.is_multiple_of(64) && start.elapsed() >= sh.spin {
                 let mut guard = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
                 sh.sleepers.fetch_add(1, Ordering::SeqCst);
                 loop {

@@ -128,8 +128,8 @@ const MV_R: usize = 2;
 /// unit of work each (a block of 32 for the integer types, 16 bytes for f16/f32 rows).
 fn threads_per_row(ty: GpuType, cols: usize) -> usize {
     let units = match ty {
-        GpuType::F16 if cols % 8 == 0 => cols / 8,
-        GpuType::F32 if cols % 4 == 0 => cols / 4,
+        GpuType::F16 if cols.is_multiple_of(8) => cols / 8,
+        GpuType::F32 if cols.is_multiple_of(4) => cols / 4,
         GpuType::F16 | GpuType::F32 => cols,
         _ => cols / 32,
     };
