@@ -158,6 +158,9 @@ struct LowBitArgs {
     /// Ablation: dequantize each weight group to f32 before the dot product (w8a8/w4a8).
     #[arg(long)]
     no_deferred_dequant: bool,
+    /// Ablation: the AVX2 dot product where the CPU has VNNI (w8a8/w4a8).
+    #[arg(long)]
+    no_vnni: bool,
 }
 
 #[derive(Args)]
@@ -349,7 +352,7 @@ struct BenchArgs {
     png: PathBuf,
     /// Configurations to run side by side, comma-separated: PRECISION[/PACKING][+FLAG]...,
     /// flags `no-adaptive-kv` (one token-major KV segment), `head-tiles` (one head-tiled
-    /// segment), `no-deferred-dequant`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
+    /// segment), `no-deferred-dequant`, `no-vnni`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
     /// Default: the one configuration the model flags give.
     #[arg(long)]
     configs: Option<String>,
@@ -363,6 +366,7 @@ struct BenchArgs {
 fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), String> {
     let mut low = base.clone();
     low.no_deferred_dequant = false;
+    low.no_vnni = false;
     low.kv_layout = "adaptive".into();
     let mut parts = spec.split('+');
     let head = parts.next().unwrap_or_default();
@@ -379,9 +383,10 @@ fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), S
             "no-adaptive-kv" => low.kv_layout = "token-major".into(),
             "head-tiles" => low.kv_layout = "head-tiles".into(),
             "no-deferred-dequant" => low.no_deferred_dequant = true,
+            "no-vnni" => low.no_vnni = true,
             _ => {
                 return Err(format!(
-                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant)"
+                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant, no-vnni)"
                 ))
             }
         }
@@ -466,6 +471,7 @@ fn options(
     o.packing = low.packing;
     o.kv_policy = leanstream::kv::policy_from(file, low.kv_cost.as_deref(), &low.kv_layout)?;
     leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+    leanstream::quant::cpu::set_vnni(!low.no_vnni);
     Ok(o)
 }
 
@@ -1446,6 +1452,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     if let Some(n) = a.long_context {
         for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
             leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+            leanstream::quant::cpu::set_vnni(!low.no_vnni);
             let (json, md) = long_context(engine, sampler, &prompt, n, label)?;
             rows_json.push(json);
             rows_md.push(md);
@@ -1472,6 +1479,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
                     engines.iter_mut().zip(&configs).enumerate()
                 {
                     leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+                    leanstream::quant::cpu::set_vnni(!low.no_vnni);
                     let token = if pos < prompt.len() {
                         prompt[pos]
                     } else {

@@ -6,13 +6,15 @@
 //! results.
 //!
 //! Kernels: AVX2 (x86-64, `maddubs`/`madd` with the sign trick, four rows at a time sharing each
-//! activation group, one horizontal add per group for four rows) and NEON (aarch64: `sdot` where
-//! the core has the dot-product extension, `smull`/`sadalp` otherwise), chosen at run time by
-//! `backend::cpu::matvec`; the scalar code is the definition and the fallback. The NEON kernels
-//! are built and tested here under qemu (`scripts/test-aarch64.sh`). An AVX-VNNI
-//! variant (`vpdpbusd` for `maddubs`+`madd`, the same int32 lanes) needs Rust 1.89 for the
-//! `avxvnni` target feature, past this crate's `rust-version` of 1.80, and this machine has no
-//! AVX-VNNI to test it on: not built yet.
+//! activation group, one horizontal add per group for four rows; where the CPU has VNNI, one
+//! `vpdpbusd` replaces the `maddubs`+`madd` pair: AVX-VNNI's VEX form, else AVX512-VNNI's EVEX
+//! form on the same 256-bit registers) and NEON (aarch64: `sdot` where the core has the
+//! dot-product extension, `smull`/`sadalp` otherwise), chosen at run time by
+//! `backend::cpu::matvec`; the scalar code is the definition and the fallback. `vpdpbusd` and
+//! `maddubs`+`madd` give the same int32 lanes (the sign trick's products are at most 128 x 127,
+//! so `maddubs` never saturates), so every variant is bit-identical to the scalar kernel. The
+//! NEON kernels are built and tested here under qemu (`scripts/test-aarch64.sh`); the VNNI ones
+//! where the CPU has it (the GPU machine's Xeon; the developer VM has none).
 
 use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
 use crate::backend::cpu::matvec::{Act, QChunkFn as ChunkFn};
@@ -56,6 +58,28 @@ pub fn deferred_dequant() -> bool {
     DEFERRED.load(Ordering::Relaxed)
 }
 
+static VNNI: AtomicBool = AtomicBool::new(true);
+
+/// Ablation switch (`+no-vnni` on bench): `false` keeps the AVX2 `maddubs`+`madd` dot where the
+/// CPU has VNNI. Default `true`.
+pub fn set_vnni(on: bool) {
+    VNNI.store(on, Ordering::Relaxed);
+}
+
+/// Which VNNI form the x86 kernels use: `None` (none present, or switched off), `"avx-vnni"` or
+/// `"avx512-vnni"`.
+pub fn vnni_in_use() -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    if VNNI.load(Ordering::Relaxed) {
+        return match x86::vnni() {
+            x86::VNNI_VEX => Some("avx-vnni"),
+            x86::VNNI_EVEX => Some("avx512-vnni"),
+            _ => None,
+        };
+    }
+    None
+}
+
 pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 && !deferred_dequant() {
@@ -68,11 +92,15 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 {
-        return match f {
-            QFormat::W8 => x86::chunk::<FMT_W8>,
-            QFormat::W4(Packing::Contiguous) => x86::chunk::<FMT_W4C>,
-            QFormat::W4(Packing::Interleaved) => x86::chunk::<FMT_W4I>,
-            QFormat::W4(Packing::Swizzled) => x86::chunk::<FMT_W4S>,
+        let v = if VNNI.load(Ordering::Relaxed) {
+            x86::vnni()
+        } else {
+            x86::VNNI_NONE
+        };
+        return match v {
+            x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f),
+            x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f),
+            _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f),
         };
     }
     #[cfg(target_arch = "aarch64")]
@@ -251,12 +279,59 @@ mod x86 {
         }
     }
 
-    /// 8 lanes of int32 partial dots of signed `w` with signed `y`.
+    pub(super) const VNNI_NONE: u8 = 0;
+    /// AVX-VNNI: `vpdpbusd` VEX-encoded (Alder Lake, Sapphire Rapids and later; Zen 5).
+    pub(super) const VNNI_VEX: u8 = 1;
+    /// AVX512-VNNI with AVX512-VL: the EVEX form on ymm registers (Cascade/Ice Lake, Zen 4).
+    pub(super) const VNNI_EVEX: u8 = 2;
+
+    /// The VNNI form this CPU has (detected once by the standard library, cached).
+    pub(super) fn vnni() -> u8 {
+        if is_x86_feature_detected!("avxvnni") {
+            VNNI_VEX
+        } else if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+            VNNI_EVEX
+        } else {
+            VNNI_NONE
+        }
+    }
+
+    pub(super) fn chunk_for<const V: u8>(f: QFormat) -> ChunkFn {
+        match f {
+            QFormat::W8 => chunk::<FMT_W8, V>,
+            QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
+            QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
+            QFormat::W4(Packing::Swizzled) => chunk::<FMT_W4S, V>,
+        }
+    }
+
+    /// 8 lanes of int32 partial dots of signed `w` with signed `y`: |w| (unsigned) times y
+    /// with w's sign, four adjacent bytes per lane.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_lanes(w: __m256i, y: __m256i) -> __m256i {
-        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    unsafe fn dot_lanes<const V: u8>(w: __m256i, y: __m256i) -> __m256i {
+        let (u, s) = (_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+        let mut acc = _mm256_setzero_si256();
+        // SAFETY (both asm blocks): `chunk_fn` picks V only where `vnni()` found the form on
+        // this CPU; the instruction reads and writes registers only.
+        match V {
+            VNNI_VEX => std::arch::asm!(
+                "{{vex}} vpdpbusd {acc}, {u}, {s}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags)
+            ),
+            VNNI_EVEX => std::arch::asm!(
+                "{{evex}} vpdpbusd {acc}, {u}, {s}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags)
+            ),
+            _ => acc = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+        }
+        acc
     }
 
     #[inline]
@@ -269,7 +344,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn chunk<const F: u8>(
+    pub(super) unsafe fn chunk<const F: u8, const V: u8>(
         data: &[u8],
         row_bytes: usize,
         a: &Act,
@@ -299,10 +374,10 @@ mod x86 {
                 for o in [w0[0], w1[0], w2[0], w3[0]] {
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
                 }
-                let m0 = dot_lanes(weights::<F>(p, w0), y);
-                let m1 = dot_lanes(weights::<F>(p, w1), y);
-                let m2 = dot_lanes(weights::<F>(p, w2), y);
-                let m3 = dot_lanes(weights::<F>(p, w3), y);
+                let m0 = dot_lanes::<V>(weights::<F>(p, w0), y);
+                let m1 = dot_lanes::<V>(weights::<F>(p, w1), y);
+                let m2 = dot_lanes::<V>(weights::<F>(p, w2), y);
+                let m3 = dot_lanes::<V>(weights::<F>(p, w3), y);
                 // Four exact int32 group dots, one per row.
                 let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
                 let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -328,7 +403,7 @@ mod x86 {
             for g in 0..ng {
                 let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
                 let (s, w) = group_at::<F>(row_bytes, r, g);
-                let i = hsum_i32(dot_lanes(weights::<F>(p, w), y));
+                let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
                 let d = f16_to_f32(scale(s)) * *a.d.get_unchecked(g);
                 acc += d * i as f32;
             }
@@ -375,6 +450,50 @@ mod x86 {
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_movehdup_ps(s));
             *o = _mm_cvtss_f32(s);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The AVX2 kernel, and each VNNI form this CPU has, equal the scalar kernel bit for
+        /// bit for every format. A CPU without VNNI says so in a `skipped:` line.
+        #[test]
+        fn x86_kernels_equal_scalar() {
+            if !(is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"))
+            {
+                eprintln!("skipped: this CPU has no AVX2");
+                return;
+            }
+            fn variants<const F: u8>() -> Vec<(&'static str, ChunkFn)> {
+                let mut v: Vec<(&'static str, ChunkFn)> = vec![("avx2", chunk::<F, VNNI_NONE>)];
+                match vnni() {
+                    VNNI_VEX => v.push(("avx-vnni", chunk::<F, VNNI_VEX>)),
+                    VNNI_EVEX => v.push(("avx512-vnni", chunk::<F, VNNI_EVEX>)),
+                    _ => {}
+                }
+                // A CPU with both forms runs the EVEX one too.
+                if vnni() == VNNI_VEX
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+                {
+                    v.push(("avx512-vnni", chunk::<F, VNNI_EVEX>));
+                }
+                v
+            }
+            check_format::<FMT_W8>(&variants::<FMT_W8>());
+            check_format::<FMT_W4C>(&variants::<FMT_W4C>());
+            check_format::<FMT_W4I>(&variants::<FMT_W4I>());
+            check_format::<FMT_W4S>(&variants::<FMT_W4S>());
+            let names: Vec<&str> = variants::<FMT_W8>().iter().map(|v| v.0).collect();
+            if names.len() == 1 {
+                eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (AVX2 checked)");
+            } else {
+                eprintln!("x86 kernels checked against scalar: {names:?}");
+            }
         }
     }
 }
@@ -503,61 +622,72 @@ mod neon {
         use super::*;
 
         /// Both NEON variants (and the `sdot` one only where the core has it) equal the scalar
-        /// kernel bit for bit, for every format, on random weights with sane scales.
+        /// kernel bit for bit, for every format.
         #[test]
         fn neon_kernels_equal_scalar() {
-            let mut seed = 0x2545_F491_4F6C_DD1Du64;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
-            let (rows, cols) = (64, 96);
-            let ng = cols / GROUP;
-            let qs: Vec<i8> = (0..cols).map(|_| next() as i8).collect();
-            let mut qp = vec![0i8; cols];
-            permute_act(&qs, &mut qp);
-            let d: Vec<f32> = (0..ng).map(|g| 0.01 + g as f32 * 0.003).collect();
-            let a = Act {
-                x: &[],
-                qs: &qs,
-                qp: &qp,
-                d: &d,
-                s: &[],
-            };
-            fn check<const F: u8>(data: &mut [u8], rb: usize, rows: usize, a: &Act) {
-                for r in 0..rows {
-                    for g in 0..groups::<F>(rb) {
-                        let s = group_at::<F>(rb, r, g).0;
-                        data[s..s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
-                    }
+            fn variants<const F: u8>() -> Vec<(&'static str, ChunkFn)> {
+                let mut v: Vec<(&'static str, ChunkFn)> = vec![("smull", chunk_mull::<F>)];
+                if has_dotprod() {
+                    v.push(("sdot", chunk_sdot::<F>));
                 }
-                let mut want = vec![0f32; rows];
-                let mut got = vec![0f32; rows];
-                // SAFETY: NEON is baseline on aarch64; `sdot` only where detected; `a` covers
-                // the rows' groups.
-                unsafe {
-                    scalar_chunk::<F>(data, rb, a, &mut want);
-                    chunk_mull::<F>(data, rb, a, &mut got);
-                    assert_eq!(got, want, "format {F} smull");
-                    if has_dotprod() {
-                        chunk_sdot::<F>(data, rb, a, &mut got);
-                        assert_eq!(got, want, "format {F} sdot");
-                    }
-                }
+                v
             }
-            let w8 = rows * ng * 34;
-            let w4 = rows * ng * W4_GROUP_BYTES;
-            let mut bytes = |n: usize| (0..n).map(|_| next() as u8).collect::<Vec<u8>>();
-            check::<FMT_W8>(&mut bytes(w8), ng * 34, rows, &a);
-            check::<FMT_W4C>(&mut bytes(w4), ng * W4_GROUP_BYTES, rows, &a);
-            check::<FMT_W4I>(&mut bytes(w4), ng * W4_GROUP_BYTES, rows, &a);
-            check::<FMT_W4S>(&mut bytes(w4), ng * W4_GROUP_BYTES, rows, &a);
+            check_format::<FMT_W8>(&variants::<FMT_W8>());
+            check_format::<FMT_W4C>(&variants::<FMT_W4C>());
+            check_format::<FMT_W4I>(&variants::<FMT_W4I>());
+            check_format::<FMT_W4S>(&variants::<FMT_W4S>());
             assert!(
                 has_dotprod(),
                 "qemu's default cpu has dotprod: both variants ran"
             );
         }
+    }
+}
+
+/// Every `variants` kernel equals the scalar kernel bit for bit on one matrix of format `F`:
+/// random weight bytes (w8 values -128..=127 included) with sane scales, random activations.
+#[cfg(test)]
+fn check_format<const F: u8>(variants: &[(&'static str, ChunkFn)]) {
+    let mut seed = 0x2545_F491_4F6C_DD1Du64 ^ F as u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (rows, cols) = (67usize, 96usize);
+    let ng = cols / GROUP;
+    // Activations are quantized to -127..=127 (`quantize_q8`), never -128.
+    let qs: Vec<i8> = (0..cols)
+        .map(|_| ((next() % 255) as i16 - 127) as i8)
+        .collect();
+    let mut qp = vec![0i8; cols];
+    permute_act(&qs, &mut qp);
+    let d: Vec<f32> = (0..ng).map(|g| 0.01 + g as f32 * 0.003).collect();
+    let a = Act {
+        x: &[],
+        qs: &qs,
+        qp: &qp,
+        d: &d,
+        s: &[],
+    };
+    let rb = ng * if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+    let bands = rows.next_multiple_of(SWIZZLE_ROWS);
+    let mut data: Vec<u8> = (0..bands * rb).map(|_| next() as u8).collect();
+    for r in 0..rows {
+        for g in 0..ng {
+            let s = group_at::<F>(rb, r, g).0;
+            data[s..s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
+        }
+    }
+    let mut want = vec![0f32; rows];
+    // SAFETY: the scalar kernel needs no CPU feature; `data` and `a` cover every group.
+    unsafe { scalar_chunk::<F>(&data, rb, &a, &mut want) };
+    assert!(want.iter().any(|&x| x != 0.0));
+    for (name, kernel) in variants {
+        let mut got = vec![0f32; rows];
+        // SAFETY: callers list only kernels whose CPU features are present.
+        unsafe { kernel(&data, rb, &a, &mut got) };
+        assert_eq!(got, want, "format {F}, kernel {name}");
     }
 }
