@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """LeanStream against llama.cpp's CPU build on the same model, threads and prompt, in one run.
 
-llama.cpp comes from llama-cpp-python on PyPI, built from source on this machine:
-    CMAKE_ARGS="-DGGML_NATIVE=ON" python3 -m pip install llama-cpp-python==0.3.36
+llama.cpp comes from llama-cpp-python 0.3.36 on PyPI, built from source on this machine: either
+the Python binding (CMAKE_ARGS="-DGGML_NATIVE=ON" python3 -m pip install llama-cpp-python==0.3.36)
+or, with --llama-bench, the `llama-bench` binary built from the sdist's vendor/llama.cpp
+(cmake -B build -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama-bench),
+which times pp<prompt> and tg<gen> as ANCHORS.md's figures were.
 usage: scripts/bench-vs-llamacpp.py --model M [--precision native|f16|w8a8|w4a8] [--packing P]
-       [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3]
+       [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3] [--llama-bench PATH]
 Run `cargo build --release` first. Prints a Markdown table; the ratio is LeanStream / llama.cpp.
 For the low-bit comparison give a Q8_0 GGUF with `--precision w8a8` and a Q4_0 GGUF with
 `--precision w4a8`: both engines then run the very same weights."""
@@ -20,11 +23,24 @@ def leanstream(a):
                     "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps), "--json", out,
                     "--markdown", os.devnull, "--precision", a.precision, "--packing", a.packing],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = json.load(open(out))["configs"][0]
+    d = json.load(open(out))
+    r = d["configs"][0] if "configs" in d else d["rows"][0]
     return r["prefill_tok_per_s"], r["decode_tok_per_s"]
 
 
+def llama_bench(a):
+    out = subprocess.run([a.llama_bench, "-m", a.model, "-t", str(a.threads), "-p", str(a.prompt_tokens),
+                          "-n", str(a.gen_tokens), "-r", str(a.reps), "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
+    return pp, tg
+
+
 def llamacpp(a):
+    if a.llama_bench:
+        return llama_bench(a)
     import numpy as np
     from llama_cpp import Llama
     llm = Llama(model_path=a.model, n_threads=a.threads, n_threads_batch=a.threads, n_ctx=1024,
@@ -58,6 +74,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--precision", default="native")
     ap.add_argument("--packing", default="interleaved")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (else the Python binding)")
     a = ap.parse_args()
     # Alternate the two twice so a busy moment does not land on one side only.
     ls, lc = [], []

@@ -148,6 +148,10 @@ struct Scratch<'a> {
     hb2: &'a mut [f32],
     att: &'a mut [f32],
     logits: &'a mut [f32],
+    /// This token's rotary cos and sin per pair (head_dim / 2 each), shared by every layer
+    /// and head.
+    rope_cos: &'a mut [f32],
+    rope_sin: &'a mut [f32],
 }
 
 /// A booted model: weights in place, KV cache and activations allocated, workers running.
@@ -518,6 +522,8 @@ impl<'a> Engine<'a> {
             hb2: c.take(h.hidden_dim)?,
             att: c.take(h.n_heads * context)?,
             logits: c.take(h.vocab_size)?,
+            rope_cos: c.take(h.head_dim / 2)?,
+            rope_sin: c.take(h.head_dim / 2)?,
         };
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
         let sparse = if sparse {
@@ -671,6 +677,7 @@ impl<'a> Engine<'a> {
 
         // The KV cache makes room for this position (a new segment if its cost model says so).
         self.kv.begin_token(pos);
+        rope_angles(s.rope_cos, s.rope_sin, head_dim, pos, h.rope_base);
         for (l, w) in self.layers.iter().enumerate() {
             // Attention: q, k and v of this token; k and v go into the cache's rows for it.
             rmsnorm(s.xb, s.x, w.attn_norm, h.norm_eps);
@@ -686,8 +693,8 @@ impl<'a> Engine<'a> {
                 add(k, &b[q_dim..q_dim + kv_dim]);
                 add(v, &b[q_dim + kv_dim..]);
             }
-            rope(s.q, head_dim, pos, h.rope_base, h.rope_style);
-            rope(k, head_dim, pos, h.rope_base, h.rope_style);
+            rope(s.q, s.rope_cos, s.rope_sin, h.rope_style);
+            rope(k, s.rope_cos, s.rope_sin, h.rope_style);
             self.kv.commit(l, pos);
 
             // Each head attends over positions 0..=pos of its KV head.
@@ -804,14 +811,23 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// Rotary position embedding over every head in `x`. Llama-style GGUF and llama2.c rotate
-/// adjacent pairs (2i, 2i+1); qwen2 (NEOX) rotates (i, i + head_dim/2).
-pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
-    let half = head_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
+/// Rotary position embedding's cos and sin of pair `i` at `pos`, computed once per token for
+/// every layer and head (they depend on the position only).
+pub fn rope_angles(cos: &mut [f32], sin: &mut [f32], head_dim: usize, pos: usize, base: f32) {
+    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+        let freq = base.powf(-((2 * i) as f32) / head_dim as f32);
+        (*s, *c) = (pos as f32 * freq).sin_cos();
+    }
+}
+
+/// Rotary position embedding over every head in `x` (heads of `2 * cos.len()` values), by the
+/// angles of [`rope_angles`]. Llama-style GGUF and llama2.c rotate adjacent pairs (2i, 2i+1);
+/// qwen2 (NEOX) rotates (i, i + head_dim/2).
+pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    for head in x.chunks_exact_mut(2 * half) {
         for i in 0..half {
-            let freq = base.powf(-((2 * i) as f32) / head_dim as f32);
-            let (sin, cos) = (pos as f32 * freq).sin_cos();
+            let (sin, cos) = (sin[i], cos[i]);
             let (a, b) = match style {
                 RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
                 RopeStyle::HalfSplit => (i, i + half),

@@ -426,6 +426,41 @@ impl<'a> KvCache<'a> {
         att: &mut [f32],
         out: &mut [f32],
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::backend::cpu::matvec::kernel() == crate::backend::cpu::Kernel::Avx2 {
+            // SAFETY: the Avx2 kernel is chosen only where the CPU has AVX2, FMA and F16C.
+            return unsafe { self.attend_avx2(l, kv_head, q, pos, att, out) };
+        }
+        self.attend_any(l, kv_head, q, pos, att, out)
+    }
+
+    /// The same code compiled for AVX2: 8-wide loops over the head and the int8 groups. Rust
+    /// never fuses or reorders float operations, so the results equal the baseline build's
+    /// bit for bit (tested).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn attend_avx2(
+        &self,
+        l: usize,
+        kv_head: usize,
+        q: &[f32],
+        pos: usize,
+        att: &mut [f32],
+        out: &mut [f32],
+    ) {
+        self.attend_any(l, kv_head, q, pos, att, out)
+    }
+
+    #[inline(always)]
+    fn attend_any(
+        &self,
+        l: usize,
+        kv_head: usize,
+        q: &[f32],
+        pos: usize,
+        att: &mut [f32],
+        out: &mut [f32],
+    ) {
         let s = &self.shape;
         match &self.store {
             Storage::F32 { k, v } => {
@@ -447,6 +482,7 @@ impl<'a> KvCache<'a> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn attend_i8(
         &self,
         k: &[i8],
@@ -519,6 +555,7 @@ fn addr(s: &Shape, seg: &Segment, l: usize, h: usize, i: usize) -> (usize, usize
 }
 
 /// int8 quantization of one head, per group of 32: `d = amax / 127`, `q = round(x / d)`.
+#[inline(always)]
 pub fn quantize_head(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     for ((xb, qb), db) in x
         .chunks_exact(GROUP)
@@ -529,7 +566,7 @@ pub fn quantize_head(x: &[f32], q: &mut [i8], d: &mut [f32]) {
         let dd = amax / 127.0;
         let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
         for (qi, &v) in qb.iter_mut().zip(xb) {
-            *qi = (v * id).round() as i8;
+            *qi = crate::model::ggml::round_half_away(v * id) as i8;
         }
         *db = dd;
     }
@@ -554,6 +591,7 @@ fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
 }
 
 /// The f32 cache's attention (unchanged from the classic engine: golden results stay exact).
+#[inline(always)]
 fn attend_f32(
     q: &[f32],
     keys: &[f32],
@@ -579,6 +617,7 @@ fn attend_f32(
     }
 }
 
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums let the compiler keep it in vector registers.
     let mut acc = [0f32; 8];

@@ -178,6 +178,50 @@ fn int8_attention_is_close_to_f32() {
     assert_eq!(c32.segments().len(), 1);
 }
 
+/// The AVX2 build of attention equals the baseline build bit for bit, f32 and int8 caches,
+/// over a chain of mixed segments.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_attention_equals_baseline_exactly() {
+    if crate::backend::cpu::matvec::best_kernel() != crate::backend::cpu::Kernel::Avx2 {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let s = shape();
+    let mut b = bufs(&s);
+    let mut c8 = cache(s, &mut b, Policy::Adaptive(eager()));
+    let n = s.n_layers * s.context * s.kv_dim();
+    let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let mut c32 = KvCache::new(
+        s,
+        Storage::F32 {
+            k: &mut k,
+            v: &mut v,
+        },
+        Policy::Adaptive(eager()),
+    );
+    for pos in 0..150 {
+        append(&mut c8, pos);
+        append(&mut c32, pos);
+    }
+    assert!(c8.segments().len() > 1, "a chain of mixed segments");
+    for c in [&c8, &c32] {
+        for pos in [0, 37, 149] {
+            for (l, h) in [(0, 0), (1, 2)] {
+                let q: Vec<f32> = (0..s.head_dim).map(|i| val(l, pos, i, 7)).collect();
+                let (mut a1, mut a2) = (vec![0f32; pos + 1], vec![0f32; pos + 1]);
+                let (mut o1, mut o2) = (vec![0f32; s.head_dim], vec![0f32; s.head_dim]);
+                c.attend_any(l, h, &q, pos, &mut a1, &mut o1);
+                // SAFETY: best_kernel() found AVX2, FMA and F16C.
+                unsafe { c.attend_avx2(l, h, &q, pos, &mut a2, &mut o2) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&o1), bits(&o2), "pos {pos} layer {l} head {h}");
+                assert_eq!(bits(&a1), bits(&a2));
+            }
+        }
+    }
+}
+
 #[test]
 fn cost_model_prefers_token_major_short_and_tiles_long() {
     let s = Shape {

@@ -308,6 +308,15 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// `y.round()` (half away from zero) for |y| < 2^23, without the libm call `round` is on
+/// baseline x86-64: the truncation `t` is exact, and so is the fraction `y - t`.
+#[inline(always)]
+pub fn round_half_away(y: f32) -> i32 {
+    let t = y as i32;
+    let f = y - t as f32;
+    t + (f >= 0.5) as i32 - (f <= -0.5) as i32
+}
+
 /// Quantizes `src` (a whole number of 32-value blocks) to Q8_0 into `dst`
 /// (`GgmlType::Q8_0.row_bytes(src.len())` bytes), as ggml's `quantize_row_q8_0_ref`:
 /// `d = amax / 127`, `q = round(x * (1/d))` (rounding half away from zero), d stored as f16.
@@ -337,7 +346,37 @@ pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         for j in 0..QK {
-            y[2 + j] = (x[j] * id).round() as i8 as u8;
+            y[2 + j] = round_half_away(x[j] * id) as i8 as u8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::round_half_away;
+
+    /// Equals `f32::round` on every float in -130..130 around the halves and on a dense grid.
+    #[test]
+    fn round_half_away_equals_round() {
+        let mut ys = vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 127.49999];
+        for i in -1300..1300 {
+            let y = i as f32 / 10.0;
+            ys.extend([
+                y,
+                f32::from_bits(y.to_bits() + 1),
+                f32::from_bits(y.to_bits().wrapping_sub(1)),
+            ]);
+        }
+        for k in -130..130 {
+            let h = k as f32 + 0.5;
+            ys.extend([
+                h,
+                f32::from_bits(h.to_bits() + 1),
+                f32::from_bits(h.to_bits() - 1),
+            ]);
+        }
+        for y in ys {
+            assert_eq!(round_half_away(y), y.round() as i32, "{y:e}");
         }
     }
 }

@@ -313,7 +313,7 @@ fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in qb.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
+            *q = crate::model::ggml::round_half_away(v * id) as i8;
             sum += *q as i32;
         }
         *db = dd;
