@@ -541,7 +541,7 @@ fn boot_cpu<'a>(
 
 fn precision_line(e: &Engine, low: &LowBitArgs) -> String {
     format!(
-        "precision {}{}: {} | KV cache {:?}",
+        "precision {}{}: {} | KV cache {}",
         low.precision,
         if low.precision == Precision::W4a8 {
             format!(" ({})", low.packing.name())
@@ -549,7 +549,7 @@ fn precision_line(e: &Engine, low: &LowBitArgs) -> String {
             String::new()
         },
         e.conversions,
-        e.kv_precision()
+        e.kv_description()
     )
 }
 

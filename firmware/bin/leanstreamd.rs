@@ -148,10 +148,10 @@ fn run(args: Args) -> Result<(), String> {
         })?;
     if let (true, AnyEngine::Cpu(cpu)) = (args.precision != Precision::Native, &engine) {
         eprintln!(
-            "leanstreamd: precision {}: {} | KV cache {:?}",
+            "leanstreamd: precision {}: {} | KV cache {}",
             args.precision,
             cpu.conversions,
-            cpu.kv_precision()
+            cpu.kv_description()
         );
     }
     drop(file);

@@ -398,8 +398,14 @@ impl<'a> Engine<'a> {
             h.vocab_size,
             kv_dim,
             kv_dim,
+            h.head_dim / 2,
+            h.head_dim / 2,
         ] {
             scratch.add::<f32>(n);
+        }
+        let scale_keys = int8_kv && h.qkv_bias;
+        if scale_keys {
+            scratch.add::<f32>(h.n_layers * kv_dim);
         }
         scratch.add::<u32>(h.vocab_size);
         if sparse {
@@ -542,6 +548,24 @@ impl<'a> Engine<'a> {
             None => None,
         };
         s.att.fill(0.0);
+        let mut kv = KvCache::new(shape, store, opts.kv_policy);
+        if scale_keys {
+            let scales = c.take::<f32>(h.n_layers * kv_dim)?;
+            let half = h.head_dim / 2;
+            for (layer, out) in layers.iter().zip(scales.chunks_exact_mut(kv_dim)) {
+                let bias = &layer.qkv_bias.expect("qkv_bias")[q_dim..q_dim + kv_dim];
+                crate::kv::key_scales_from_bias(
+                    bias,
+                    h.head_dim,
+                    |i| match h.rope_style {
+                        RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
+                        RopeStyle::HalfSplit => (i, i + half),
+                    },
+                    out,
+                );
+            }
+            kv.scale_keys(scales);
+        }
         let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
         Ok(Engine {
             hyper: h,
@@ -550,7 +574,7 @@ impl<'a> Engine<'a> {
             layers,
             output_norm,
             output,
-            kv: KvCache::new(shape, store, opts.kv_policy),
+            kv,
             s,
             sample_idx,
             pool: WorkerPool::new(opts.threads.max(1)),
@@ -641,6 +665,17 @@ impl<'a> Engine<'a> {
     /// The KV cache's precision.
     pub fn kv_precision(&self) -> crate::kv::KvPrecision {
         self.kv.precision()
+    }
+
+    /// The KV cache for the boot report: its precision, and the largest key scale if any.
+    pub fn kv_description(&self) -> String {
+        match self.kv.largest_key_scale() {
+            Some(f) => format!(
+                "{:?}, keys scaled down by up to {f:.1}x in outlier channels",
+                self.kv.precision()
+            ),
+            None => format!("{:?}", self.kv.precision()),
+        }
     }
 
     /// Runs one token at position `pos` through the model and returns the logits over the vocabulary.

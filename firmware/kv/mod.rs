@@ -240,6 +240,10 @@ pub struct KvCache<'a> {
     policy: Policy,
     /// Tokens in a row the best other layout has won by the margin.
     streak: u32,
+    /// Per layer and K channel (n_layers x kv_dim): the int8 cache stores K divided by it and
+    /// multiplies queries by it, so q.k is unchanged while outlier channels stop swamping their
+    /// group's scale (see [`key_scales_from_bias`]).
+    key_scale: Option<&'a [f32]>,
 }
 
 impl<'a> KvCache<'a> {
@@ -270,6 +274,7 @@ impl<'a> KvCache<'a> {
             segs: heapless::Vec::new(),
             policy,
             streak: 0,
+            key_scale: None,
         }
     }
 
@@ -375,6 +380,19 @@ impl<'a> KvCache<'a> {
 
     /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
     /// segment holding `pos`; f32: they are already in place).
+    /// Sets the key scales (n_layers x kv_dim values, all >= 1). Only the int8 cache uses them.
+    pub fn scale_keys(&mut self, scales: &'a [f32]) {
+        let s = self.shape;
+        assert_eq!(scales.len(), s.n_layers * s.kv_dim(), "key scales");
+        self.key_scale = Some(scales);
+    }
+
+    /// The largest key scale, when keys are scaled and any scale is above 1.
+    pub fn largest_key_scale(&self) -> Option<f32> {
+        let f = self.key_scale?.iter().copied().fold(1.0, f32::max);
+        (f > 1.0).then_some(f)
+    }
+
     pub fn commit(&mut self, l: usize, pos: usize) {
         let s = self.shape;
         let (hd, g) = (s.head_dim, s.groups());
@@ -392,11 +410,18 @@ impl<'a> KvCache<'a> {
         {
             for h in 0..s.kv_heads {
                 let (d, sc) = addr(&s, &seg, l, h, i);
-                quantize_head(
-                    &kbuf[h * hd..][..hd],
-                    &mut k[d..d + hd],
-                    &mut ks[sc..sc + g],
-                );
+                let mut scaled = [0f32; MAX_HEAD_DIM];
+                let key = match self.key_scale {
+                    Some(ksc) => {
+                        let f = &ksc[l * s.kv_dim() + h * hd..][..hd];
+                        for ((o, &x), &f) in scaled.iter_mut().zip(&kbuf[h * hd..][..hd]).zip(f) {
+                            *o = x / f;
+                        }
+                        &scaled[..hd]
+                    }
+                    None => &kbuf[h * hd..][..hd],
+                };
+                quantize_head(key, &mut k[d..d + hd], &mut ks[sc..sc + g]);
                 quantize_head(
                     &vbuf[h * hd..][..hd],
                     &mut v[d..d + hd],
@@ -500,15 +525,30 @@ impl<'a> KvCache<'a> {
         let (hd, ng) = (s.head_dim, s.groups());
         let mut qq = [0i8; MAX_HEAD_DIM];
         let mut dq = [0f32; MAX_HEAD_DIM / GROUP];
-        quantize_head(q, &mut qq[..hd], &mut dq[..ng]);
+        // With key scales the query, times them, stays f32: its scaled outlier channels would
+        // swamp its own int8 groups. Without, it is quantized and dotted in integers.
+        let mut qs = [0f32; MAX_HEAD_DIM];
+        let key_scale = self.key_scale.map(|ksc| {
+            let f = &ksc[l * s.kv_dim() + kv_head * hd..][..hd];
+            for ((o, &x), &f) in qs.iter_mut().zip(q).zip(f) {
+                *o = x * f;
+            }
+            &qs[..hd]
+        });
+        if key_scale.is_none() {
+            quantize_head(q, &mut qq[..hd], &mut dq[..ng]);
+        }
         let scale = 1.0 / (hd as f32).sqrt();
         for seg in &self.segs {
             for i in 0..seg.len.min((pos + 1).saturating_sub(seg.start)) {
                 let (d, sc) = addr(s, seg, l, kv_head, i);
                 let mut acc = 0f32;
                 for g in 0..ng {
-                    let i32dot = idot32(&qq[g * GROUP..][..GROUP], &k[d + g * GROUP..][..GROUP]);
-                    acc += (dq[g] * ks[sc + g]) * i32dot as f32;
+                    let kg = &k[d + g * GROUP..][..GROUP];
+                    acc += match key_scale {
+                        Some(qf) => ks[sc + g] * fdot_i8(&qf[g * GROUP..][..GROUP], kg),
+                        None => (dq[g] * ks[sc + g]) * idot32(&qq[g * GROUP..][..GROUP], kg) as f32,
+                    };
                 }
                 att[seg.start + i] = acc * scale;
             }
@@ -554,6 +594,41 @@ fn addr(s: &Shape, seg: &Segment, l: usize, h: usize, i: usize) -> (usize, usize
     }
 }
 
+/// How much larger than the head's median |bias| a K channel's bias may be before its pair of
+/// channels is scaled down in the int8 cache.
+const KEY_OUTLIER: f32 = 8.0;
+
+/// Key scales from a model's K bias (qwen2: in the first layers a few channels carry biases of
+/// 100-160 against a median of 1-6, and in int8 with one scale per 32 channels they leave the
+/// rest of their group a step of ~1). Rope turns channel pairs (`pairs` gives pair `i`'s two
+/// channels), so both channels of a pair get one scale: max(1, largest |bias| of the pair /
+/// (KEY_OUTLIER x the head's median |bias|)). `bias` and `out` are kv_dim long.
+pub fn key_scales_from_bias(
+    bias: &[f32],
+    head_dim: usize,
+    pairs: impl Fn(usize) -> (usize, usize),
+    out: &mut [f32],
+) {
+    assert!(head_dim <= MAX_HEAD_DIM && bias.len() == out.len());
+    for (b, o) in bias
+        .chunks_exact(head_dim)
+        .zip(out.chunks_exact_mut(head_dim))
+    {
+        let mut mags = [0f32; MAX_HEAD_DIM];
+        for (m, x) in mags.iter_mut().zip(b) {
+            *m = x.abs();
+        }
+        let mags = &mut mags[..head_dim];
+        mags.sort_unstable_by(f32::total_cmp);
+        let limit = KEY_OUTLIER * mags[head_dim / 2].max(f32::MIN_POSITIVE);
+        for i in 0..head_dim / 2 {
+            let (a, c) = pairs(i);
+            let f = (b[a].abs().max(b[c].abs()) / limit).max(1.0);
+            (o[a], o[c]) = (f, f);
+        }
+    }
+}
+
 /// int8 quantization of one head, per group of 32: `d = amax / 127`, `q = round(x / d)`.
 #[inline(always)]
 pub fn quantize_head(x: &[f32], q: &mut [i8], d: &mut [f32]) {
@@ -570,6 +645,18 @@ pub fn quantize_head(x: &[f32], q: &mut [i8], d: &mut [f32]) {
         }
         *db = dd;
     }
+}
+
+/// f32 dot of 32 floats with 32 int8 (eight partial sums, which vectorize).
+#[inline(always)]
+fn fdot_i8(a: &[f32], b: &[i8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for j in 0..8 {
+            acc[j] += ca[j] * cb[j] as f32;
+        }
+    }
+    acc.iter().sum()
 }
 
 /// Exact int32 dot of 32 int8 pairs.

@@ -222,6 +222,78 @@ fn avx2_attention_equals_baseline_exactly() {
     }
 }
 
+/// Outlier K channels (a bias of 150 on one rope pair, as qwen2's first layers have): the
+/// scales from the bias bring the int8 cache's attention back close to the f32 one.
+#[test]
+fn key_scales_tame_outlier_channels() {
+    let s = Shape {
+        n_layers: 1,
+        kv_heads: 1,
+        head_dim: 64,
+        context: 64,
+    };
+    let mut bias = vec![0f32; 64];
+    for (i, b) in bias.iter_mut().enumerate() {
+        *b = 0.5 + (i % 7) as f32 * 0.1;
+    }
+    (bias[5], bias[37]) = (150.0, -120.0);
+    let mut scales = vec![0f32; 64];
+    key_scales_from_bias(&bias, 64, |i| (i, i + 32), &mut scales);
+    assert!(scales[5] > 20.0 && scales[5] == scales[37], "{scales:?}");
+    assert!(scales
+        .iter()
+        .enumerate()
+        .all(|(i, &f)| i == 5 || i == 37 || f == 1.0));
+
+    let run = |scaled: bool, int8: bool| -> Vec<f32> {
+        let mut b = bufs(&s);
+        let n = s.context * s.kv_dim();
+        let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+        let mut c = if int8 {
+            cache(s, &mut b, Policy::Fixed(Layout::TokenMajor))
+        } else {
+            KvCache::new(
+                s,
+                Storage::F32 {
+                    k: &mut k,
+                    v: &mut v,
+                },
+                Policy::Fixed(Layout::TokenMajor),
+            )
+        };
+        if scaled {
+            c.scale_keys(&scales);
+        }
+        for pos in 0..40 {
+            c.begin_token(pos);
+            let (k, v) = c.rows(0, pos);
+            for (i, x) in k.iter_mut().enumerate() {
+                *x = 2.0 * val(0, pos, i, 1) + bias[i];
+            }
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = val(0, pos, i, 2);
+            }
+            c.commit(0, pos);
+        }
+        let q: Vec<f32> = (0..64).map(|i| val(0, 39, i, 3)).collect();
+        let (mut att, mut out) = (vec![0f32; 40], vec![0f32; 64]);
+        c.attend(0, 0, &q, 39, &mut att, &mut out);
+        att
+    };
+    let exact = run(false, false);
+    let err = |a: &[f32]| {
+        a.iter()
+            .zip(&exact)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let (plain, scaled) = (err(&run(false, true)), err(&run(true, true)));
+    assert!(
+        scaled < 0.25 * plain,
+        "attention weights off by {plain} unscaled, {scaled} scaled"
+    );
+}
+
 #[test]
 fn cost_model_prefers_token_major_short_and_tiles_long() {
     let s = Shape {
