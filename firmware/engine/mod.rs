@@ -291,7 +291,7 @@ impl<'a> Engine<'a> {
             report: ConversionReport::default(),
             scratch: Vec::new(),
         };
-        let (emb, blk, down) = (Role::EmbedOrOutput, Role::Block, Role::Sensitive);
+        let (emb, blk, w8) = (Role::EmbedOrOutput, Role::Block, Role::Sensitive);
         // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
         let int8_kv = opts.precision.int8_kv()
             && h.head_dim % 32 == 0
@@ -463,14 +463,14 @@ impl<'a> Engine<'a> {
                 LayerFfn::Dense {
                     gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
                     up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
-                    down: placer.place(&mut f, &t("ffn_down.weight")?, down)?,
+                    down: placer.place(&mut f, &t("ffn_down.weight")?, w8)?,
                 }
             };
             layers.push(Layer {
                 attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
-                wq: placer.place(&mut d, &t("attn_q.weight")?, blk)?,
-                wk: placer.place(&mut d, &t("attn_k.weight")?, blk)?,
-                wv: placer.place(&mut d, &t("attn_v.weight")?, blk)?,
+                wq: placer.place(&mut d, &t("attn_q.weight")?, w8)?,
+                wk: placer.place(&mut d, &t("attn_k.weight")?, w8)?,
+                wv: placer.place(&mut d, &t("attn_v.weight")?, w8)?,
                 wo: placer.place(&mut d, &t("attn_output.weight")?, blk)?,
                 qkv_bias,
                 ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,

@@ -41,11 +41,12 @@
 //!
 //! `native` (the default) runs every tensor in the type the file stores, with an f32 KV cache:
 //! the golden results stay exact. `f16` converts every matrix to F16 (f32 activations, f32 KV).
-//! `w8a8` converts every matrix to w8 and keeps the KV cache in int8. `w4a8` puts the attention
-//! matrices and the FFN's gate and up in w4 (the chosen packing), and the FFN's down projection
-//! and the token embeddings / output head in w8 (as llama.cpp's 4-bit files keep their output
-//! head and, in the mixed ones, ffn_down at more bits; see `Role::Sensitive`), with int8 KV. A matrix whose
-//! rows are not whole groups of 32 stays in its own type (said in the conversion report).
+//! `w8a8` converts every matrix to w8 and keeps the KV cache in int8. `w4a8` puts the FFN's gate
+//! and up and attention's output in w4 (the chosen packing), and attention's q, k, v, the FFN's
+//! down projection and the token embeddings / output head in w8 (as llama.cpp's 4-bit files
+//! keep their output head and, in the mixed ones, ffn_down and attn_v at more bits; see
+//! `Role::Sensitive`), with int8 KV. A matrix whose rows are not whole groups of 32 stays in its
+//! own type (said in the conversion report).
 
 pub mod cpu;
 pub mod flash;
@@ -207,11 +208,14 @@ pub enum Role {
     EmbedOrOutput,
     /// Attention and FFN projections.
     Block,
-    /// The FFN's down projection: the matrix 4-bit weights hurt most (its input, the SwiGLU
-    /// activation, has the widest range), kept in w8 at `w4a8` as llama.cpp's mixed 4-bit
-    /// files keep it at 6 bits. Measured on SmolLM2-135M, WikiText-2 window 1 (docs/LOWBIT.md):
-    /// w4a8 +15.1% over f16 with it in w4, +6.1% in w8; attention values in w8 as well did not
-    /// help (+9.8%).
+    /// The matrices 4-bit weights hurt most, kept in w8 at `w4a8`: the FFN's down projection (its
+    /// input, the SwiGLU activation, has the widest range; llama.cpp's mixed 4-bit files keep it
+    /// at 6 bits) and attention's q, k and v (small: with grouped-query attention k and v are a
+    /// fraction of q, and together they are a fifth of a layer's bytes). Measured over
+    /// WikiText-2 (docs/LOWBIT.md): SmolLM2-135M, 8 windows, +24.2% over f16 with every block
+    /// matrix in w4, +12.6% with ffn_down in w8, +8.05% with q, k, v too; Qwen2.5-0.5B, 2
+    /// windows, +7.9%, +2.8% with q, k, v in w8. The bulk of the bytes, the FFN's gate and up,
+    /// and attention's output stay in w4.
     Sensitive,
 }
 
@@ -220,7 +224,15 @@ impl Role {
     pub fn of(name: &str) -> Role {
         if name.starts_with("token_embd") || name.starts_with("output.") {
             Role::EmbedOrOutput
-        } else if name.ends_with("ffn_down.weight") {
+        } else if [
+            "ffn_down.weight",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+        ]
+        .iter()
+        .any(|n| name.ends_with(n))
+        {
             Role::Sensitive
         } else {
             Role::Block
