@@ -151,7 +151,8 @@ fn ppl(model: &std::path::Path, precision: Precision, packing: Packing, n: usize
 
 /// One window of 64 tokens: w8a8 within 2% and w4a8 within 35% of the model's own types (a
 /// short window is noisy, and SmolLM2 is stored Q4_1, so w4a8 is a second 4-bit rounding; seen:
-/// native 67.04, w8a8 65.83, w4a8 84.70; docs/LOWBIT.md has the 8-window figures), and every w4
+/// native 67.04, w8a8 65.83, w4a8 68.03 with q/k/v in w8; docs/LOWBIT.md has the 8-window
+/// figures), and every w4
 /// packing gives exactly the same perplexity.
 #[test]
 fn smollm2_short_window_quality_and_identical_packings() {
