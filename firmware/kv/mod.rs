@@ -378,8 +378,6 @@ impl<'a> KvCache<'a> {
         }
     }
 
-    /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
-    /// segment holding `pos`; f32: they are already in place).
     /// Sets the key scales (n_layers x kv_dim values, all >= 1). Only the int8 cache uses them.
     pub fn scale_keys(&mut self, scales: &'a [f32]) {
         let s = self.shape;
@@ -393,12 +391,15 @@ impl<'a> KvCache<'a> {
         (f > 1.0).then_some(f)
     }
 
+    /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
+    /// segment holding `pos`; f32: they are already in place).
     pub fn commit(&mut self, l: usize, pos: usize) {
         let s = self.shape;
         let (hd, g) = (s.head_dim, s.groups());
         let Some((seg, i)) = self.find(pos) else {
             panic!("position {pos} was not begun");
         };
+        let key_scale = self.key_scale;
         if let Storage::I8 {
             k,
             v,
@@ -408,12 +409,11 @@ impl<'a> KvCache<'a> {
             vbuf,
         } = &mut self.store
         {
+            let mut scaled = [0f32; MAX_HEAD_DIM];
             for h in 0..s.kv_heads {
                 let (d, sc) = addr(&s, &seg, l, h, i);
-                let mut scaled = [0f32; MAX_HEAD_DIM];
-                let key = match self.key_scale {
-                    Some(ksc) => {
-                        let f = &ksc[l * s.kv_dim() + h * hd..][..hd];
+                let key = match head_scales(key_scale, &s, l, h) {
+                    Some(f) => {
                         for ((o, &x), &f) in scaled.iter_mut().zip(&kbuf[h * hd..][..hd]).zip(f) {
                             *o = x / f;
                         }
@@ -528,8 +528,7 @@ impl<'a> KvCache<'a> {
         // With key scales the query, times them, stays f32: its scaled outlier channels would
         // swamp its own int8 groups. Without, it is quantized and dotted in integers.
         let mut qs = [0f32; MAX_HEAD_DIM];
-        let key_scale = self.key_scale.map(|ksc| {
-            let f = &ksc[l * s.kv_dim() + kv_head * hd..][..hd];
+        let key_scale = head_scales(self.key_scale, s, l, kv_head).map(|f| {
             for ((o, &x), &f) in qs.iter_mut().zip(q).zip(f) {
                 *o = x * f;
             }
@@ -571,6 +570,12 @@ impl<'a> KvCache<'a> {
             }
         }
     }
+}
+
+/// Key head `h` of layer `l`'s scales, when keys are scaled.
+#[inline(always)]
+fn head_scales<'b>(scales: Option<&'b [f32]>, s: &Shape, l: usize, h: usize) -> Option<&'b [f32]> {
+    scales.map(|f| &f[l * s.kv_dim() + h * s.head_dim..][..s.head_dim])
 }
 
 /// Offsets of (int8 data, scales) of token `i` of `seg`, head `h`, layer `l`.

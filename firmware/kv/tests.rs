@@ -7,6 +7,8 @@ struct Bufs {
     vs: Vec<f32>,
     kb: Vec<f32>,
     vb: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
 }
 
 fn shape() -> Shape {
@@ -26,6 +28,8 @@ fn bufs(s: &Shape) -> Bufs {
         vs: vec![0.0; s.i8_scales()],
         kb: vec![0.0; s.kv_dim()],
         vb: vec![0.0; s.kv_dim()],
+        kf: vec![0.0; s.n_layers * s.context * s.kv_dim()],
+        vf: vec![0.0; s.n_layers * s.context * s.kv_dim()],
     }
 }
 
@@ -39,6 +43,18 @@ fn cache<'a>(s: Shape, b: &'a mut Bufs, policy: Policy) -> KvCache<'a> {
             vs: &mut b.vs,
             kbuf: &mut b.kb,
             vbuf: &mut b.vb,
+        },
+        policy,
+    )
+}
+
+/// The f32 cache over the same shape.
+fn cache_f32<'a>(s: Shape, b: &'a mut Bufs, policy: Policy) -> KvCache<'a> {
+    KvCache::new(
+        s,
+        Storage::F32 {
+            k: &mut b.kf,
+            v: &mut b.vf,
         },
         policy,
     )
@@ -150,16 +166,8 @@ fn int8_attention_is_close_to_f32() {
     let s = shape();
     let mut b = bufs(&s);
     let mut c8 = cache(s, &mut b, Policy::Adaptive(eager()));
-    let n = s.n_layers * s.context * s.kv_dim();
-    let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
-    let mut c32 = KvCache::new(
-        s,
-        Storage::F32 {
-            k: &mut k,
-            v: &mut v,
-        },
-        Policy::Adaptive(eager()),
-    );
+    let mut b32 = bufs(&s);
+    let mut c32 = cache_f32(s, &mut b32, Policy::Adaptive(eager()));
     for pos in 0..200 {
         append(&mut c8, pos);
         append(&mut c32, pos);
@@ -190,16 +198,8 @@ fn avx2_attention_equals_baseline_exactly() {
     let s = shape();
     let mut b = bufs(&s);
     let mut c8 = cache(s, &mut b, Policy::Adaptive(eager()));
-    let n = s.n_layers * s.context * s.kv_dim();
-    let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
-    let mut c32 = KvCache::new(
-        s,
-        Storage::F32 {
-            k: &mut k,
-            v: &mut v,
-        },
-        Policy::Adaptive(eager()),
-    );
+    let mut b32 = bufs(&s);
+    let mut c32 = cache_f32(s, &mut b32, Policy::Adaptive(eager()));
     for pos in 0..150 {
         append(&mut c8, pos);
         append(&mut c32, pos);
@@ -247,19 +247,11 @@ fn key_scales_tame_outlier_channels() {
 
     let run = |scaled: bool, int8: bool| -> Vec<f32> {
         let mut b = bufs(&s);
-        let n = s.context * s.kv_dim();
-        let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+        let policy = Policy::Fixed(Layout::TokenMajor);
         let mut c = if int8 {
-            cache(s, &mut b, Policy::Fixed(Layout::TokenMajor))
+            cache(s, &mut b, policy)
         } else {
-            KvCache::new(
-                s,
-                Storage::F32 {
-                    k: &mut k,
-                    v: &mut v,
-                },
-                Policy::Fixed(Layout::TokenMajor),
-            )
+            cache_f32(s, &mut b, policy)
         };
         if scaled {
             c.scale_keys(&scales);

@@ -66,20 +66,6 @@ pub fn set_vnni(on: bool) {
     VNNI.store(on, Ordering::Relaxed);
 }
 
-/// Which VNNI form the x86 kernels use: `None` (none present, or switched off), `"avx-vnni"` or
-/// `"avx512-vnni"`.
-pub fn vnni_in_use() -> Option<&'static str> {
-    #[cfg(target_arch = "x86_64")]
-    if VNNI.load(Ordering::Relaxed) {
-        return match x86::vnni() {
-            x86::VNNI_VEX => Some("avx-vnni"),
-            x86::VNNI_EVEX => Some("avx512-vnni"),
-            _ => None,
-        };
-    }
-    None
-}
-
 pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 && !deferred_dequant() {

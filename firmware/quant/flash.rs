@@ -10,7 +10,9 @@
 //! The neuron-bundle image of DESIGN.md section 5 (FFN stored for streaming) is the SSD
 //! streaming work's; this is its dense, requantized part.
 
-use super::{convert, quantize_w4_group, target, Conversion, Precision, Role, Target, GROUP};
+use super::{
+    convert, q4_0_block, quantize_w4_group, target, Conversion, Precision, Role, Target, GROUP,
+};
 use crate::model::ggml::{dequantize_row, GgmlType};
 use crate::model::gguf::{build, Gguf, Value};
 use crate::model::TensorRef;
@@ -111,7 +113,6 @@ fn convert_tensor(
             if t.ty == GgmlType::Q4_0 {
                 return (GgmlType::Q4_0, t.data.to_vec(), Conversion::AsIs);
             }
-            // GGML's Q4_0 block: d, then byte j = q[j] | q[j + 16] << 4.
             let ng = t.cols / GROUP;
             let src_rb = t.data.len() / t.rows.max(1);
             let mut out = vec![0u8; t.rows * ng * 18];
@@ -120,11 +121,7 @@ fn convert_tensor(
                 dequantize_row(t.ty, &t.data[r * src_rb..][..src_rb], scratch);
                 for g in 0..ng {
                     let (d, q) = quantize_w4_group(&scratch[g * GROUP..][..GROUP]);
-                    let blk = &mut out[(r * ng + g) * 18..][..18];
-                    blk[..2].copy_from_slice(&d.to_le_bytes());
-                    for j in 0..16 {
-                        blk[2 + j] = q[j] | q[j + 16] << 4;
-                    }
+                    out[(r * ng + g) * 18..][..18].copy_from_slice(&q4_0_block(d, &q));
                 }
             }
             (GgmlType::Q4_0, out, Conversion::Requantized)

@@ -357,6 +357,17 @@ pub fn q4_0_group(blk: &[u8]) -> (u16, [u8; GROUP]) {
     (d, q)
 }
 
+/// The GGML Q4_0 block of scale `d` and nibbles `q` in natural order (the inverse of
+/// [`q4_0_group`]).
+pub fn q4_0_block(d: u16, q: &[u8; GROUP]) -> [u8; 18] {
+    let mut blk = [0u8; 18];
+    blk[..2].copy_from_slice(&d.to_le_bytes());
+    for j in 0..16 {
+        blk[2 + j] = q[j] | q[j + 16] << 4;
+    }
+    blk
+}
+
 /// Round-to-nearest int4 quantization of one group, as ggml's `quantize_row_q4_0_ref`: the
 /// value of largest magnitude maps to -8, `d = max / -8`, `q = min(15, trunc(x / d + 8.5))`.
 /// (A searched scale, ggml's `make_qx_quants` with or without x^2 weights, was tried and gave

@@ -119,10 +119,7 @@ fn q4_0_and_q8_0_import_as_is() {
         .collect();
     for (gi, blk) in q40.chunks_exact_mut(18).enumerate() {
         let (d, q) = quantize_w4_group(&x[gi * 32..][..32]);
-        blk[..2].copy_from_slice(&d.to_le_bytes());
-        for j in 0..16 {
-            blk[2 + j] = q[j] | q[j + 16] << 4;
-        }
+        blk.copy_from_slice(&q4_0_block(d, &q));
     }
     let q40t = TensorRef {
         ty: GgmlType::Q4_0,
