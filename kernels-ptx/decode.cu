@@ -205,16 +205,20 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 //
 // A block of 256 threads is split into groups of `tpr` threads (a power of two, 8..256, chosen by
 // the host from the row length); a group computes MV_R rows at once, so each load of the input
-// serves MV_R rows. A thread takes one unit at a time: a block of 32 values for the integer
-// types (16 or 32 bytes of quants in one or two 16-byte loads, the input's 32 int8 in two),
-// 8 halves of an f16 row, 4 floats of an f32 row. Integer kernels accumulate with dp4a and
-// dequantize once per block of 32 (the weight scale times the input scale).
+// serves MV_R rows. A unit is a block of 32 values for the integer types (16 or 32 bytes of
+// quants in one or two 16-byte loads, the input's 32 int8 in two), 8 halves of an f16 row, 4
+// floats of an f32 row. A thread takes UN units per round (1, or MV_WIDE in the `_wide`
+// kernels; f32 rows one at a time), loading all their weights before it uses any. Integer
+// kernels accumulate with dp4a and dequantize once per block of 32 (the weight scale times the
+// input scale).
 //
 // After the product, `fin` says what the last block to finish prepares for the next kernel
 // (see `finish`); `counter` counts finished blocks and is reset by the last one.
 
 #define MV_THREADS 256
 #define MV_R 2
+// Units per round of a wide product (MV_WIDE in engine.rs).
+#define MV_WIDE 4
 
 enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3 };
 
@@ -323,35 +327,56 @@ __device__ __forceinline__ int high_bits(u32 four) {
     return (int)(((four & 1) << 4) | ((four & 2) << 11) | ((four & 4) << 18) | ((four & 8) << 25));
 }
 
-// Dot product of unit u of row r with the input unit (a0, a1 = its 32 int8 or 8 floats), as a
-// float already scaled by the weights' per-block factor; the input scale is applied by the caller.
+// The weights of one unit of a row: a thread loads all of its units' weights (UN units x MV_R
+// rows) before it uses any, so those loads are in flight together.
+struct WUnit {
+    int4 w0, w1;  // Q8_0: 32 bytes; the 4-bit types: 16 bytes in w0
+    float d, m;
+    u32 h;
+};
+
 template <int TY>
-__device__ __forceinline__ float unit_dot(const u8* __restrict__ q, const f16* __restrict__ d,
-                                          const f16* __restrict__ m, const u32* __restrict__ qh,
-                                          size_t nb, int cols, int r, int u, int4 a0, int4 a1,
-                                          float xd, int xs) {
+__device__ __forceinline__ WUnit unit_load(const u8* __restrict__ q, const f16* __restrict__ d,
+                                           const f16* __restrict__ m, const u32* __restrict__ qh,
+                                           size_t nb, int r, int u) {
     size_t b = (size_t)r * nb + u;
+    WUnit w;
+    w.w1 = make_int4(0, 0, 0, 0);
     if (TY == T_Q8_0) {
-        const int4* w = (const int4*)(q + b * 32);
-        int4 w0 = __ldg(w), w1 = __ldg(w + 1);
-        int i = __dp4a(w0.x, a0.x, 0);
-        i = __dp4a(w0.y, a0.y, i);
-        i = __dp4a(w0.z, a0.z, i);
-        i = __dp4a(w0.w, a0.w, i);
-        i = __dp4a(w1.x, a1.x, i);
-        i = __dp4a(w1.y, a1.y, i);
-        i = __dp4a(w1.z, a1.z, i);
-        i = __dp4a(w1.w, a1.w, i);
-        return h2f(__ldg(d + b)) * xd * (float)i;
+        w.w0 = __ldg((const int4*)(q + b * 32));
+        w.w1 = __ldg((const int4*)(q + b * 32) + 1);
+    } else {
+        w.w0 = __ldg((const int4*)(q + b * 16));
+    }
+    w.d = h2f(__ldg(d + b));
+    w.m = TY == T_Q4_1 ? h2f(__ldg(m + b)) : 0.0f;
+    w.h = TY == T_Q5_0 ? __ldg(qh + b) : 0u;
+    return w;
+}
+
+// Dot product of a unit's weights with the input unit (a0, a1 = its 32 int8), as a float scaled
+// by the weights' per-block factor times the input scale xd (xs = the input block's integer
+// sum, for the offset and min terms).
+template <int TY>
+__device__ __forceinline__ float unit_dot(const WUnit& w, int4 a0, int4 a1, float xd, int xs) {
+    if (TY == T_Q8_0) {
+        int i = __dp4a(w.w0.x, a0.x, 0);
+        i = __dp4a(w.w0.y, a0.y, i);
+        i = __dp4a(w.w0.z, a0.z, i);
+        i = __dp4a(w.w0.w, a0.w, i);
+        i = __dp4a(w.w1.x, a1.x, i);
+        i = __dp4a(w.w1.y, a1.y, i);
+        i = __dp4a(w.w1.z, a1.z, i);
+        i = __dp4a(w.w1.w, a1.w, i);
+        return w.d * xd * (float)i;
     } else {
         // Word k of the 16 bytes: values 4k..4k+3 (low nibbles), 16+4k..16+4k+3 (high).
-        uint4 w = __ldg((const uint4*)(q + b * 16));
-        u32 lx = w.x, ly = w.y, lz = w.z, lw = w.w;
-        u32 hx = w.x >> 4, hy = w.y >> 4, hz = w.z >> 4, hw = w.w >> 4;
+        u32 lx = w.w0.x, ly = w.w0.y, lz = w.w0.z, lw = w.w0.w;
+        u32 hx = lx >> 4, hy = ly >> 4, hz = lz >> 4, hw = lw >> 4;
         lx &= 0x0F0F0F0F; ly &= 0x0F0F0F0F; lz &= 0x0F0F0F0F; lw &= 0x0F0F0F0F;
         hx &= 0x0F0F0F0F; hy &= 0x0F0F0F0F; hz &= 0x0F0F0F0F; hw &= 0x0F0F0F0F;
         if (TY == T_Q5_0) {
-            u32 h = __ldg(qh + b);
+            u32 h = w.h;
             lx |= high_bits(h); ly |= high_bits(h >> 4); lz |= high_bits(h >> 8); lw |= high_bits(h >> 12);
             hx |= high_bits(h >> 16); hy |= high_bits(h >> 20); hz |= high_bits(h >> 24); hw |= high_bits(h >> 28);
         }
@@ -365,16 +390,14 @@ __device__ __forceinline__ float unit_dot(const u8* __restrict__ q, const f16* _
         i = __dp4a((int)hw, a1.w, i);
         if (TY == T_Q4_0) i -= 8 * xs;
         if (TY == T_Q5_0) i -= 16 * xs;
-        float s = h2f(__ldg(d + b)) * xd * (float)i;
-        if (TY == T_Q4_1) s += h2f(__ldg(m + b)) * (xd * (float)xs);
+        float s = w.d * xd * (float)i;
+        if (TY == T_Q4_1) s += w.m * (xd * (float)xs);
         return s;
     }
 }
 
-// f16 unit u (8 halves, 16 bytes) of row r times 8 input floats.
-__device__ __forceinline__ float f16_dot8(const f16* __restrict__ w16, int cols, int r, int u,
-                                          float4 a, float4 b) {
-    uint4 p = __ldg((const uint4*)(w16 + (size_t)r * cols) + u);
+// An f16 unit (8 halves, 16 bytes, loaded) times 8 input floats.
+__device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
     float s = h2f(p.x & 0xffff) * a.x + h2f(p.x >> 16) * a.y;
     s += h2f(p.y & 0xffff) * a.z + h2f(p.y >> 16) * a.w;
     s += h2f(p.z & 0xffff) * b.x + h2f(p.z >> 16) * b.y;
@@ -389,7 +412,12 @@ __device__ __forceinline__ float f16_dot8(const f16* __restrict__ w16, int cols,
         const float *fin_nw, int fin_n, float eps, unsigned *counter, float *part,         \
         int *state, volatile int *host_tokens
 
-template <int TY>
+// UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
+// short blocks) suits the small products, where a step is a chain of short kernels; wide (UN
+// 4, a quarter of the threads per row) suits the big ones, where the bytes in flight per thread
+// decide how much of the bandwidth is used. The host picks per product (engine.rs,
+// `mv_config`).
+template <int TY, int UN>
 __device__ void matvec(MV_ARGS) {
     __shared__ float red[MV_THREADS / 32][MV_R];
     int t = threadIdx.x & (tpr - 1);
@@ -401,16 +429,36 @@ __device__ void matvec(MV_ARGS) {
 #pragma unroll
     for (int k = 0; k < MV_R; k++) s[k] = 0.0f;
 
-    if (TY == T_F16 || TY == T_F32) {
+    if (TY == T_F16 && (cols & 7) == 0) {
         const float4* x4 = (const float4*)xf;
-        if (TY == T_F16 && (cols & 7) == 0) {
-#pragma unroll 2
-            for (int u = t; u < cols / 8; u += tpr) {
-                float4 a = __ldg(x4 + 2 * u), b = __ldg(x4 + 2 * u + 1);
+        int nu = cols / 8;
+        for (int u0 = t; u0 < nu; u0 += UN * tpr) {
+            // Branch-free: a unit past the row's end loads the row's last unit and counts zero,
+            // so every load of the round is issued before the first use.
+            float4 a[UN], b[UN];
+            uint4 w[MV_R][UN];
 #pragma unroll
-                for (int k = 0; k < MV_R; k++) s[k] += f16_dot8((const f16*)q, cols, rr[k], u, a, b);
+            for (int j = 0; j < UN; j++) {
+                int u = min(u0 + j * tpr, nu - 1);
+#pragma unroll
+                for (int k = 0; k < MV_R; k++)
+                    w[k][j] = __ldg((const uint4*)((const f16*)q + (size_t)rr[k] * cols) + u);
+                a[j] = __ldg(x4 + 2 * u);
+                b[j] = __ldg(x4 + 2 * u + 1);
             }
-        } else if (TY == T_F32 && (cols & 3) == 0) {
+#pragma unroll
+            for (int j = 0; j < UN; j++) {
+                bool ok = u0 + j * tpr < nu;
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) {
+                    float v = f16_dot8(w[k][j], a[j], b[j]);
+                    s[k] += ok ? v : 0.0f;
+                }
+            }
+        }
+    } else if (TY == T_F16 || TY == T_F32) {
+        const float4* x4 = (const float4*)xf;
+        if (TY == T_F32 && (cols & 3) == 0) {
 #pragma unroll 2
             for (int u = t; u < cols / 4; u += tpr) {
                 float4 a = __ldg(x4 + u);
@@ -436,14 +484,31 @@ __device__ void matvec(MV_ARGS) {
         const int4* x4 = (const int4*)xq;
         const float* xd = (const float*)(xq + cols);
         const int* xs = (const int*)(xd + nb);
-#pragma unroll 2
-        for (int u = t; u < nb; u += tpr) {
-            int4 a0 = __ldg(x4 + 2 * u), a1 = __ldg(x4 + 2 * u + 1);
-            float dx = __ldg(xd + u);
-            int sx = TY == T_Q8_0 ? 0 : __ldg(xs + u);
+        for (int u0 = t; u0 < nb; u0 += UN * tpr) {
+            // Branch-free as the f16 loop: all loads first, units past the end count zero.
+            int4 a0[UN], a1[UN];
+            float dx[UN];
+            int sx[UN];
+            WUnit w[MV_R][UN];
 #pragma unroll
-            for (int k = 0; k < MV_R; k++)
-                s[k] += unit_dot<TY>(q, d, m, qh, nb, cols, rr[k], u, a0, a1, dx, sx);
+            for (int j = 0; j < UN; j++) {
+                int u = min(u0 + j * tpr, nb - 1);
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) w[k][j] = unit_load<TY>(q, d, m, qh, nb, rr[k], u);
+                a0[j] = __ldg(x4 + 2 * u);
+                a1[j] = __ldg(x4 + 2 * u + 1);
+                dx[j] = __ldg(xd + u);
+                sx[j] = TY == T_Q8_0 ? 0 : __ldg(xs + u);
+            }
+#pragma unroll
+            for (int j = 0; j < UN; j++) {
+                bool ok = u0 + j * tpr < nb;
+#pragma unroll
+                for (int k = 0; k < MV_R; k++) {
+                    float v = unit_dot<TY>(w[k][j], a0[j], a1[j], dx[j], sx[j]);
+                    s[k] += ok ? v : 0.0f;
+                }
+            }
         }
     }
 
@@ -468,12 +533,17 @@ __device__ void matvec(MV_ARGS) {
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
                 eps, counter, part, state, host_tokens
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0, 1>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide(MV_ARGS) { matvec<T_F16, MV_WIDE>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide(MV_ARGS) { matvec<T_Q8_0, MV_WIDE>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide(MV_ARGS) { matvec<T_Q4_0, MV_WIDE>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide(MV_ARGS) { matvec<T_Q4_1, MV_WIDE>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide(MV_ARGS) { matvec<T_Q5_0, MV_WIDE>(MV_PASS); }
 
 // One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
 // head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache

@@ -16,7 +16,8 @@ test_bin=$(cargo test --release --test cuda --no-run --message-format=json 2>/de
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="cuda" and m.get("executable"): print(m["executable"])' | tail -1)
-cp target/hil/release/leanstream target/hil/release/leanstreamd "$out/"
+# (leanstreamd stays behind: nothing here runs it, and the call carries at most 64 MiB with the tree.)
+cp target/hil/release/leanstream "$out/"
 cp "$test_bin" "$out/cuda-tests"
 
 # Parity models: stories260K whole, SmolLM2-135M and Qwen2.5-0.5B cut to a few layers (and
@@ -28,9 +29,9 @@ if [ -f "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
   python3 scripts/cut-gguf.py "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$out/models/smollm2-135m-q4_1-cut4.gguf" --layers 4 --vocab 8192
 fi
 if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
-  python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut2.gguf" --layers 2 --vocab 8192
+  python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut2.gguf" --layers 2 --vocab 4096
 fi
-strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" 2>/dev/null || true
+strip "$out/leanstream" "$out/cuda-tests" 2>/dev/null || true
 # The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0

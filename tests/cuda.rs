@@ -8,7 +8,7 @@
 use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::engine::ptx_for;
 use leanstream::backend::cuda::flags::Flags;
-use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions};
+use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions, ProductKernels};
 use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
 use leanstream::engine::sample::argmax;
@@ -144,6 +144,7 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
 fn run_gpu(
     file: &ModelFile,
     memory: MemoryModel,
+    products: ProductKernels,
     f16: bool,
     prompt: &[u32],
 ) -> (Vec<Vec<f32>>, Vec<u32>, bool) {
@@ -152,6 +153,7 @@ fn run_gpu(
         memory,
         context: 256,
         f16_weights: f16,
+        products,
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts).unwrap();
@@ -168,7 +170,8 @@ fn run_gpu(
     (logits, tokens, gpu.int8_activations)
 }
 
-/// For every parity model in both memory models:
+/// For every parity model in both memory models, with every product kernel narrow and then
+/// every one wide (the default mixes the two by size):
 /// - at f16 (every matrix converted to f16 on both backends): logits within 1e-2 (relative, L2)
 ///   of the CPU backend's and the same 64 greedy tokens;
 /// - as stored: within 1e-2 where the kernels are float, within 5e-2 where both backends
@@ -203,33 +206,41 @@ fn cuda_matches_cpu_logits_and_greedy_tokens() {
         let (cpu_native, cpu_native_tokens) = run_cpu(&file, Precision::Native, &prompt);
         let (cpu_f16, cpu_f16_tokens) = run_cpu(&file, Precision::F16, &prompt);
         for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
-            let (g, t, _) = run_gpu(&file, memory, true, &prompt);
-            let e = worst(&g, &cpu_f16);
-            eprintln!(
-                "parity {name} {memory:?} f16: max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
-                prompt.len(),
-                agree(&t, &cpu_f16_tokens)
-            );
-            assert!(e < 1e-2, "{name} {memory:?} f16: logits rel err {e:.3e}");
-            assert_eq!(
-                t, cpu_f16_tokens,
-                "{name} {memory:?} f16: greedy tokens differ"
-            );
-
-            let (g, t, int8) = run_gpu(&file, memory, false, &prompt);
-            let e = worst(&g, &cpu_native);
-            let tol = if int8 { 5e-2 } else { 1e-2 };
-            eprintln!(
-                "parity {name} {memory:?} as stored{}: max logits rel err {e:.2e}, greedy tokens identical {}/64",
-                if int8 { " (int8 activations)" } else { "" },
-                agree(&t, &cpu_native_tokens)
-            );
-            assert!(e < tol, "{name} {memory:?}: logits rel err {e:.3e} > {tol}");
-            if !int8 {
-                assert_eq!(
-                    t, cpu_native_tokens,
-                    "{name} {memory:?}: greedy tokens differ"
+            for products in [ProductKernels::Narrow, ProductKernels::Wide] {
+                let (g, t, _) = run_gpu(&file, memory, products, true, &prompt);
+                let e = worst(&g, &cpu_f16);
+                eprintln!(
+                    "parity {name} {memory:?} {products:?} f16: max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
+                    prompt.len(),
+                    agree(&t, &cpu_f16_tokens)
                 );
+                assert!(
+                    e < 1e-2,
+                    "{name} {memory:?} {products:?} f16: logits rel err {e:.3e}"
+                );
+                assert_eq!(
+                    t, cpu_f16_tokens,
+                    "{name} {memory:?} {products:?} f16: greedy tokens differ"
+                );
+
+                let (g, t, int8) = run_gpu(&file, memory, products, false, &prompt);
+                let e = worst(&g, &cpu_native);
+                let tol = if int8 { 5e-2 } else { 1e-2 };
+                eprintln!(
+                    "parity {name} {memory:?} {products:?} as stored{}: max logits rel err {e:.2e}, greedy tokens identical {}/64",
+                    if int8 { " (int8 activations)" } else { "" },
+                    agree(&t, &cpu_native_tokens)
+                );
+                assert!(
+                    e < tol,
+                    "{name} {memory:?} {products:?}: logits rel err {e:.3e} > {tol}"
+                );
+                if !int8 {
+                    assert_eq!(
+                        t, cpu_native_tokens,
+                        "{name} {memory:?} {products:?}: greedy tokens differ"
+                    );
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
 use clap::{Args, Parser, Subcommand};
-use leanstream::backend::cuda::CudaOptions;
+use leanstream::backend::cuda::{CudaOptions, ProductKernels};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
@@ -331,6 +331,10 @@ struct BenchArgs {
     /// CUDA: also time without the per-token graph (every kernel launched).
     #[arg(long)]
     compare_graph: bool,
+    /// CUDA: also time with every product kernel narrow (the ablation of the wide kernels that
+    /// big products take).
+    #[arg(long)]
+    compare_narrow: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1122,6 +1126,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 backend,
                 memory: MemoryModel::None,
                 graph: true,
+                products: ProductKernels::Auto,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1130,14 +1135,20 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 Backend::Cpu => configs.push(base),
                 Backend::Cuda => {
                     for &memory in &memories {
-                        for graph in [true, false] {
-                            if graph || a.compare_graph {
-                                configs.push(bench::Config {
-                                    memory,
-                                    graph,
-                                    ..base.clone()
-                                });
-                            }
+                        let mut push = |graph, products| {
+                            configs.push(bench::Config {
+                                memory,
+                                graph,
+                                products,
+                                ..base.clone()
+                            })
+                        };
+                        push(true, ProductKernels::Auto);
+                        if a.compare_graph {
+                            push(false, ProductKernels::Auto);
+                        }
+                        if a.compare_narrow {
+                            push(true, ProductKernels::Narrow);
                         }
                     }
                 }

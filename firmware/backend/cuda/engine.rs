@@ -25,6 +25,20 @@ pub struct CudaOptions {
     pub graph: bool,
     /// Every matrix converted to f16 at load (the f16 precision, as the CPU's `--precision f16`).
     pub f16_weights: bool,
+    /// Which product kernels run (`mv_config`).
+    pub products: ProductKernels,
+}
+
+/// Which product kernels a step runs (decode.cu's narrow and `_wide` kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductKernels {
+    /// Wide for the big products, narrow for the rest (the default).
+    Auto,
+    /// Every product narrow: the ablation of the wide kernels (`bench --compare-narrow`).
+    Narrow,
+    /// Every product wide that has a wide kernel: lets the parity tests check the wide kernels
+    /// on models too small to choose them.
+    Wide,
 }
 
 impl Default for CudaOptions {
@@ -37,6 +51,7 @@ impl Default for CudaOptions {
             context: 0,
             graph: true,
             f16_weights: false,
+            products: ProductKernels::Auto,
         }
     }
 }
@@ -70,12 +85,20 @@ struct GpuLayer {
 struct Kernels {
     embed: Function,
     attention: Function,
-    matvec_f32: Function,
-    matvec_f16: Function,
-    matvec_q8_0: Function,
-    matvec_q4_0: Function,
-    matvec_q4_1: Function,
-    matvec_q5_0: Function,
+    /// The product kernels per weight type (`type_slot`): narrow and wide (see `mv_config`).
+    matvec: [(Function, Function); 6],
+}
+
+/// Where a weight type's product kernels are in `Kernels::matvec`, and their names' stem.
+fn type_slot(ty: GpuType) -> (usize, &'static str) {
+    match ty {
+        GpuType::F32 => (0, "f32"),
+        GpuType::F16 => (1, "f16"),
+        GpuType::Q8_0 => (2, "q8_0"),
+        GpuType::Q4_0 => (3, "q4_0"),
+        GpuType::Q4_1 => (4, "q4_1"),
+        GpuType::Q5_0 => (5, "q5_0"),
+    }
 }
 
 /// Held only so the weights are freed when the engine goes.
@@ -124,22 +147,58 @@ const MV_THREADS: usize = 256;
 /// Rows each group of threads computes at once (MV_R in decode.cu).
 const MV_R: usize = 2;
 
-/// Threads per row (a power of two, 8..=256) for a row of `cols` values of type `ty`: about one
-/// unit of work each (a block of 32 for the integer types, 16 bytes for f16/f32 rows).
-fn threads_per_row(ty: GpuType, cols: usize) -> usize {
-    let units = match ty {
-        GpuType::F16 if cols.is_multiple_of(8) => cols / 8,
-        GpuType::F32 if cols.is_multiple_of(4) => cols / 4,
-        GpuType::F16 | GpuType::F32 => cols,
-        _ => cols / 32,
-    };
-    units.next_power_of_two().clamp(8, MV_THREADS)
+/// Units a thread of a wide product takes per round (MV_WIDE in decode.cu).
+const MV_WIDE: usize = 4;
+
+/// How a product is launched: which kernel, threads per row, blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MvConfig {
+    wide: bool,
+    tpr: usize,
+    grid: usize,
 }
 
-/// Blocks of a product kernel over `m`.
-fn mv_grid(m: &Mat) -> usize {
-    let rows_per_block = MV_THREADS / threads_per_row(m.ty, m.cols) * MV_R;
-    m.rows.div_ceil(rows_per_block)
+/// The launch of a product over `m` on a GPU of `sm_count` multiprocessors. A row is `units`
+/// units (a block of 32 for the integer types, 16 bytes of an f16 row, 4 floats of f32). Narrow:
+/// about one unit per thread, threads per row a power of two in 8..=256. Wide: MV_WIDE units per
+/// thread, a quarter of the threads per row, so four times the bytes in flight per thread and
+/// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
+/// products (most of a small model's step) stay narrow: there a step is a chain of short
+/// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
+/// layers, any model's logits) go wide, where bandwidth decides.
+fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> MvConfig {
+    let units = match m.ty {
+        GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
+        GpuType::F32 if m.cols.is_multiple_of(4) => m.cols / 4,
+        GpuType::F16 | GpuType::F32 => m.cols,
+        _ => m.cols / 32,
+    };
+    let config = |wide: bool| {
+        let per_thread = if wide { MV_WIDE } else { 1 };
+        let tpr = units
+            .div_ceil(per_thread)
+            .next_power_of_two()
+            .clamp(8, MV_THREADS);
+        let grid = m.rows.div_ceil(MV_THREADS / tpr * MV_R);
+        MvConfig { wide, tpr, grid }
+    };
+    // f32 rows and rows not in whole units have no wide kernel.
+    let wide_kernel = match m.ty {
+        GpuType::F32 => false,
+        GpuType::F16 => m.cols.is_multiple_of(8),
+        _ => true,
+    };
+    let wide = config(true);
+    let take_wide = match kernels {
+        ProductKernels::Auto => wide.grid >= sm_count.max(1),
+        ProductKernels::Narrow => false,
+        ProductKernels::Wide => true,
+    };
+    if wide_kernel && take_wide {
+        wide
+    } else {
+        config(false)
+    }
 }
 
 /// Fields drop in order: everything made on the GPU goes before `gpu` (declared last).
@@ -169,6 +228,8 @@ pub struct CudaEngine<'a> {
     logits_host: &'a mut [f32],
     sample_idx: Option<&'a mut [u32]>,
     graph: Option<Graph>,
+    /// `CudaOptions::products`.
+    products: ProductKernels,
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
@@ -354,15 +415,27 @@ impl<'a> CudaEngine<'a> {
         })?;
         let module = gpu.load_module(ptx).map_err(cuda)?;
         let f = |n: &str| module.function(n).map_err(cuda);
+        // A type's narrow and wide product kernels (f32 has no wide one; mv_config never asks).
+        let pair = |ty: GpuType| -> Result<(Function, Function), EngineError> {
+            let stem = type_slot(ty).1;
+            let narrow = f(&format!("matvec_{stem}"))?;
+            let wide = match ty {
+                GpuType::F32 => narrow,
+                _ => f(&format!("matvec_{stem}_wide"))?,
+            };
+            Ok((narrow, wide))
+        };
         let k = Kernels {
             embed: f("embed")?,
             attention: f("attention")?,
-            matvec_f32: f("matvec_f32")?,
-            matvec_f16: f("matvec_f16")?,
-            matvec_q8_0: f("matvec_q8_0")?,
-            matvec_q4_0: f("matvec_q4_0")?,
-            matvec_q4_1: f("matvec_q4_1")?,
-            matvec_q5_0: f("matvec_q5_0")?,
+            matvec: [
+                pair(GpuType::F32)?,
+                pair(GpuType::F16)?,
+                pair(GpuType::Q8_0)?,
+                pair(GpuType::Q4_0)?,
+                pair(GpuType::Q4_1)?,
+                pair(GpuType::Q5_0)?,
+            ],
         };
 
         // The attention kernel quantizes its output per head, in blocks of 32 that must not
@@ -376,7 +449,7 @@ impl<'a> CudaEngine<'a> {
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counter).
         let widest = h.dim.max(q_dim).max(h.hidden_dim);
-        let out_grid = mv_grid(&mat(&output_l));
+        let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
         let sizes = [
             h.dim * 4,                        // x
             (q_dim + 2 * kv_dim) * 4,         // qkv
@@ -440,6 +513,7 @@ impl<'a> CudaEngine<'a> {
             logits_host,
             sample_idx,
             graph: None,
+            products: opts.products,
             device_state: None,
         };
         if opts.graph {
@@ -553,14 +627,9 @@ impl<'a> CudaEngine<'a> {
     fn matvec(&self, m: &Mat, out: u64, bias: u64, acc: bool, fin: Finish) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
-        let f = match m.ty {
-            GpuType::F32 => self.k.matvec_f32,
-            GpuType::F16 => self.k.matvec_f16,
-            GpuType::Q8_0 => self.k.matvec_q8_0,
-            GpuType::Q4_0 => self.k.matvec_q4_0,
-            GpuType::Q4_1 => self.k.matvec_q4_1,
-            GpuType::Q5_0 => self.k.matvec_q5_0,
-        };
+        let mv = mv_config(m, self.gpu.sm_count as usize, self.products);
+        let kernels = self.k.matvec[type_slot(m.ty).0];
+        let f = if mv.wide { kernels.1 } else { kernels.0 };
         let (fin_mode, fin_src, fin_nw, fin_n) = match fin {
             Finish::None => (0, 0, 0, 0),
             Finish::Norm(nw) => (1, a.x, nw, h.dim),
@@ -574,7 +643,7 @@ impl<'a> CudaEngine<'a> {
             .ptr(m.qh)
             .i32(m.rows as i32)
             .i32(m.cols as i32)
-            .i32(threads_per_row(m.ty, m.cols) as i32)
+            .i32(mv.tpr as i32)
             .ptr(a.xf)
             .ptr(a.xq)
             .ptr(out)
@@ -589,9 +658,8 @@ impl<'a> CudaEngine<'a> {
             .ptr(a.part)
             .ptr(a.state)
             .ptr(self.host_tokens.dev);
-        let grid = mv_grid(m);
         self.gpu
-            .launch(f, grid as u32, MV_THREADS as u32, &mut args)
+            .launch(f, mv.grid as u32, MV_THREADS as u32, &mut args)
     }
 
     /// Queues one step for `token` at `pos` (state upload, then the graph or every kernel).
@@ -723,5 +791,70 @@ impl Decoder for CudaEngine<'_> {
     }
     fn bind_thread(&mut self) {
         self.gpu.bind().unwrap_or_else(|e| fault(e));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mat(ty: GpuType, rows: usize, cols: usize) -> Mat {
+        Mat {
+            ty,
+            rows,
+            cols,
+            q: 0,
+            d: 0,
+            m: 0,
+            qh: 0,
+        }
+    }
+
+    /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
+    /// otherwise; every launch covers each row in whole rounds and every row of the matrix.
+    #[test]
+    fn products_go_wide_only_when_they_fill_the_gpu() {
+        let sms = 132;
+        // Llama-2-7B's [gate | up] at q4_0: 128 units a row, 32 threads x 4 units.
+        let gate_up = mat(GpuType::Q4_0, 2 * 11008, 4096);
+        let c = mv_config(&gate_up, sms, ProductKernels::Auto);
+        assert_eq!((c.wide, c.tpr, c.grid), (true, 32, 22016 / 16));
+        // SmolLM2's [q | k | v]: 18 units a row; wide would give 15 blocks.
+        let qkv = mat(GpuType::Q4_0, 960, 576);
+        let c = mv_config(&qkv, sms, ProductKernels::Auto);
+        assert_eq!((c.wide, c.tpr, c.grid), (false, 32, 960 / 16));
+        assert!(mv_config(&qkv, sms, ProductKernels::Wide).wide);
+        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow).wide);
+        // f32 rows have no wide kernel, whatever is asked.
+        assert!(!mv_config(&mat(GpuType::F32, 32000, 4096), sms, ProductKernels::Wide).wide);
+        for ty in [GpuType::F16, GpuType::Q8_0, GpuType::Q4_1, GpuType::F32] {
+            for (rows, cols) in [(49152, 576), (4096, 11008), (151936, 896), (64, 64)] {
+                for k in [
+                    ProductKernels::Auto,
+                    ProductKernels::Narrow,
+                    ProductKernels::Wide,
+                ] {
+                    let m = mat(ty, rows, cols);
+                    let c = mv_config(&m, sms, k);
+                    let units = if ty == GpuType::F16 {
+                        cols / 8
+                    } else if ty == GpuType::F32 {
+                        cols / 4
+                    } else {
+                        cols / 32
+                    };
+                    let per_thread = if c.wide { MV_WIDE } else { 1 };
+                    assert!(c.tpr.is_power_of_two() && (8..=MV_THREADS).contains(&c.tpr));
+                    assert!(
+                        c.tpr * per_thread >= units || c.tpr == MV_THREADS,
+                        "{ty:?} {rows}x{cols} {c:?}"
+                    );
+                    assert!(
+                        c.grid * (MV_THREADS / c.tpr) * MV_R >= rows,
+                        "{ty:?} {rows}x{cols} {c:?}"
+                    );
+                }
+            }
+        }
     }
 }
