@@ -7,11 +7,12 @@
 # HIL_DIR: where the staged binaries and models are (default hil-out; `.` when this script runs
 # from the self-contained copy that scripts/hil.sh puts in hil-out/, see docs/HIL.md).
 # Other knobs (a device call lasts at most 10 minutes, so a long run is split over calls):
-#   HIL_TESTS=0 skips the GPU tests; HIL_BENCH=0 the benchmarks; HIL_SHAPES the bench-shapes
+#   HIL_TESTS=0 skips the GPU tests; HIL_BENCH=0 the benchmarks (HIL_DISCRETE=0, HIL_UNIFIED=0,
+#   HIL_W4A8=0 parts of them); HIL_SHAPES the bench-shapes
 #   to write and time; HIL_COMPARE the ablations beside each discrete CUDA configuration
 #   (default --compare-graph --compare-narrow); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
-#   tokens; HIL_UNIFIED=0 skips unified memory, HIL_UNIFIED_MODELS picks its models by name
-#   prefix; HIL_BENCH_TIMEOUT (240 s) bounds each bench.
+#   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix;
+#   HIL_BENCH_TIMEOUT (240 s) bounds each bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
@@ -47,11 +48,20 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
       | tee "$res/bench-$name.txt"
     bench_rc=$(( bench_rc | ${PIPESTATUS[0]} ))
   }
-  # HIL_COMPARE: the ablations timed beside each CUDA configuration (bench --help).
-  run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---compare-graph --compare-narrow}
+  q4() { ls $syn/$1*-q4_0.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
+  if [ "${HIL_DISCRETE:-1}" = 1 ]; then
+    # HIL_COMPARE: the ablations timed beside each CUDA configuration (bench --help).
+    run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---compare-graph --compare-narrow}
+    # w4a8 as LeanStream runs it: the q4_0 files with attention's q/k/v and the FFN's down
+    # requantized to Q8_0 at load (quant::Role::Sensitive); the q4_0 rows above are all-4-bit.
+    [ "${HIL_W4A8:-1}" = 1 ] && run_bench gpu-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8
+  fi
   # Unified memory reads the weights over PCIe: a token of a large model takes tens of ms.
-  [ "${HIL_UNIFIED:-1}" = 1 ] && run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} \
-    --model "$(list ${HIL_UNIFIED_MODELS:-smollm2})" --backend cuda,cpu --memory unified
+  um=${HIL_UNIFIED_MODELS:-smollm2}
+  if [ "${HIL_UNIFIED:-1}" = 1 ]; then
+    run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(list $um)" --backend cuda,cpu --memory unified
+    [ "${HIL_W4A8:-1}" = 1 ] && run_bench unified-w4a8 ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(q4 $um)" --backend cuda --memory unified --precision w4a8
+  fi
 fi
 
 echo "== summary"

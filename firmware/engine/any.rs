@@ -4,7 +4,6 @@ use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use crate::backend::cuda::{CudaEngine, CudaOptions};
 use crate::board::MemoryModel;
 use crate::model::ModelFile;
-use crate::quant::Precision;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -63,17 +62,10 @@ impl<'a> AnyEngine<'a> {
                         "the sparse FFN runs on the CPU backend only for now".into(),
                     ));
                 }
-                let f16_weights = match cpu.precision {
-                    Precision::Native => false,
-                    Precision::F16 => true,
-                    p => return Err(EngineError::Options(format!(
-                        "precision {p} on the CUDA backend: run a GGUF Q8_0 (w8a8) or Q4_0 (w4a8) file as it is (--precision native); requantizing at load is CPU-only for now"
-                    ))),
-                };
                 crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
                 let cuda = CudaOptions {
                     context: cpu.context,
-                    f16_weights,
+                    precision: cpu.precision,
                     ..cuda
                 };
                 AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?)
@@ -100,13 +92,17 @@ impl<'a> AnyEngine<'a> {
         match self {
             AnyEngine::Cpu(e) => format!("cpu, {} threads", e.threads()),
             AnyEngine::Cuda(e) => format!(
-                "cuda {} (sm_{}{}), {} memory",
+                "cuda {} (sm_{}{}), {} memory{}",
                 e.gpu.name,
                 e.gpu.compute_capability.0,
                 e.gpu.compute_capability.1,
                 match e.memory {
                     crate::board::MemoryModel::Unified => "unified",
                     _ => "discrete",
+                },
+                match e.precision {
+                    crate::quant::Precision::Native => String::new(),
+                    p => format!(", {p} weights, KV cache f32"),
                 }
             ),
         }

@@ -94,6 +94,9 @@ pub struct EngineOptions {
     pub packing: Packing,
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
+    /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference the CUDA backend (whose cache
+    /// is f32 at every precision) is checked against.
+    pub f32_kv: bool,
     /// The FFN: dense (the model's matrices) or sparse over neuron bundles (`crate::sparsity`).
     pub ffn: FfnOptions,
     /// Record every layer's FFN activations for each token (dense mode only; `trace`,
@@ -109,6 +112,7 @@ impl Default for EngineOptions {
             precision: Precision::Native,
             packing: Packing::default(),
             kv_policy: Policy::Adaptive(CostModel::default()),
+            f32_kv: false,
             ffn: FfnOptions::default(),
             tap: None,
         }
@@ -294,6 +298,7 @@ impl<'a> Engine<'a> {
         let (emb, blk, w8) = (Role::EmbedOrOutput, Role::Block, Role::Sensitive);
         // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
         let int8_kv = opts.precision.int8_kv()
+            && !opts.f32_kv
             && h.head_dim % 32 == 0
             && h.head_dim <= crate::kv::MAX_HEAD_DIM;
         let shape = Shape {

@@ -12,6 +12,7 @@ use crate::board::MemoryModel;
 use crate::boot::{ArenaKind, Plan};
 use crate::engine::{Arenas, Decoder, EngineError};
 use crate::model::{Hyper, ModelFile, RopeStyle};
+use crate::quant::{Precision, Role};
 
 /// Choices made at boot.
 #[derive(Clone, Copy, Debug)]
@@ -23,8 +24,10 @@ pub struct CudaOptions {
     pub context: usize,
     /// Replay one captured CUDA graph per token (true) or launch every kernel (false).
     pub graph: bool,
-    /// Every matrix converted to f16 at load (the f16 precision, as the CPU's `--precision f16`).
-    pub f16_weights: bool,
+    /// What the matrices become at load, as the CPU's `--precision` (weights/image docs in
+    /// weights.rs): `native` keeps the file's types, `f16` converts all, `w8a8`/`w4a8` requantize
+    /// each to GGML Q8_0/Q4_0 by role. The KV cache is f32 at every precision here.
+    pub precision: Precision,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
 }
@@ -50,7 +53,7 @@ impl Default for CudaOptions {
             },
             context: 0,
             graph: true,
-            f16_weights: false,
+            precision: Precision::Native,
             products: ProductKernels::Auto,
         }
     }
@@ -208,6 +211,8 @@ pub struct CudaEngine<'a> {
     pub hyper: Hyper,
     pub context: usize,
     pub memory: MemoryModel,
+    /// `CudaOptions::precision`.
+    pub precision: Precision,
     /// Bytes of weights one token reads (every matrix once; the embedding row is negligible).
     pub weight_bytes_per_token: usize,
     /// Some product kernel quantizes its input to int8 (a quantized matrix is kept as such).
@@ -275,11 +280,11 @@ impl<'a> CudaEngine<'a> {
         // Plan the weight image (same code as the write pass, without writing).
         let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
         let build = |w: &mut ImageWriter| -> Result<_, EngineError> {
-            let embd = w.matrix(&[model.tensor("token_embd.weight")?]);
+            let embd = w.matrix(&[model.tensor("token_embd.weight")?], Role::EmbedOrOutput);
             let output = if h.tied_output {
                 embd
             } else {
-                w.matrix(&[model.tensor("output.weight")?])
+                w.matrix(&[model.tensor("output.weight")?], Role::EmbedOrOutput)
             };
             let output_norm = w.vector(&[model.tensor("output_norm.weight")?]);
             let mut layers = Vec::with_capacity(h.n_layers);
@@ -301,18 +306,21 @@ impl<'a> CudaEngine<'a> {
                 };
                 layers.push((
                     w.vector(&[layer(i, "attn_norm.weight")?]),
-                    group(w, &qkv),
+                    group(w, &qkv, Role::of("attn_q.weight")),
                     bias,
-                    w.matrix(&[layer(i, "attn_output.weight")?]),
+                    w.matrix(
+                        &[layer(i, "attn_output.weight")?],
+                        Role::of("attn_output.weight"),
+                    ),
                     w.vector(&[layer(i, "ffn_norm.weight")?]),
-                    group(w, &gate_up),
-                    w.matrix(&[layer(i, "ffn_down.weight")?]),
+                    group(w, &gate_up, Role::of("ffn_gate.weight")),
+                    w.matrix(&[layer(i, "ffn_down.weight")?], Role::of("ffn_down.weight")),
                 ));
             }
             Ok((embd, output, output_norm, layers))
         };
         let mut plan = ImageWriter::plan();
-        plan.f16 = opts.f16_weights;
+        plan.precision = opts.precision;
         build(&mut plan)?;
         let image_bytes = plan.len;
 
@@ -357,7 +365,7 @@ impl<'a> CudaEngine<'a> {
             MemoryModel::Unified => {
                 let mut m = gpu.alloc_mapped(image_bytes).map_err(cuda)?;
                 let mut w = ImageWriter::write_into(m.as_mut_slice());
-                w.f16 = opts.f16_weights;
+                w.precision = opts.precision;
                 let l = build(&mut w)?;
                 let base = m.dev;
                 (WeightMemory::Mapped(m), base, l)
@@ -365,7 +373,7 @@ impl<'a> CudaEngine<'a> {
             _ => {
                 let mut staging = vec![0u8; image_bytes];
                 let mut w = ImageWriter::write_into(&mut staging);
-                w.f16 = opts.f16_weights;
+                w.precision = opts.precision;
                 let l = build(&mut w)?;
                 let buf = gpu.alloc(image_bytes).map_err(cuda)?;
                 gpu.upload(buf.ptr, &staging).map_err(cuda)?;
@@ -498,6 +506,7 @@ impl<'a> CudaEngine<'a> {
             hyper: h,
             context,
             memory: opts.memory,
+            precision: opts.precision,
             weight_bytes_per_token: bytes_per_token,
             int8_activations,
             _weights: weights,
@@ -748,20 +757,22 @@ fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {
 }
 
 /// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
+/// `role`: theirs (one for the group; `quant::Role`).
 fn group(
     w: &mut ImageWriter,
     parts: &[crate::model::TensorRef],
+    role: Role,
 ) -> heapless::Vec<(MatLayout, usize), 3> {
     let mut out = heapless::Vec::new();
     let same = parts
         .iter()
         .all(|t| t.ty == parts[0].ty && t.cols == parts[0].cols);
     if same {
-        let _ = out.push((w.matrix(parts), 0));
+        let _ = out.push((w.matrix(parts, role), 0));
     } else {
         let mut off = 0;
         for t in parts {
-            let _ = out.push((w.matrix(std::slice::from_ref(t)), off));
+            let _ = out.push((w.matrix(std::slice::from_ref(t), role), off));
             off += t.rows;
         }
     }

@@ -1,10 +1,13 @@
 //! GGUF tensors repacked into the layout the CUDA kernels read (kernels-ptx/decode.cu): per
 //! matrix, struct-of-arrays — quants of all blocks, then their f16 scales (and mins or high
-//! bits) — so every quant word is 4-byte aligned for dp4a. The values are the file's, unchanged;
-//! types without a kernel (Q5_1, Q4_K, Q6_K, BF16) become f16 at load.
+//! bits) — so every quant word is 4-byte aligned for dp4a. At `native` the values are the
+//! file's, unchanged, and types without a kernel (Q5_1, Q4_K, Q6_K, BF16) become f16 at load; at
+//! `f16` every matrix becomes f16; at `w8a8`/`w4a8` each matrix becomes the GGML Q8_0 or Q4_0 of
+//! its role (`quant::target`), requantized exactly as the CPU backend's boot does it.
 
-use crate::model::ggml::{dequantize_row, f32_to_f16, GgmlType};
+use crate::model::ggml::{dequantize_row, f32_to_f16, quantize_row_q8_0, GgmlType};
 use crate::model::TensorRef;
+use crate::quant::{self, Packing, Precision, QFormat, Role, Target, GROUP};
 
 /// Types the kernels read directly; the numbers are the kernels' `type` codes (= GGML ids).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +62,8 @@ fn align(x: usize) -> usize {
 pub struct ImageWriter<'o> {
     pub len: usize,
     out: Option<&'o mut [u8]>,
-    /// Every matrix as f16 (the `f16` precision), whatever its file type.
-    pub f16: bool,
+    /// What each matrix becomes (module docs).
+    pub precision: Precision,
 }
 
 impl<'o> ImageWriter<'o> {
@@ -68,14 +71,14 @@ impl<'o> ImageWriter<'o> {
         ImageWriter {
             len: 0,
             out: None,
-            f16: false,
+            precision: Precision::Native,
         }
     }
     pub fn write_into(out: &'o mut [u8]) -> ImageWriter<'o> {
         ImageWriter {
             len: 0,
             out: Some(out),
-            f16: false,
+            precision: Precision::Native,
         }
     }
 
@@ -106,19 +109,50 @@ impl<'o> ImageWriter<'o> {
         })
     }
 
+    /// The type a matrix of file type `ty` with `cols` columns in `role` gets in the image.
+    fn image_type(&self, ty: GgmlType, role: Role, cols: usize) -> GpuType {
+        let native = GpuType::of(ty).unwrap_or(GpuType::F16);
+        match self.precision {
+            Precision::Native => native,
+            Precision::F16 => GpuType::F16,
+            // The packing is the CPU's affair: the GPU reads GGML's Q4_0 nibble order.
+            p => match quant::target(p, Packing::default(), role, cols) {
+                Target::Q(QFormat::W8) => GpuType::Q8_0,
+                Target::Q(QFormat::W4(_)) => GpuType::Q4_0,
+                Target::F16 => GpuType::F16,
+                Target::Keep => native,
+            },
+        }
+    }
+
     /// Matrices with the same type and columns stacked by rows into one (q|k|v, gate|up), so
-    /// one launch computes them all.
-    pub fn matrix(&mut self, parts: &[TensorRef]) -> MatLayout {
+    /// one launch computes them all. `role` decides their type at w8a8/w4a8.
+    pub fn matrix(&mut self, parts: &[TensorRef], role: Role) -> MatLayout {
         let cols = parts[0].cols;
         let rows: usize = parts.iter().map(|t| t.rows).sum();
         let ty0 = parts[0].ty;
         assert!(parts.iter().all(|t| t.ty == ty0 && t.cols == cols));
         let nb = cols / 32;
         let blocks = rows * nb;
-        let gty = match GpuType::of(ty0) {
-            Some(t) if !self.f16 => t,
-            _ => GpuType::F16,
+        let gty = self.image_type(ty0, role, cols);
+        // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only), then repacked below as
+        // if the file had held them.
+        let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
+        let owned: Vec<Vec<u8>> = if requant && self.out.is_some() {
+            parts.iter().map(|t| requantize(t, gty)).collect()
+        } else {
+            Vec::new()
         };
+        let image_parts: Vec<TensorRef> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TensorRef {
+                ty: if requant { ggml_of(gty) } else { t.ty },
+                data: owned.get(i).map_or(t.data, |o| o.as_slice()),
+                ..*t
+            })
+            .collect();
+        let parts = image_parts.as_slice();
         let none = usize::MAX;
         // Block bytes in the file, and where d / m / qh / qs sit inside a block.
         let (bb, d_at, m_at, qh_at, qs_at, qs_len) = match gty {
@@ -219,6 +253,29 @@ fn ggml_of(t: GpuType) -> GgmlType {
     }
 }
 
+/// `t` as GGML blocks of `to` (Q8_0 or Q4_0): each row dequantized to f32, then quantized as the
+/// CPU backend's boot does (`quantize_row_q8_0`, `quant::quantize_w4_group`), so both backends
+/// hold the same values.
+fn requantize(t: &TensorRef, to: GpuType) -> Vec<u8> {
+    let nb = t.cols / GROUP;
+    let block = if to == GpuType::Q8_0 { 34 } else { 18 };
+    let mut out = vec![0u8; t.rows * nb * block];
+    let mut row = vec![0f32; t.cols];
+    let src_rb = t.data.len() / t.rows;
+    for (r, dst) in out.chunks_exact_mut(nb * block).enumerate() {
+        dequantize_row(t.ty, &t.data[r * src_rb..][..src_rb], &mut row);
+        if to == GpuType::Q8_0 {
+            quantize_row_q8_0(&row, dst);
+        } else {
+            for (g, blk) in dst.chunks_exact_mut(block).enumerate() {
+                let (d, q) = quant::quantize_w4_group(&row[g * GROUP..][..GROUP]);
+                blk.copy_from_slice(&quant::q4_0_block(d, &q));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,9 +294,9 @@ mod tests {
             data: &data,
         };
         let mut plan = ImageWriter::plan();
-        let l = plan.matrix(&[t]);
+        let l = plan.matrix(&[t], Role::Block);
         let mut img = vec![0u8; plan.len];
-        let l2 = ImageWriter::write_into(&mut img).matrix(&[t]);
+        let l2 = ImageWriter::write_into(&mut img).matrix(&[t], Role::Block);
         assert_eq!((l.q, l.d, l.m), (l2.q, l2.d, l2.m));
         for b in 0..4 {
             let blk = &data[b * 20..b * 20 + 20];
@@ -261,9 +318,9 @@ mod tests {
             data: &data,
         };
         let mut plan = ImageWriter::plan();
-        plan.matrix(&[t]);
+        plan.matrix(&[t], Role::Block);
         let mut img = vec![0u8; plan.len];
-        let l = ImageWriter::write_into(&mut img).matrix(&[t]);
+        let l = ImageWriter::write_into(&mut img).matrix(&[t], Role::Block);
         assert_eq!(l.ty, GpuType::F16);
         let mut want = vec![0f32; 256];
         dequantize_row(GgmlType::Q6_K, &data, &mut want);
@@ -271,5 +328,63 @@ mod tests {
             let h = u16::from_le_bytes([img[l.q + 2 * i], img[l.q + 2 * i + 1]]);
             assert_eq!(h, f32_to_f16(*w));
         }
+    }
+
+    /// At w4a8 a Q4_1 block matrix becomes GGML Q4_0 and a sensitive one Q8_0, each with the
+    /// values the CPU backend's boot requantization gives (`quant::quantize_w4_group`,
+    /// `quantize_row_q8_0`); at native it keeps Q4_1.
+    #[test]
+    fn low_bit_precisions_requantize_as_the_cpu_does() {
+        let mut data = vec![0u8; 2 * 20 * 2]; // 2 rows x 64 cols of Q4_1
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 13 % 251) as u8;
+        }
+        for blk in data.chunks_exact_mut(20) {
+            blk[..2].copy_from_slice(&f32_to_f16(0.01).to_le_bytes()); // sane scale
+            blk[2..4].copy_from_slice(&f32_to_f16(-0.05).to_le_bytes()); // and min
+        }
+        let t = TensorRef {
+            ty: GgmlType::Q4_1,
+            cols: 64,
+            rows: 2,
+            data: &data,
+        };
+        let image = |precision: Precision, role: Role| {
+            let mut plan = ImageWriter::plan();
+            plan.precision = precision;
+            let l = plan.matrix(&[t], role);
+            let mut img = vec![0u8; plan.len];
+            let mut w = ImageWriter::write_into(&mut img);
+            w.precision = precision;
+            assert_eq!(w.matrix(&[t], role).q, l.q);
+            (l, img)
+        };
+        let mut row = vec![0f32; 64];
+        let (l, img) = image(Precision::W4a8, Role::Block);
+        assert_eq!(l.ty, GpuType::Q4_0);
+        for r in 0..2 {
+            dequantize_row(GgmlType::Q4_1, &data[r * 40..][..40], &mut row);
+            for g in 0..2 {
+                let b = r * 2 + g;
+                let (d, q) = quant::quantize_w4_group(&row[g * 32..][..32]);
+                let blk = quant::q4_0_block(d, &q);
+                assert_eq!(&img[l.d + b * 2..][..2], &blk[..2]);
+                assert_eq!(&img[l.q + b * 16..][..16], &blk[2..]);
+            }
+        }
+        let (l, img) = image(Precision::W4a8, Role::Sensitive);
+        assert_eq!(l.ty, GpuType::Q8_0);
+        for r in 0..2 {
+            dequantize_row(GgmlType::Q4_1, &data[r * 40..][..40], &mut row);
+            let mut want = [0u8; 68];
+            quantize_row_q8_0(&row, &mut want);
+            for g in 0..2 {
+                let b = r * 2 + g;
+                assert_eq!(&img[l.d + b * 2..][..2], &want[g * 34..][..2]);
+                assert_eq!(&img[l.q + b * 32..][..32], &want[g * 34 + 2..][..32]);
+            }
+        }
+        assert_eq!(image(Precision::Native, Role::Block).0.ty, GpuType::Q4_1);
+        assert_eq!(image(Precision::W8a8, Role::Block).0.ty, GpuType::Q8_0);
     }
 }
