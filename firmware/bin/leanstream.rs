@@ -521,8 +521,12 @@ fn boot_with<'a>(
                 _ => format!("{}: {e}", m.model.display()),
             }
         })?;
-    if let (true, AnyEngine::Cpu(cpu)) = (report && low.precision != Precision::Native, &e) {
-        eprintln!("{}", precision_line(cpu, low));
+    if report && low.precision != Precision::Native {
+        match &e {
+            AnyEngine::Cpu(cpu) => eprintln!("{}", precision_line(cpu, low)),
+            // The GPU image's types follow the same roles (README, The CUDA backend).
+            AnyEngine::Cuda(_) => eprintln!("precision {}: {}", low.precision, e.describe()),
+        }
     }
     Ok(e)
 }
