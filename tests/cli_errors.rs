@@ -261,3 +261,27 @@ fn cuda_backend_without_a_gpu_is_one_clear_sentence() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A reader that goes away before the report (`inspect M | head -0`) ends `inspect` quietly with
+/// success: no panic over the broken pipe.
+#[test]
+fn inspect_into_a_closed_pipe_ends_quietly() {
+    let Some(model) = common::model(common::SMOLLM2)
+        .or_else(|| common::shared("data/stories260K/stories260K.bin"))
+    else {
+        eprintln!("skipped: no model to inspect");
+        return;
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(["inspect", model.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the model is even parsed: the report's write meets a broken pipe.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}

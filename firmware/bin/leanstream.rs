@@ -991,24 +991,34 @@ fn text_prefix(text: &str, chunks: usize, ctx: usize) -> &str {
 }
 
 fn cmd_inspect(path: &Path) -> Result<(), String> {
+    // The report is built whole, then written once: a reader that stops early (`| head`) ends
+    // the command quietly instead of a panic in the middle of a line.
+    let mut report = String::new();
+    macro_rules! out {
+        ($($t:tt)*) => {{
+            use std::fmt::Write as _;
+            // Writing into a String cannot fail.
+            let _ = writeln!(report, $($t)*);
+        }};
+    }
     let file = ModelFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let h = file
         .hyper()
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    println!("file: {}", path.display());
-    println!(
+    out!("file: {}", path.display());
+    out!(
         "format: {}",
         match &file {
             ModelFile::Gguf(g) => format!("GGUF v{} (alignment {})", g.version, g.alignment),
             ModelFile::Llama2c(_) => "llama2.c checkpoint (f32)".to_string(),
         }
     );
-    println!("architecture: {:?}", h.arch);
-    println!(
+    out!("architecture: {:?}", h.arch);
+    out!(
         "layers {} | dim {} | ffn {} | heads {} / kv heads {} | head_dim {} | vocab {} | context {}",
         h.n_layers, h.dim, h.hidden_dim, h.n_heads, h.n_kv_heads, h.head_dim, h.vocab_size, h.ctx_train
     );
-    println!(
+    out!(
         "rope {:?} base {} | rms eps {:e} | output {} | q/k/v bias {}",
         h.rope_style,
         h.rope_base,
@@ -1034,13 +1044,16 @@ fn cmd_inspect(path: &Path) -> Result<(), String> {
         ("norms", 0),
     ];
     let mut by_type: Vec<(String, usize, usize)> = Vec::new();
-    println!(
+    out!(
         "\n{:<28} {:>6} {:>16} {:>12}",
-        "tensor", "type", "shape", "bytes"
+        "tensor",
+        "type",
+        "shape",
+        "bytes"
     );
     for name in &names {
         let t = file.tensor(name).map_err(|e| e.to_string())?;
-        println!(
+        out!(
             "{:<28} {:>6} {:>16} {:>12}",
             name,
             t.ty.name(),
@@ -1070,20 +1083,24 @@ fn cmd_inspect(path: &Path) -> Result<(), String> {
             None => by_type.push((t.ty.name().to_string(), 1, t.data.len())),
         }
     }
-    println!("\nbytes per part:");
+    out!("\nbytes per part:");
     for (name, bytes) in parts {
-        println!(
+        out!(
             "  {:<22} {:>12} ({:.1} MiB)",
             name,
             bytes,
             bytes as f64 / 1048576.0
         );
     }
-    println!("tensor types:");
+    out!("tensor types:");
     for (ty, n, bytes) in by_type {
-        println!("  {:<6} {:>4} tensors {:>12} bytes", ty, n, bytes);
+        out!("  {:<6} {:>4} tensors {:>12} bytes", ty, n, bytes);
     }
-    Ok(())
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(report.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 fn cmd_bench(a: BenchArgs) -> Result<(), String> {
