@@ -118,9 +118,10 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 // read through L2), by one whole block (blockDim a multiple of 32):
 //   PREP_NORM:   xf = src / rms(src) * nw   (RMSNorm, eps)
 //   PREP_SWIGLU: xf = silu(src[i]) * src[n + i]
-// then, when xq is set, its int8 blocks. Latency rules here (one block, the rest of the GPU
-// waits): each thread takes 4 values per 16-byte load, loops are unrolled so several loads are
-// in flight, and a block of 32 is quantized by the 8 threads that hold it (3 shuffles).
+// into xf when set, and, when xq is set, its int8 blocks. Latency rules here (one block, the
+// rest of the GPU waits): each thread takes 4 values per 16-byte load, loops are unrolled so
+// several loads are in flight, and a block of 32 is quantized by the 8 threads that hold it (3
+// shuffles). A product kernel also calls it on its own input, into shared memory (`PREP`).
 __device__ void prep_input(int mode, const float* src, const float* nw, int n, float eps,
                            float* xf, i8* xq) {
     __shared__ float shared32[32];
@@ -144,7 +145,7 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
         inv = 1.0f / sqrtf(ss / (float)n + eps);
     }
     if (!vec) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
+        for (int i = threadIdx.x; i < n && xf; i += blockDim.x)
             xf[i] = mode == PREP_SWIGLU ? silu_mul(__ldcg(src + i), __ldcg(src + n + i))
                                         : __ldcg(src + i) * inv * nw[i];
         return;
@@ -167,7 +168,7 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
                 float4 w = __ldg((const float4*)nw + i);
                 v = make_float4(a.x * inv * w.x, a.y * inv * w.y, a.z * inv * w.z, a.w * inv * w.w);
             }
-            ((float4*)xf)[i] = v;
+            if (xf) ((float4*)xf)[i] = v;
         }
         if (xq) {
             // The 8 threads i & ~7 .. i | 7 hold one block of 32: quantize_q8 of the CPU.
@@ -410,16 +411,40 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
         const u32 *__restrict__ qh, int rows, int cols, int tpr, float *xf,                  \
         i8 *xq, float *out, const float *bias, int acc, int fin, const float *fin_src,    \
         const float *fin_nw, int fin_n, float eps, unsigned *counter, float *part,         \
-        int *state, volatile int *host_tokens
+        int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw
 
 // UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
 // short blocks) suits the small products, where a step is a chain of short kernels; wide (UN
 // 4, a quarter of the threads per row) suits the big ones, where the bytes in flight per thread
 // decide how much of the bandwidth is used. The host picks per product (engine.rs,
 // `mv_config`).
-template <int TY, int UN>
+// An activation load: from global memory through the read-only path, or from this block's own
+// prepared copy in shared memory (PREP), which __ldg must not be given.
+template <bool SH, typename T>
+__device__ __forceinline__ T ldx(const T* p) {
+    if (SH) return *p;
+    return __ldg(p);
+}
+
+// PREP: the block first prepares its own input, RMSNorm(prep_src) * prep_nw over `cols` values
+// (and their int8 blocks for the integer types), into dynamic shared memory, with the code and
+// arithmetic of the tail that otherwise does it once for all (`prep_input`), so the results are
+// the same; the product before then needs no tail.
+template <int TY, int UN, bool PREP>
 __device__ void matvec(MV_ARGS) {
     __shared__ float red[MV_THREADS / 32][MV_R];
+    extern __shared__ __align__(16) unsigned char prep_smem[];
+    // The product's input (xf/xq stay the global buffers `finish` prepares for the next one).
+    const float* in_f = xf;
+    const i8* in_q = xq;
+    if (PREP) {
+        bool floats = TY == T_F16 || TY == T_F32;
+        prep_input(PREP_NORM, prep_src, prep_nw, cols, eps, floats ? (float*)prep_smem : nullptr,
+                   floats ? nullptr : (i8*)prep_smem);
+        __syncthreads();
+        in_f = (const float*)prep_smem;
+        in_q = (const i8*)prep_smem;
+    }
     int t = threadIdx.x & (tpr - 1);
     int r0 = (blockIdx.x * (MV_THREADS / tpr) + threadIdx.x / tpr) * MV_R;
     int rr[MV_R];
@@ -430,7 +455,7 @@ __device__ void matvec(MV_ARGS) {
     for (int k = 0; k < MV_R; k++) s[k] = 0.0f;
 
     if (TY == T_F16 && (cols & 7) == 0) {
-        const float4* x4 = (const float4*)xf;
+        const float4* x4 = (const float4*)in_f;
         int nu = cols / 8;
         for (int u0 = t; u0 < nu; u0 += UN * tpr) {
             // Branch-free: a unit past the row's end loads the row's last unit and counts zero,
@@ -443,8 +468,8 @@ __device__ void matvec(MV_ARGS) {
 #pragma unroll
                 for (int k = 0; k < MV_R; k++)
                     w[k][j] = __ldg((const uint4*)((const f16*)q + (size_t)rr[k] * cols) + u);
-                a[j] = __ldg(x4 + 2 * u);
-                b[j] = __ldg(x4 + 2 * u + 1);
+                a[j] = ldx<PREP>(x4 + 2 * u);
+                b[j] = ldx<PREP>(x4 + 2 * u + 1);
             }
 #pragma unroll
             for (int j = 0; j < UN; j++) {
@@ -457,11 +482,11 @@ __device__ void matvec(MV_ARGS) {
             }
         }
     } else if (TY == T_F16 || TY == T_F32) {
-        const float4* x4 = (const float4*)xf;
+        const float4* x4 = (const float4*)in_f;
         if (TY == T_F32 && (cols & 3) == 0) {
 #pragma unroll 2
             for (int u = t; u < cols / 4; u += tpr) {
-                float4 a = __ldg(x4 + u);
+                float4 a = ldx<PREP>(x4 + u);
 #pragma unroll
                 for (int k = 0; k < MV_R; k++) {
                     float4 w = __ldg((const float4*)((const float*)q + (size_t)rr[k] * cols) + u);
@@ -470,7 +495,7 @@ __device__ void matvec(MV_ARGS) {
             }
         } else {
             for (int c = t; c < cols; c += tpr) {
-                float a = __ldg(xf + c);
+                float a = ldx<PREP>(in_f + c);
 #pragma unroll
                 for (int k = 0; k < MV_R; k++) {
                     size_t at = (size_t)rr[k] * cols + c;
@@ -481,8 +506,8 @@ __device__ void matvec(MV_ARGS) {
         }
     } else {
         int nb = cols >> 5;
-        const int4* x4 = (const int4*)xq;
-        const float* xd = (const float*)(xq + cols);
+        const int4* x4 = (const int4*)in_q;
+        const float* xd = (const float*)(in_q + cols);
         const int* xs = (const int*)(xd + nb);
         for (int u0 = t; u0 < nb; u0 += UN * tpr) {
             // Branch-free as the f16 loop: all loads first, units past the end count zero.
@@ -495,10 +520,10 @@ __device__ void matvec(MV_ARGS) {
                 int u = min(u0 + j * tpr, nb - 1);
 #pragma unroll
                 for (int k = 0; k < MV_R; k++) w[k][j] = unit_load<TY>(q, d, m, qh, nb, rr[k], u);
-                a0[j] = __ldg(x4 + 2 * u);
-                a1[j] = __ldg(x4 + 2 * u + 1);
-                dx[j] = __ldg(xd + u);
-                sx[j] = TY == T_Q8_0 ? 0 : __ldg(xs + u);
+                a0[j] = ldx<PREP>(x4 + 2 * u);
+                a1[j] = ldx<PREP>(x4 + 2 * u + 1);
+                dx[j] = ldx<PREP>(xd + u);
+                sx[j] = TY == T_Q8_0 ? 0 : ldx<PREP>(xs + u);
             }
 #pragma unroll
             for (int j = 0; j < UN; j++) {
@@ -532,18 +557,29 @@ __device__ void matvec(MV_ARGS) {
 }
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
-                eps, counter, part, state, host_tokens
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0, 1>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide(MV_ARGS) { matvec<T_F16, MV_WIDE>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide(MV_ARGS) { matvec<T_Q8_0, MV_WIDE>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide(MV_ARGS) { matvec<T_Q4_0, MV_WIDE>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide(MV_ARGS) { matvec<T_Q4_1, MV_WIDE>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide(MV_ARGS) { matvec<T_Q5_0, MV_WIDE>(MV_PASS); }
+                eps, counter, part, state, host_tokens, prep_src, prep_nw
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0, 1, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide(MV_ARGS) { matvec<T_F16, MV_WIDE, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide(MV_ARGS) { matvec<T_Q8_0, MV_WIDE, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide(MV_ARGS) { matvec<T_Q4_0, MV_WIDE, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide(MV_ARGS) { matvec<T_Q4_1, MV_WIDE, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide(MV_ARGS) { matvec<T_Q5_0, MV_WIDE, false>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32_prep(MV_ARGS) { matvec<T_F32, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_prep(MV_ARGS) { matvec<T_F16, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_prep(MV_ARGS) { matvec<T_Q8_0, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_prep(MV_ARGS) { matvec<T_Q4_0, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_prep(MV_ARGS) { matvec<T_Q4_1, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_prep(MV_ARGS) { matvec<T_Q5_0, 1, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide_prep(MV_ARGS) { matvec<T_F16, MV_WIDE, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide_prep(MV_ARGS) { matvec<T_Q8_0, MV_WIDE, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide_prep(MV_ARGS) { matvec<T_Q4_0, MV_WIDE, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide_prep(MV_ARGS) { matvec<T_Q4_1, MV_WIDE, true>(MV_PASS); }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide_prep(MV_ARGS) { matvec<T_Q5_0, MV_WIDE, true>(MV_PASS); }
 
 // One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
 // head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache

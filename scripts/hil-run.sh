@@ -9,14 +9,17 @@
 # Other knobs (a device call lasts at most 10 minutes, so a long run is split over calls):
 #   HIL_TESTS=0 skips the GPU tests; HIL_BENCH=0 the benchmarks (HIL_DISCRETE=0, HIL_UNIFIED=0,
 #   HIL_W4A8=0 parts of them); HIL_SHAPES the bench-shapes
-#   to write and time; HIL_COMPARE the ablations beside each discrete CUDA configuration
-#   (default --compare-graph --compare-narrow); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
+#   to write and time (HIL_TYPES: only these types); HIL_COMPARE the ablations beside each
+#   discrete CUDA configuration (default --compare-graph --compare-narrow --compare-norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
 #   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix;
 #   HIL_BENCH_TIMEOUT (240 s) bounds each bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
+for b in leanstream cuda-tests; do  # staged compressed by scripts/hil.sh
+  [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
+done
 m=$h/models
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 
@@ -37,7 +40,7 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
   fi
   syn=/tmp/synth; mkdir -p $syn
   for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-0.5b qwen2.5-1.5b}; do
-    [ -f $syn/.$shape ] || { python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn && touch $syn/.$shape; } || bench_rc=1
+    [ -f $syn/.$shape ] || { python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn ${HIL_TYPES:+--types $HIL_TYPES} && touch $syn/.$shape; } || bench_rc=1
   done
   list() { ls $syn/$1*.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
   run_bench() {  # name, gen tokens, then bench arguments
@@ -51,7 +54,7 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
   q4() { ls $syn/$1*-q4_0.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
   if [ "${HIL_DISCRETE:-1}" = 1 ]; then
     # HIL_COMPARE: the ablations timed beside each CUDA configuration (bench --help).
-    run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---compare-graph --compare-narrow}
+    run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---compare-graph --compare-narrow --compare-norm-tail}
     # w4a8 as LeanStream runs it: the q4_0 files with attention's q/k/v and the FFN's down
     # requantized to Q8_0 at load (quant::Role::Sensitive); the q4_0 rows above are all-4-bit.
     [ "${HIL_W4A8:-1}" = 1 ] && run_bench gpu-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8

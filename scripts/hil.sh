@@ -32,6 +32,9 @@ if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
   python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut2.gguf" --layers 2 --vocab 4096
 fi
 strip "$out/leanstream" "$out/cuda-tests" 2>/dev/null || true
+# The binaries embed the PTX as text: compressed, they leave room under the call's 64 MiB
+# (hil-run.sh unpacks them).
+gzip -9 -f "$out/leanstream" "$out/cuda-tests"
 # The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0

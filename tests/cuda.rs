@@ -160,6 +160,9 @@ fn run_gpu(
         context: 256,
         precision,
         products,
+        // The narrow runs also take the tail for the residual's norm, the wide ones norm in
+        // each block (the default): both paths checked without doubling the runs.
+        in_block_norm: products == ProductKernels::Wide,
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;

@@ -26,6 +26,8 @@ pub struct Config {
     pub graph: bool,
     /// CUDA: which product kernels (Narrow: the ablation of the wide ones).
     pub products: ProductKernels,
+    /// CUDA: products norm their own input (false: the ablation, the norm in the tail).
+    pub in_block_norm: bool,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -46,14 +48,15 @@ impl Config {
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
-                "{model} cuda {}{}{}",
+                "{model} cuda {}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
                 if self.products == ProductKernels::Narrow {
                     " narrow"
                 } else {
                     ""
-                }
+                },
+                if self.in_block_norm { "" } else { " norm-tail" }
             ),
         }
     }
@@ -174,6 +177,7 @@ pub fn run(
             memory: c.memory,
             graph: c.graph,
             products: c.products,
+            in_block_norm: c.in_block_norm,
             ..CudaOptions::default()
         };
         let mut row = Row {

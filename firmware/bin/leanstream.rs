@@ -335,6 +335,10 @@ struct BenchArgs {
     /// big products take).
     #[arg(long)]
     compare_narrow: bool,
+    /// CUDA: also time with the residual's norm made once by the last block of the product
+    /// before (the ablation of products that norm their own input in each block).
+    #[arg(long)]
+    compare_norm_tail: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1148,6 +1152,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 memory: MemoryModel::None,
                 graph: true,
                 products: ProductKernels::Auto,
+                in_block_norm: true,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1156,20 +1161,24 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 Backend::Cpu => configs.push(base),
                 Backend::Cuda => {
                     for &memory in &memories {
-                        let mut push = |graph, products| {
+                        let mut push = |graph, products, in_block_norm| {
                             configs.push(bench::Config {
                                 memory,
                                 graph,
                                 products,
+                                in_block_norm,
                                 ..base.clone()
                             })
                         };
-                        push(true, ProductKernels::Auto);
+                        push(true, ProductKernels::Auto, true);
                         if a.compare_graph {
-                            push(false, ProductKernels::Auto);
+                            push(false, ProductKernels::Auto, true);
                         }
                         if a.compare_narrow {
-                            push(true, ProductKernels::Narrow);
+                            push(true, ProductKernels::Narrow, true);
+                        }
+                        if a.compare_norm_tail {
+                            push(true, ProductKernels::Auto, false);
                         }
                     }
                 }

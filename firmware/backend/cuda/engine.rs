@@ -30,6 +30,10 @@ pub struct CudaOptions {
     pub precision: Precision,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
+    /// Products that read the normed residual norm it in each block (`CudaEngine::in_block_norm`)
+    /// where that pays (`IN_BLOCK_NORM_MAX_DIM`); false keeps the tail everywhere (an ablation:
+    /// `leanstream bench --compare-norm-tail`).
+    pub in_block_norm: bool,
 }
 
 /// Which product kernels a step runs (decode.cu's narrow and `_wide` kernels).
@@ -55,6 +59,7 @@ impl Default for CudaOptions {
             graph: true,
             precision: Precision::Native,
             products: ProductKernels::Auto,
+            in_block_norm: true,
         }
     }
 }
@@ -88,8 +93,9 @@ struct GpuLayer {
 struct Kernels {
     embed: Function,
     attention: Function,
-    /// The product kernels per weight type (`type_slot`): narrow and wide (see `mv_config`).
-    matvec: [(Function, Function); 6],
+    /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
+    /// the same two preparing their own normed input (`_prep`, see `in_block_norm`).
+    matvec: [[Function; 4]; 6],
 }
 
 /// Where a weight type's product kernels are in `Kernels::matvec`, and their names' stem.
@@ -149,6 +155,14 @@ enum Finish {
 const MV_THREADS: usize = 256;
 /// Rows each group of threads computes at once (MV_R in decode.cu).
 const MV_R: usize = 2;
+
+/// The widest residual whose norm the products make in each block rather than in the tail of
+/// the product before. Each block then reads and norms `dim` values before its first weight
+/// load: that beats the tail while blocks are few and rows short, and loses once they are many
+/// (H200, same run, in-block against tail: +8-10% at dim 576, +5-9% at 896, -1..+4% at 1536,
+/// -6..-15% at 4096; docs/HIL.md). Also bounds the block's copy of the input in shared memory
+/// (1536 floats: 6 KiB).
+const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
 
 /// Units a thread of a wide product takes per round (MV_WIDE in decode.cu).
 const MV_WIDE: usize = 4;
@@ -235,6 +249,10 @@ pub struct CudaEngine<'a> {
     graph: Option<Graph>,
     /// `CudaOptions::products`.
     products: ProductKernels,
+    /// The products that read a normed residual (q/k/v, gate/up, the logits) make it in every
+    /// block (`_prep` kernels) instead of the last block of the product before doing it once
+    /// while the whole GPU waits (the "tail"); for models up to IN_BLOCK_NORM_MAX_DIM.
+    in_block_norm: bool,
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
@@ -423,15 +441,24 @@ impl<'a> CudaEngine<'a> {
         })?;
         let module = gpu.load_module(ptx).map_err(cuda)?;
         let f = |n: &str| module.function(n).map_err(cuda);
-        // A type's narrow and wide product kernels (f32 has no wide one; mv_config never asks).
-        let pair = |ty: GpuType| -> Result<(Function, Function), EngineError> {
+        // A type's product kernels (f32 has no wide one; mv_config never asks).
+        let pair = |ty: GpuType| -> Result<[Function; 4], EngineError> {
             let stem = type_slot(ty).1;
-            let narrow = f(&format!("matvec_{stem}"))?;
-            let wide = match ty {
-                GpuType::F32 => narrow,
-                _ => f(&format!("matvec_{stem}_wide"))?,
+            let kernel = |wide: bool, prep: bool| {
+                let wide = if wide && ty != GpuType::F32 {
+                    "_wide"
+                } else {
+                    ""
+                };
+                let prep = if prep { "_prep" } else { "" };
+                f(&format!("matvec_{stem}{wide}{prep}"))
             };
-            Ok((narrow, wide))
+            Ok([
+                kernel(false, false)?,
+                kernel(true, false)?,
+                kernel(false, true)?,
+                kernel(true, true)?,
+            ])
         };
         let k = Kernels {
             embed: f("embed")?,
@@ -523,6 +550,7 @@ impl<'a> CudaEngine<'a> {
             sample_idx,
             graph: None,
             products: opts.products,
+            in_block_norm: opts.in_block_norm && h.dim <= IN_BLOCK_NORM_MAX_DIM,
             device_state: None,
         };
         if opts.graph {
@@ -583,7 +611,7 @@ impl<'a> CudaEngine<'a> {
                     0
                 };
                 let out = a.qkv + off as u64 * 4;
-                self.matvec(&m, out, bias, false, Finish::None)?;
+                self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
             }
             // Each head rotates its q and k, attends over positions 0..=pos of its KV head
             // (storing k and v of pos), and writes wo's input.
@@ -606,8 +634,8 @@ impl<'a> CudaEngine<'a> {
                     .ptr(a.xf)
                     .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 }),
             )?;
-            // Added to the residual; the last block norms it for the FFN.
-            self.matvec(&w.wo, a.x, 0, true, Finish::Norm(w.ffn_norm))?;
+            // Added to the residual (whose norm is the FFN's input).
+            self.matvec(&w.wo, None, a.x, 0, true, self.norm_tail(w.ffn_norm))?;
 
             // Feed-forward: [gate | up], then the last block of the last launch builds SwiGLU;
             // down is added to the residual and norms it for the next layer (or the output).
@@ -619,26 +647,58 @@ impl<'a> CudaEngine<'a> {
                 } else {
                     Finish::None
                 };
-                self.matvec(&m, out, 0, false, fin)?;
+                self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin)?;
             }
             let next_norm = self
                 .layers
                 .get(l + 1)
                 .map_or(self.output_norm, |n| n.attn_norm);
-            self.matvec(&w.down, a.x, 0, true, Finish::Norm(next_norm))?;
+            self.matvec(&w.down, None, a.x, 0, true, self.norm_tail(next_norm))?;
         }
 
         // Logits, and the greedy pick that advances the state.
-        self.matvec(&self.output, a.logits, 0, false, Finish::Argmax)
+        let normed = self.normed(self.output_norm);
+        self.matvec(&self.output, normed, a.logits, 0, false, Finish::Argmax)
     }
 
-    /// `out = (acc ? out : 0) + W in + bias` over the prepared input, then `fin`.
-    fn matvec(&self, m: &Mat, out: u64, bias: u64, acc: bool, fin: Finish) -> CudaResult<()> {
+    /// The input of a product that reads the residual normed with `nw`: made in each of its
+    /// blocks (`Some(nw)`), or already prepared by the tail of the product before (`None`).
+    fn normed(&self, nw: u64) -> Option<u64> {
+        self.in_block_norm.then_some(nw)
+    }
+
+    /// What a product that adds to the residual leaves for the next one, which reads it normed
+    /// with `nw`: nothing when that one norms it itself, else the tail.
+    fn norm_tail(&self, nw: u64) -> Finish {
+        if self.in_block_norm {
+            Finish::None
+        } else {
+            Finish::Norm(nw)
+        }
+    }
+
+    /// `out = (acc ? out : 0) + W in + bias`, then `fin`. `in` is the prepared input, or with
+    /// `norm = Some(nw)` the residual normed with `nw` by each block itself.
+    fn matvec(
+        &self,
+        m: &Mat,
+        norm: Option<u64>,
+        out: u64,
+        bias: u64,
+        acc: bool,
+        fin: Finish,
+    ) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
         let mv = mv_config(m, self.gpu.sm_count as usize, self.products);
-        let kernels = self.k.matvec[type_slot(m.ty).0];
-        let f = if mv.wide { kernels.1 } else { kernels.0 };
+        let f = self.k.matvec[type_slot(m.ty).0][mv.wide as usize + 2 * norm.is_some() as usize];
+        // The block's own input: floats for the float kernels, else int8 blocks with their
+        // scales and sums (the layout of `xq`).
+        let shared = match (norm, m.ty.int8_activations()) {
+            (None, _) => 0,
+            (Some(_), false) => m.cols * 4,
+            (Some(_), true) => m.cols + m.cols / 32 * 8,
+        };
         let (fin_mode, fin_src, fin_nw, fin_n) = match fin {
             Finish::None => (0, 0, 0, 0),
             Finish::Norm(nw) => (1, a.x, nw, h.dim),
@@ -666,9 +726,16 @@ impl<'a> CudaEngine<'a> {
             .ptr(a.counter)
             .ptr(a.part)
             .ptr(a.state)
-            .ptr(self.host_tokens.dev);
-        self.gpu
-            .launch(f, mv.grid as u32, MV_THREADS as u32, &mut args)
+            .ptr(self.host_tokens.dev)
+            .ptr(a.x)
+            .ptr(norm.unwrap_or(0));
+        self.gpu.launch_shared(
+            f,
+            mv.grid as u32,
+            MV_THREADS as u32,
+            shared as u32,
+            &mut args,
+        )
     }
 
     /// Queues one step for `token` at `pos` (state upload, then the graph or every kernel).
