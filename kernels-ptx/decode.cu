@@ -558,28 +558,26 @@ __device__ void matvec(MV_ARGS) {
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
                 eps, counter, part, state, host_tokens, prep_src, prep_nw
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(MV_ARGS) { matvec<T_F32, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(MV_ARGS) { matvec<T_F16, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(MV_ARGS) { matvec<T_Q8_0, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(MV_ARGS) { matvec<T_Q4_0, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(MV_ARGS) { matvec<T_Q4_1, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(MV_ARGS) { matvec<T_Q5_0, 1, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide(MV_ARGS) { matvec<T_F16, MV_WIDE, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide(MV_ARGS) { matvec<T_Q8_0, MV_WIDE, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide(MV_ARGS) { matvec<T_Q4_0, MV_WIDE, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide(MV_ARGS) { matvec<T_Q4_1, MV_WIDE, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide(MV_ARGS) { matvec<T_Q5_0, MV_WIDE, false>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32_prep(MV_ARGS) { matvec<T_F32, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_prep(MV_ARGS) { matvec<T_F16, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_prep(MV_ARGS) { matvec<T_Q8_0, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_prep(MV_ARGS) { matvec<T_Q4_0, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_prep(MV_ARGS) { matvec<T_Q4_1, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_prep(MV_ARGS) { matvec<T_Q5_0, 1, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16_wide_prep(MV_ARGS) { matvec<T_F16, MV_WIDE, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0_wide_prep(MV_ARGS) { matvec<T_Q8_0, MV_WIDE, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0_wide_prep(MV_ARGS) { matvec<T_Q4_0, MV_WIDE, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1_wide_prep(MV_ARGS) { matvec<T_Q4_1, MV_WIDE, true>(MV_PASS); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0_wide_prep(MV_ARGS) { matvec<T_Q5_0, MV_WIDE, true>(MV_PASS); }
+// The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
+// (PREP: the block norms its own input). engine.rs finds them by these names.
+#define MV_EXPORT(NAME, TY, UN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_##NAME(MV_ARGS) {             \
+        matvec<TY, UN, false>(MV_PASS);                                                           \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_##NAME##_prep(MV_ARGS) {      \
+        matvec<TY, UN, true>(MV_PASS);                                                            \
+    }
+MV_EXPORT(f32, T_F32, 1)
+MV_EXPORT(f16, T_F16, 1)
+MV_EXPORT(q8_0, T_Q8_0, 1)
+MV_EXPORT(q4_0, T_Q4_0, 1)
+MV_EXPORT(q4_1, T_Q4_1, 1)
+MV_EXPORT(q5_0, T_Q5_0, 1)
+MV_EXPORT(f16_wide, T_F16, MV_WIDE)
+MV_EXPORT(q8_0_wide, T_Q8_0, MV_WIDE)
+MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE)
+MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
+MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 
 // One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
 // head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache

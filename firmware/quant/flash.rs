@@ -10,9 +10,7 @@
 //! The neuron-bundle image of DESIGN.md section 5 (FFN stored for streaming) is the SSD
 //! streaming work's; this is its dense, requantized part.
 
-use super::{
-    convert, q4_0_block, quantize_w4_group, target, Conversion, Precision, Role, Target, GROUP,
-};
+use super::{convert_to_ggml, target, Conversion, Precision, Role, Target};
 use crate::model::ggml::{dequantize_row, GgmlType};
 use crate::model::gguf::{build, Gguf, Value};
 use crate::model::TensorRef;
@@ -89,43 +87,6 @@ impl fmt::Display for FlashReport {
             mib(self.bytes_in),
             mib(self.bytes_out)
         )
-    }
-}
-
-/// The GGML type a tensor is written in, and its bytes.
-fn convert_tensor(
-    tg: Target,
-    t: &TensorRef,
-    scratch: &mut Vec<f32>,
-) -> (GgmlType, Vec<u8>, Conversion) {
-    match tg {
-        Target::Keep => (t.ty, t.data.to_vec(), Conversion::AsIs),
-        Target::F16 | Target::Q(super::QFormat::W8) => {
-            let mut out = vec![0u8; super::target_bytes(tg, t)];
-            let how = convert(tg, t, &mut out, scratch);
-            let ty = match tg {
-                Target::F16 => GgmlType::F16,
-                _ => GgmlType::Q8_0,
-            };
-            (ty, out, how)
-        }
-        Target::Q(super::QFormat::W4(_)) => {
-            if t.ty == GgmlType::Q4_0 {
-                return (GgmlType::Q4_0, t.data.to_vec(), Conversion::AsIs);
-            }
-            let ng = t.cols / GROUP;
-            let src_rb = t.data.len() / t.rows.max(1);
-            let mut out = vec![0u8; t.rows * ng * 18];
-            scratch.resize(t.cols, 0.0);
-            for r in 0..t.rows {
-                dequantize_row(t.ty, &t.data[r * src_rb..][..src_rb], scratch);
-                for g in 0..ng {
-                    let (d, q) = quantize_w4_group(&scratch[g * GROUP..][..GROUP]);
-                    out[(r * ng + g) * 18..][..18].copy_from_slice(&q4_0_block(d, &q));
-                }
-            }
-            (GgmlType::Q4_0, out, Conversion::Requantized)
-        }
     }
 }
 
@@ -235,7 +196,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
             tensors.push((info.name.clone(), dims, info.ty, data.to_vec()));
             continue;
         }
-        let (ty, bytes, how) = convert_tensor(tg, &t, &mut scratch);
+        let (ty, bytes, how) = convert_to_ggml(tg, &t, &mut scratch);
         if how == Conversion::Requantized {
             let (e, n) = squared_error(&t, ty, &bytes, &mut scratch);
             err += e;

@@ -346,6 +346,45 @@ pub fn convert(
     }
 }
 
+/// `t` converted to `tg` as plain GGML data (F16, Q8_0 or Q4_0 blocks, whatever the packing; or
+/// its own bytes for `Keep`): the GGML type, its bytes, and how. The values are those of
+/// [`convert`]'s; `flash` writes them to a file, the CUDA weight image repacks them.
+pub fn convert_to_ggml(
+    tg: Target,
+    t: &TensorRef,
+    scratch: &mut Vec<f32>,
+) -> (GgmlType, Vec<u8>, Conversion) {
+    match tg {
+        Target::Keep => (t.ty, t.data.to_vec(), Conversion::AsIs),
+        Target::F16 | Target::Q(QFormat::W8) => {
+            let mut out = vec![0u8; target_bytes(tg, t)];
+            let how = convert(tg, t, &mut out, scratch);
+            let ty = match tg {
+                Target::F16 => GgmlType::F16,
+                _ => GgmlType::Q8_0,
+            };
+            (ty, out, how)
+        }
+        Target::Q(QFormat::W4(_)) => {
+            if t.ty == GgmlType::Q4_0 {
+                return (GgmlType::Q4_0, t.data.to_vec(), Conversion::AsIs);
+            }
+            let ng = t.cols / GROUP;
+            let src_rb = t.data.len() / t.rows.max(1);
+            let mut out = vec![0u8; t.rows * ng * 18];
+            scratch.resize(t.cols, 0.0);
+            for r in 0..t.rows {
+                dequantize_row(t.ty, &t.data[r * src_rb..][..src_rb], scratch);
+                for g in 0..ng {
+                    let (d, q) = quantize_w4_group(&scratch[g * GROUP..][..GROUP]);
+                    out[(r * ng + g) * 18..][..18].copy_from_slice(&q4_0_block(d, &q));
+                }
+            }
+            (GgmlType::Q4_0, out, Conversion::Requantized)
+        }
+    }
+}
+
 /// GGML Q4_0 block (`d`, byte j = q[j] | q[j+16] << 4) as (d, q in natural order).
 pub fn q4_0_group(blk: &[u8]) -> (u16, [u8; GROUP]) {
     let d = u16::from_le_bytes([blk[0], blk[1]]);

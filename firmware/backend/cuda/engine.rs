@@ -442,7 +442,7 @@ impl<'a> CudaEngine<'a> {
         let module = gpu.load_module(ptx).map_err(cuda)?;
         let f = |n: &str| module.function(n).map_err(cuda);
         // A type's product kernels (f32 has no wide one; mv_config never asks).
-        let pair = |ty: GpuType| -> Result<[Function; 4], EngineError> {
+        let kernels_of = |ty: GpuType| -> Result<[Function; 4], EngineError> {
             let stem = type_slot(ty).1;
             let kernel = |wide: bool, prep: bool| {
                 let wide = if wide && ty != GpuType::F32 {
@@ -464,12 +464,12 @@ impl<'a> CudaEngine<'a> {
             embed: f("embed")?,
             attention: f("attention")?,
             matvec: [
-                pair(GpuType::F32)?,
-                pair(GpuType::F16)?,
-                pair(GpuType::Q8_0)?,
-                pair(GpuType::Q4_0)?,
-                pair(GpuType::Q4_1)?,
-                pair(GpuType::Q5_0)?,
+                kernels_of(GpuType::F32)?,
+                kernels_of(GpuType::F16)?,
+                kernels_of(GpuType::Q8_0)?,
+                kernels_of(GpuType::Q4_0)?,
+                kernels_of(GpuType::Q4_1)?,
+                kernels_of(GpuType::Q5_0)?,
             ],
         };
 

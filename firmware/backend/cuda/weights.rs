@@ -5,9 +5,9 @@
 //! `f16` every matrix becomes f16; at `w8a8`/`w4a8` each matrix becomes the GGML Q8_0 or Q4_0 of
 //! its role (`quant::target`), requantized exactly as the CPU backend's boot does it.
 
-use crate::model::ggml::{dequantize_row, f32_to_f16, quantize_row_q8_0, GgmlType};
+use crate::model::ggml::{dequantize_row, f32_to_f16, GgmlType};
 use crate::model::TensorRef;
-use crate::quant::{self, Packing, Precision, QFormat, Role, Target, GROUP};
+use crate::quant::{self, Packing, Precision, QFormat, Role, Target};
 
 /// Types the kernels read directly; the numbers are the kernels' `type` codes (= GGML ids).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,11 +135,20 @@ impl<'o> ImageWriter<'o> {
         let nb = cols / 32;
         let blocks = rows * nb;
         let gty = self.image_type(ty0, role, cols);
-        // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only), then repacked below as
-        // if the file had held them.
+        // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
+        // CPU's boot and of `flash`), then repacked below as if the file had held them.
         let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
         let owned: Vec<Vec<u8>> = if requant && self.out.is_some() {
-            parts.iter().map(|t| requantize(t, gty)).collect()
+            // The packing is the CPU's affair: GGML's Q4_0 block is what the kernels read.
+            let tg = Target::Q(match gty {
+                GpuType::Q8_0 => QFormat::W8,
+                _ => QFormat::W4(Packing::default()),
+            });
+            let mut scratch = Vec::new();
+            parts
+                .iter()
+                .map(|t| quant::convert_to_ggml(tg, t, &mut scratch).1)
+                .collect()
         } else {
             Vec::new()
         };
@@ -253,32 +262,10 @@ fn ggml_of(t: GpuType) -> GgmlType {
     }
 }
 
-/// `t` as GGML blocks of `to` (Q8_0 or Q4_0): each row dequantized to f32, then quantized as the
-/// CPU backend's boot does (`quantize_row_q8_0`, `quant::quantize_w4_group`), so both backends
-/// hold the same values.
-fn requantize(t: &TensorRef, to: GpuType) -> Vec<u8> {
-    let nb = t.cols / GROUP;
-    let block = if to == GpuType::Q8_0 { 34 } else { 18 };
-    let mut out = vec![0u8; t.rows * nb * block];
-    let mut row = vec![0f32; t.cols];
-    let src_rb = t.data.len() / t.rows;
-    for (r, dst) in out.chunks_exact_mut(nb * block).enumerate() {
-        dequantize_row(t.ty, &t.data[r * src_rb..][..src_rb], &mut row);
-        if to == GpuType::Q8_0 {
-            quantize_row_q8_0(&row, dst);
-        } else {
-            for (g, blk) in dst.chunks_exact_mut(block).enumerate() {
-                let (d, q) = quant::quantize_w4_group(&row[g * GROUP..][..GROUP]);
-                blk.copy_from_slice(&quant::q4_0_block(d, &q));
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ggml::quantize_row_q8_0;
 
     /// The repacked Q4_1 matrix holds the file's blocks, split into quants / scales / mins.
     #[test]
