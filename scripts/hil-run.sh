@@ -11,7 +11,8 @@
 #   HIL_W4A8=0 parts of them); HIL_SHAPES the bench-shapes
 #   to write and time (HIL_TYPES: only these types); HIL_COMPARE the ablations beside each
 #   discrete CUDA configuration (default --compare-graph --compare-narrow --compare-norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
-#   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix;
+#   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix, HIL_UNIFIED_COMPARE
+#   the ablations beside them (default none);
 #   HIL_BENCH_TIMEOUT (240 s) bounds each bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +63,7 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
   # Unified memory reads the weights over PCIe: a token of a large model takes tens of ms.
   um=${HIL_UNIFIED_MODELS:-smollm2}
   if [ "${HIL_UNIFIED:-1}" = 1 ]; then
-    run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(list $um)" --backend cuda,cpu --memory unified
+    run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(list $um)" --backend cuda,cpu --memory unified ${HIL_UNIFIED_COMPARE:-}
     [ "${HIL_W4A8:-1}" = 1 ] && run_bench unified-w4a8 ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(q4 $um)" --backend cuda --memory unified --precision w4a8
   fi
 fi

@@ -224,8 +224,8 @@ fn flashed_file_decodes_as_requantized_at_boot() {
     let (code, err) = leanstream(&["flash", m, "--precision", "w4a8", "--out", o]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains("90 Q4_1 -> Q4_0 requantized (round to nearest, group 32)")
-            && err.contains("120 Q4_1 -> Q8_0 requantized")
+        err.contains("84 Q4_1 -> Q4_0 requantized (round to nearest, group 32)")
+            && err.contains("126 Q4_1 -> Q8_0 requantized")
             && err.contains("requantization error (relative RMS)"),
         "report: {err}"
     );

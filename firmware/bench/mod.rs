@@ -51,10 +51,10 @@ impl Config {
                 "{model} cuda {}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
-                if self.products == ProductKernels::Narrow {
-                    " narrow"
-                } else {
-                    ""
+                match self.products {
+                    ProductKernels::Narrow => " narrow",
+                    ProductKernels::Wide => " wide",
+                    ProductKernels::Auto => "",
                 },
                 if self.in_block_norm { "" } else { " norm-tail" }
             ),

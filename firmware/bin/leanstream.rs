@@ -335,6 +335,9 @@ struct BenchArgs {
     /// big products take).
     #[arg(long)]
     compare_narrow: bool,
+    /// CUDA: also time with every product kernel wide (small products too).
+    #[arg(long)]
+    compare_wide: bool,
     /// CUDA: also time with the residual's norm made once by the last block of the product
     /// before (the ablation of products that norm their own input in each block).
     #[arg(long)]
@@ -1176,6 +1179,9 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                         }
                         if a.compare_narrow {
                             push(true, ProductKernels::Narrow, true);
+                        }
+                        if a.compare_wide {
+                            push(true, ProductKernels::Wide, true);
                         }
                         if a.compare_norm_tail {
                             push(true, ProductKernels::Auto, false);

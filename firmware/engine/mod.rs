@@ -295,7 +295,9 @@ impl<'a> Engine<'a> {
             report: ConversionReport::default(),
             scratch: Vec::new(),
         };
-        let (emb, blk, w8) = (Role::EmbedOrOutput, Role::Block, Role::Sensitive);
+        let emb = Role::EmbedOrOutput;
+        // Each layer matrix's role, by its full name (the first and last layer keep more bits).
+        let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
         // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
         let int8_kv = opts.precision.int8_kv()
             && !opts.f32_kv
@@ -342,7 +344,7 @@ impl<'a> Engine<'a> {
                 "attn_v.weight",
                 "attn_output.weight",
             ] {
-                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, Role::of(n)));
+                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, role(i, n)));
             }
             dense.add::<f32>(2 * h.dim);
             if h.qkv_bias {
@@ -359,7 +361,7 @@ impl<'a> Engine<'a> {
                     .map_err(EngineError::Unsupported)?;
             } else {
                 for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
-                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, Role::of(n)));
+                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, role(i, n)));
                 }
             }
         }
@@ -466,17 +468,29 @@ impl<'a> Engine<'a> {
                 )
             } else {
                 LayerFfn::Dense {
-                    gate: placer.place(&mut f, &t("ffn_gate.weight")?, blk)?,
-                    up: placer.place(&mut f, &t("ffn_up.weight")?, blk)?,
-                    down: placer.place(&mut f, &t("ffn_down.weight")?, w8)?,
+                    gate: placer.place(
+                        &mut f,
+                        &t("ffn_gate.weight")?,
+                        role(i, "ffn_gate.weight"),
+                    )?,
+                    up: placer.place(&mut f, &t("ffn_up.weight")?, role(i, "ffn_up.weight"))?,
+                    down: placer.place(
+                        &mut f,
+                        &t("ffn_down.weight")?,
+                        role(i, "ffn_down.weight"),
+                    )?,
                 }
             };
             layers.push(Layer {
                 attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
-                wq: placer.place(&mut d, &t("attn_q.weight")?, w8)?,
-                wk: placer.place(&mut d, &t("attn_k.weight")?, w8)?,
-                wv: placer.place(&mut d, &t("attn_v.weight")?, w8)?,
-                wo: placer.place(&mut d, &t("attn_output.weight")?, blk)?,
+                wq: placer.place(&mut d, &t("attn_q.weight")?, role(i, "attn_q.weight"))?,
+                wk: placer.place(&mut d, &t("attn_k.weight")?, role(i, "attn_k.weight"))?,
+                wv: placer.place(&mut d, &t("attn_v.weight")?, role(i, "attn_v.weight"))?,
+                wo: placer.place(
+                    &mut d,
+                    &t("attn_output.weight")?,
+                    role(i, "attn_output.weight"),
+                )?,
                 qkv_bias,
                 ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,
                 ffn,

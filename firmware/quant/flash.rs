@@ -169,6 +169,13 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
     let mut scratch = Vec::new();
     let mut tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = Vec::new();
     let (mut err, mut norm) = (0f64, 0f64);
+    // The first and last layer keep more bits at w4a8 (`Role::of`).
+    let n_layers = g
+        .tensors
+        .iter()
+        .filter_map(|t| super::layer_of(&t.name))
+        .max()
+        .map_or(0, |i| i + 1);
     for info in &g.tensors {
         let data = g.tensor_data(info);
         let cols = info.dims.first().copied().unwrap_or(1);
@@ -185,7 +192,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
             target(
                 precision,
                 super::Packing::default(),
-                Role::of(&info.name),
+                Role::of(&info.name, n_layers),
                 cols,
             )
         } else {

@@ -43,9 +43,9 @@
 //! the golden results stay exact. `f16` converts every matrix to F16 (f32 activations, f32 KV).
 //! `w8a8` converts every matrix to w8 and keeps the KV cache in int8. `w4a8` puts the FFN's gate
 //! and up and attention's output in w4 (the chosen packing), and attention's q, k, v, the FFN's
-//! down projection and the token embeddings / output head in w8 (as llama.cpp's 4-bit files
-//! keep their output head and, in the mixed ones, ffn_down and attn_v at more bits; see
-//! `Role::Sensitive`), with int8 KV. A matrix whose rows are not whole groups of 32 stays in its
+//! down projection, every matrix of the first and last layer, and the token embeddings / output
+//! head in w8 (as llama.cpp's 4-bit files keep their output head and, in the mixed ones,
+//! ffn_down, attn_v and the end layers at more bits; see `Role::Sensitive`), with int8 KV. A matrix whose rows are not whole groups of 32 stays in its
 //! own type (said in the conversion report).
 
 pub mod cpu;
@@ -210,34 +210,43 @@ pub enum Role {
     Block,
     /// The matrices 4-bit weights hurt most, kept in w8 at `w4a8`: the FFN's down projection (its
     /// input, the SwiGLU activation, has the widest range; llama.cpp's mixed 4-bit files keep it
-    /// at 6 bits) and attention's q, k and v (small: with grouped-query attention k and v are a
-    /// fraction of q, and together they are a fifth of a layer's bytes). Measured over
-    /// WikiText-2 (docs/LOWBIT.md): SmolLM2-135M, 8 windows, +24.2% over f16 with every block
-    /// matrix in w4, +12.6% with ffn_down in w8, +8.05% with q, k, v too; Qwen2.5-0.5B, 2
-    /// windows, +7.9%, +2.8% with q, k, v in w8. The bulk of the bytes, the FFN's gate and up,
-    /// and attention's output stay in w4.
+    /// at 6 bits), attention's q, k and v (small: with grouped-query attention k and v are a
+    /// fraction of q, and together they are a fifth of a layer's bytes), and every matrix of the
+    /// first and the last layer (llama.cpp's mixed files give those more bits too). Measured over
+    /// WikiText-2, 8 windows (docs/LOWBIT.md): SmolLM2-135M +24.2% over f16 with every block
+    /// matrix in w4, +12.6% with ffn_down in w8, +8.05% with q, k, v too, +7.42% with the first
+    /// and last layer too; Qwen2.5-0.5B (2 windows) +7.9%, +2.8% with q, k, v in w8. The bulk of
+    /// the bytes, the FFN's gate and up and attention's output in the other layers, stay in w4.
     Sensitive,
 }
 
 impl Role {
-    /// The role of a GGUF tensor, by name.
-    pub fn of(name: &str) -> Role {
+    /// The role of a GGUF tensor, by its full name (`blk.7.ffn_up.weight`), in a model of
+    /// `n_layers` layers.
+    pub fn of(name: &str, n_layers: usize) -> Role {
         if name.starts_with("token_embd") || name.starts_with("output.") {
-            Role::EmbedOrOutput
-        } else if [
+            return Role::EmbedOrOutput;
+        }
+        let sensitive = [
             "ffn_down.weight",
             "attn_q.weight",
             "attn_k.weight",
             "attn_v.weight",
         ]
         .iter()
-        .any(|n| name.ends_with(n))
-        {
+        .any(|n| name.ends_with(n));
+        let edge = layer_of(name).is_some_and(|i| i == 0 || i + 1 == n_layers);
+        if sensitive || edge {
             Role::Sensitive
         } else {
             Role::Block
         }
     }
+}
+
+/// The layer index of a tensor named `blk.N.…`.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// The target of a matrix of type `ty` with `cols` columns in `role` at `precision`.

@@ -275,3 +275,41 @@ fn integer_kernels_match_scalar_reference_exactly() {
         );
     }
 }
+
+/// w4a8's policy by name: 8 bits for embeddings/head, attention's q/k/v and the FFN's down
+/// projection everywhere, and every matrix of the first and the last layer; 4 bits otherwise.
+#[test]
+fn roles_keep_sensitive_matrices_and_edge_layers_in_w8() {
+    let n = 30;
+    assert_eq!(Role::of("token_embd.weight", n), Role::EmbedOrOutput);
+    assert_eq!(Role::of("output.weight", n), Role::EmbedOrOutput);
+    for name in ["attn_q", "attn_k", "attn_v", "ffn_down"] {
+        assert_eq!(
+            Role::of(&format!("blk.7.{name}.weight"), n),
+            Role::Sensitive
+        );
+    }
+    for name in ["attn_output", "ffn_gate", "ffn_up"] {
+        assert_eq!(Role::of(&format!("blk.7.{name}.weight"), n), Role::Block);
+        assert_eq!(Role::of(&format!("blk.1.{name}.weight"), n), Role::Block);
+        assert_eq!(Role::of(&format!("blk.28.{name}.weight"), n), Role::Block);
+        assert_eq!(
+            Role::of(&format!("blk.0.{name}.weight"), n),
+            Role::Sensitive
+        );
+        assert_eq!(
+            Role::of(&format!("blk.29.{name}.weight"), n),
+            Role::Sensitive
+        );
+    }
+    assert_eq!(layer_of("blk.12.ffn_up.weight"), Some(12));
+    assert_eq!(layer_of("output_norm.weight"), None);
+    assert_eq!(
+        target(Precision::W4a8, Packing::Interleaved, Role::Block, 64),
+        Target::Q(QFormat::W4(Packing::Interleaved))
+    );
+    assert_eq!(
+        target(Precision::W4a8, Packing::Interleaved, Role::Sensitive, 64),
+        Target::Q(QFormat::W8)
+    );
+}

@@ -297,6 +297,8 @@ impl<'a> CudaEngine<'a> {
 
         // Plan the weight image (same code as the write pass, without writing).
         let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
+        // A layer matrix's role (`quant::Role::of`: w4a8's policy, the CPU boot's too).
+        let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
         let build = |w: &mut ImageWriter| -> Result<_, EngineError> {
             let embd = w.matrix(&[model.tensor("token_embd.weight")?], Role::EmbedOrOutput);
             let output = if h.tied_output {
@@ -324,15 +326,15 @@ impl<'a> CudaEngine<'a> {
                 };
                 layers.push((
                     w.vector(&[layer(i, "attn_norm.weight")?]),
-                    group(w, &qkv, Role::of("attn_q.weight")),
+                    group(w, &qkv, role(i, "attn_q.weight")),
                     bias,
                     w.matrix(
                         &[layer(i, "attn_output.weight")?],
-                        Role::of("attn_output.weight"),
+                        role(i, "attn_output.weight"),
                     ),
                     w.vector(&[layer(i, "ffn_norm.weight")?]),
-                    group(w, &gate_up, Role::of("ffn_gate.weight")),
-                    w.matrix(&[layer(i, "ffn_down.weight")?], Role::of("ffn_down.weight")),
+                    group(w, &gate_up, role(i, "ffn_gate.weight")),
+                    w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight")),
                 ));
             }
             Ok((embd, output, output_norm, layers))
