@@ -8,7 +8,7 @@
 use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::engine::ptx_for;
 use leanstream::backend::cuda::flags::Flags;
-use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions, ProductKernels};
+use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions, InBlockNorm, ProductKernels};
 use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
 use leanstream::engine::sample::argmax;
@@ -162,7 +162,11 @@ fn run_gpu(
         products,
         // The narrow runs also take the tail for the residual's norm, the wide ones norm in
         // each block (the default): both paths checked without doubling the runs.
-        in_block_norm: products == ProductKernels::Wide,
+        in_block_norm: if products == ProductKernels::Wide {
+            InBlockNorm::Always
+        } else {
+            InBlockNorm::Never
+        },
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;

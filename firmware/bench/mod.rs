@@ -8,7 +8,7 @@ pub mod plot;
 
 use crate::backend::cpu::matvec::{best_kernel, set_kernel};
 use crate::backend::cpu::Kernel;
-use crate::backend::cuda::{CudaOptions, ProductKernels};
+use crate::backend::cuda::{CudaOptions, InBlockNorm, ProductKernels};
 use crate::board::MemoryModel;
 use crate::engine::any::{AnyEngine, Backend};
 use crate::engine::sample::argmax;
@@ -26,8 +26,9 @@ pub struct Config {
     pub graph: bool,
     /// CUDA: which product kernels (Narrow: the ablation of the wide ones).
     pub products: ProductKernels,
-    /// CUDA: products norm their own input (false: the ablation, the norm in the tail).
-    pub in_block_norm: bool,
+    /// CUDA: where the products that read the normed residual get it (ablations: always in
+    /// the block, always in the tail).
+    pub in_block_norm: InBlockNorm,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -56,7 +57,11 @@ impl Config {
                     ProductKernels::Wide => " wide",
                     ProductKernels::Auto => "",
                 },
-                if self.in_block_norm { "" } else { " norm-tail" }
+                match self.in_block_norm {
+                    InBlockNorm::Auto => "",
+                    InBlockNorm::Always => " norm-in-block",
+                    InBlockNorm::Never => " norm-tail",
+                }
             ),
         }
     }

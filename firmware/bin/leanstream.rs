@@ -1,7 +1,7 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
 use clap::{Args, Parser, Subcommand};
-use leanstream::backend::cuda::{CudaOptions, ProductKernels};
+use leanstream::backend::cuda::{CudaOptions, InBlockNorm, ProductKernels};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
@@ -342,6 +342,10 @@ struct BenchArgs {
     /// before (the ablation of products that norm their own input in each block).
     #[arg(long)]
     compare_norm_tail: bool,
+    /// CUDA: also time with every product that reads the normed residual norming it in each
+    /// block, at any model size (the default does so up to dim 1536).
+    #[arg(long)]
+    compare_norm_in_block: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1155,7 +1159,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 memory: MemoryModel::None,
                 graph: true,
                 products: ProductKernels::Auto,
-                in_block_norm: true,
+                in_block_norm: InBlockNorm::Auto,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1173,18 +1177,22 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                                 ..base.clone()
                             })
                         };
-                        push(true, ProductKernels::Auto, true);
+                        let auto = InBlockNorm::Auto;
+                        push(true, ProductKernels::Auto, auto);
                         if a.compare_graph {
-                            push(false, ProductKernels::Auto, true);
+                            push(false, ProductKernels::Auto, auto);
                         }
                         if a.compare_narrow {
-                            push(true, ProductKernels::Narrow, true);
+                            push(true, ProductKernels::Narrow, auto);
                         }
                         if a.compare_wide {
-                            push(true, ProductKernels::Wide, true);
+                            push(true, ProductKernels::Wide, auto);
                         }
                         if a.compare_norm_tail {
-                            push(true, ProductKernels::Auto, false);
+                            push(true, ProductKernels::Auto, InBlockNorm::Never);
+                        }
+                        if a.compare_norm_in_block {
+                            push(true, ProductKernels::Auto, InBlockNorm::Always);
                         }
                     }
                 }

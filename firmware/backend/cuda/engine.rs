@@ -30,10 +30,20 @@ pub struct CudaOptions {
     pub precision: Precision,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
-    /// Products that read the normed residual norm it in each block (`CudaEngine::in_block_norm`)
-    /// where that pays (`IN_BLOCK_NORM_MAX_DIM`); false keeps the tail everywhere (an ablation:
-    /// `leanstream bench --compare-norm-tail`).
-    pub in_block_norm: bool,
+    /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
+    pub in_block_norm: InBlockNorm,
+}
+
+/// Where the residual's norm is made for the products that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InBlockNorm {
+    /// In each block of those products up to `IN_BLOCK_NORM_MAX_DIM`, by the tail above (the
+    /// default).
+    Auto,
+    /// In each block at any size (`bench --compare-norm-in-block`).
+    Always,
+    /// By the tail of the product before, at any size (`bench --compare-norm-tail`).
+    Never,
 }
 
 /// Which product kernels a step runs (decode.cu's narrow and `_wide` kernels).
@@ -59,7 +69,7 @@ impl Default for CudaOptions {
             graph: true,
             precision: Precision::Native,
             products: ProductKernels::Auto,
-            in_block_norm: true,
+            in_block_norm: InBlockNorm::Auto,
         }
     }
 }
@@ -552,7 +562,11 @@ impl<'a> CudaEngine<'a> {
             sample_idx,
             graph: None,
             products: opts.products,
-            in_block_norm: opts.in_block_norm && h.dim <= IN_BLOCK_NORM_MAX_DIM,
+            in_block_norm: match opts.in_block_norm {
+                InBlockNorm::Auto => h.dim <= IN_BLOCK_NORM_MAX_DIM,
+                InBlockNorm::Always => true,
+                InBlockNorm::Never => false,
+            },
             device_state: None,
         };
         if opts.graph {
