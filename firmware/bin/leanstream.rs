@@ -536,7 +536,12 @@ fn boot_with<'a>(
         match &e {
             AnyEngine::Cpu(cpu) => eprintln!("{}", precision_line(cpu, low)),
             // The GPU image's types follow the same roles (README, The CUDA backend).
-            AnyEngine::Cuda(_) => eprintln!("precision {}: {}", low.precision, e.describe()),
+            AnyEngine::Cuda(c) => eprintln!(
+                "precision {}: {} | {}",
+                low.precision,
+                c.conversions,
+                e.describe()
+            ),
         }
     }
     Ok(e)

@@ -239,6 +239,9 @@ pub struct CudaEngine<'a> {
     pub precision: Precision,
     /// Bytes of weights one token reads (every matrix once; the embedding row is negligible).
     pub weight_bytes_per_token: usize,
+    /// What became of each matrix of the file in the weight image (printed at boot, as the
+    /// CPU backend's).
+    pub conversions: crate::quant::ConversionReport,
     /// Some product kernel quantizes its input to int8 (a quantized matrix is kept as such).
     pub int8_activations: bool,
     _weights: WeightMemory,
@@ -353,6 +356,7 @@ impl<'a> CudaEngine<'a> {
         plan.precision = opts.precision;
         build(&mut plan)?;
         let image_bytes = plan.len;
+        let conversions = std::mem::take(&mut plan.report);
 
         let mut need = Plan::default();
         need.add_bytes(image_bytes);
@@ -547,6 +551,7 @@ impl<'a> CudaEngine<'a> {
             memory: opts.memory,
             precision: opts.precision,
             weight_bytes_per_token: bytes_per_token,
+            conversions,
             int8_activations,
             _weights: weights,
             embd: mat(&embd_l),

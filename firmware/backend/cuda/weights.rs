@@ -7,7 +7,7 @@
 
 use crate::model::ggml::{dequantize_row, f32_to_f16, GgmlType};
 use crate::model::TensorRef;
-use crate::quant::{self, Packing, Precision, QFormat, Role, Target};
+use crate::quant::{self, Conversion, ConversionReport, Packing, Precision, QFormat, Role, Target};
 
 /// Types the kernels read directly; the numbers are the kernels' `type` codes (= GGML ids).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +64,8 @@ pub struct ImageWriter<'o> {
     out: Option<&'o mut [u8]>,
     /// What each matrix becomes (module docs).
     pub precision: Precision,
+    /// What became of each matrix, counted on the planning pass (the boot report).
+    pub report: ConversionReport,
 }
 
 impl<'o> ImageWriter<'o> {
@@ -72,6 +74,7 @@ impl<'o> ImageWriter<'o> {
             len: 0,
             out: None,
             precision: Precision::Native,
+            report: ConversionReport::default(),
         }
     }
     pub fn write_into(out: &'o mut [u8]) -> ImageWriter<'o> {
@@ -79,6 +82,7 @@ impl<'o> ImageWriter<'o> {
             len: 0,
             out: Some(out),
             precision: Precision::Native,
+            report: ConversionReport::default(),
         }
     }
 
@@ -138,6 +142,24 @@ impl<'o> ImageWriter<'o> {
         // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
         // CPU's boot and of `flash`), then repacked below as if the file had held them.
         let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
+        if self.out.is_none() {
+            let low_bit = matches!(self.precision, Precision::W8a8 | Precision::W4a8);
+            let target = match gty {
+                GpuType::Q8_0 if low_bit => Target::Q(QFormat::W8),
+                GpuType::Q4_0 if low_bit => Target::Q(QFormat::W4(Packing::default())),
+                GpuType::F16 if ty0 != GgmlType::F16 => Target::F16,
+                _ => Target::Keep,
+            };
+            let how = if requant || target == Target::F16 {
+                Conversion::Requantized
+            } else {
+                Conversion::AsIs
+            };
+            for t in parts {
+                let bytes = quant::target_bytes(target, t);
+                self.report.add(t.ty, target, how, bytes);
+            }
+        }
         let owned: Vec<Vec<u8>> = if requant && self.out.is_some() {
             // The packing is the CPU's affair: GGML's Q4_0 block is what the kernels read.
             let tg = Target::Q(match gty {
@@ -372,6 +394,29 @@ mod tests {
             }
         }
         assert_eq!(image(Precision::Native, Role::Block).0.ty, GpuType::Q4_1);
+        // The planning pass reports what became of the matrix, as the CPU boot does.
+        let report = |precision: Precision, role: Role| {
+            let mut plan = ImageWriter::plan();
+            plan.precision = precision;
+            plan.matrix(&[t, t], role);
+            plan.report.to_string()
+        };
+        assert_eq!(
+            report(Precision::W4a8, Role::Block),
+            "2 Q4_1 -> w4/interleaved requantized (round to nearest, group 32), 0.0 MiB"
+        );
+        assert_eq!(
+            report(Precision::W4a8, Role::Sensitive),
+            "2 Q4_1 -> w8 requantized (round to nearest, group 32), 0.0 MiB"
+        );
+        assert_eq!(
+            report(Precision::F16, Role::Block),
+            "2 Q4_1 -> F16 converted (round to nearest), 0.0 MiB"
+        );
+        assert_eq!(
+            report(Precision::Native, Role::Block),
+            "2 Q4_1 -> Q4_1 kept, 0.0 MiB"
+        );
         assert_eq!(image(Precision::W8a8, Role::Block).0.ty, GpuType::Q8_0);
     }
 }
