@@ -418,8 +418,6 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
 // 4, a quarter of the threads per row) suits the big ones, where the bytes in flight per thread
 // decide how much of the bandwidth is used. The host picks per product (engine.rs,
 // `mv_config`).
-// An activation load: from global memory through the read-only path, or from this block's own
-// prepared copy in shared memory (PREP), which __ldg must not be given.
 // A weight load that stays where it is written (volatile asm): the f16 loop's first round must
 // be issued before the in-block norm, and the compiler otherwise sinks it past the norm.
 __device__ __forceinline__ uint4 ldg_issue(const uint4* p) {
@@ -430,6 +428,8 @@ __device__ __forceinline__ uint4 ldg_issue(const uint4* p) {
     return v;
 }
 
+// An activation load: from global memory through the read-only path, or from this block's own
+// prepared copy in shared memory (PREP), which __ldg must not be given.
 template <bool SH, typename T>
 __device__ __forceinline__ T ldx(const T* p) {
     if (SH) return *p;

@@ -440,6 +440,10 @@ impl<'a> Engine<'a> {
         let mut layers = Vec::with_capacity(h.n_layers);
         for i in 0..h.n_layers {
             let t = |n: &str| model.tensor(&layer_name(i, n));
+            // Layer matrix `n`, in its role's type.
+            let matrix = |p: &mut Placer, c: &mut Carver<'a>, n: &str| -> Result<_, EngineError> {
+                Ok(p.place(c, &t(n)?, role(i, n))?)
+            };
             let qkv_bias = if h.qkv_bias {
                 let b = d.take::<f32>(q_dim + 2 * kv_dim)?;
                 let (bq, rest) = b.split_at_mut(q_dim);
@@ -468,29 +472,17 @@ impl<'a> Engine<'a> {
                 )
             } else {
                 LayerFfn::Dense {
-                    gate: placer.place(
-                        &mut f,
-                        &t("ffn_gate.weight")?,
-                        role(i, "ffn_gate.weight"),
-                    )?,
-                    up: placer.place(&mut f, &t("ffn_up.weight")?, role(i, "ffn_up.weight"))?,
-                    down: placer.place(
-                        &mut f,
-                        &t("ffn_down.weight")?,
-                        role(i, "ffn_down.weight"),
-                    )?,
+                    gate: matrix(&mut placer, &mut f, "ffn_gate.weight")?,
+                    up: matrix(&mut placer, &mut f, "ffn_up.weight")?,
+                    down: matrix(&mut placer, &mut f, "ffn_down.weight")?,
                 }
             };
             layers.push(Layer {
                 attn_norm: place_vector(&mut d, &t("attn_norm.weight")?)?,
-                wq: placer.place(&mut d, &t("attn_q.weight")?, role(i, "attn_q.weight"))?,
-                wk: placer.place(&mut d, &t("attn_k.weight")?, role(i, "attn_k.weight"))?,
-                wv: placer.place(&mut d, &t("attn_v.weight")?, role(i, "attn_v.weight"))?,
-                wo: placer.place(
-                    &mut d,
-                    &t("attn_output.weight")?,
-                    role(i, "attn_output.weight"),
-                )?,
+                wq: matrix(&mut placer, &mut d, "attn_q.weight")?,
+                wk: matrix(&mut placer, &mut d, "attn_k.weight")?,
+                wv: matrix(&mut placer, &mut d, "attn_v.weight")?,
+                wo: matrix(&mut placer, &mut d, "attn_output.weight")?,
                 qkv_bias,
                 ffn_norm: place_vector(&mut d, &t("ffn_norm.weight")?)?,
                 ffn,

@@ -113,19 +113,22 @@ impl<'o> ImageWriter<'o> {
         })
     }
 
-    /// The type a matrix of file type `ty` with `cols` columns in `role` gets in the image.
-    fn image_type(&self, ty: GgmlType, role: Role, cols: usize) -> GpuType {
-        let native = GpuType::of(ty).unwrap_or(GpuType::F16);
-        match self.precision {
-            Precision::Native => native,
-            Precision::F16 => GpuType::F16,
+    /// The type a matrix of file type `ty` with `cols` columns in `role` gets in the image, and
+    /// the conversion that makes it (in the terms of the CPU boot's report).
+    fn image_type(&self, ty: GgmlType, role: Role, cols: usize) -> (GpuType, Target) {
+        let native = GpuType::of(ty);
+        let target = match self.precision {
+            Precision::Native => Target::Keep,
+            Precision::F16 => Target::F16,
             // The packing is the CPU's affair: the GPU reads GGML's Q4_0 nibble order.
-            p => match quant::target(p, Packing::default(), role, cols) {
-                Target::Q(QFormat::W8) => GpuType::Q8_0,
-                Target::Q(QFormat::W4(_)) => GpuType::Q4_0,
-                Target::F16 => GpuType::F16,
-                Target::Keep => native,
-            },
+            p => quant::target(p, Packing::default(), role, cols),
+        };
+        match (target, native) {
+            (Target::Q(QFormat::W8), _) => (GpuType::Q8_0, target),
+            (Target::Q(QFormat::W4(_)), _) => (GpuType::Q4_0, target),
+            (Target::Keep, Some(native)) => (native, target),
+            // Types without a kernel become f16.
+            _ => (GpuType::F16, Target::F16),
         }
     }
 
@@ -138,38 +141,26 @@ impl<'o> ImageWriter<'o> {
         assert!(parts.iter().all(|t| t.ty == ty0 && t.cols == cols));
         let nb = cols / 32;
         let blocks = rows * nb;
-        let gty = self.image_type(ty0, role, cols);
-        // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
-        // CPU's boot and of `flash`), then repacked below as if the file had held them.
-        let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
+        let (gty, target) = self.image_type(ty0, role, cols);
         if self.out.is_none() {
-            let low_bit = matches!(self.precision, Precision::W8a8 | Precision::W4a8);
-            let target = match gty {
-                GpuType::Q8_0 if low_bit => Target::Q(QFormat::W8),
-                GpuType::Q4_0 if low_bit => Target::Q(QFormat::W4(Packing::default())),
-                GpuType::F16 if ty0 != GgmlType::F16 => Target::F16,
-                _ => Target::Keep,
-            };
-            let how = if requant || target == Target::F16 {
-                Conversion::Requantized
-            } else {
+            let how = if ty0 == ggml_of(gty) {
                 Conversion::AsIs
+            } else {
+                Conversion::Requantized
             };
             for t in parts {
                 let bytes = quant::target_bytes(target, t);
                 self.report.add(t.ty, target, how, bytes);
             }
         }
+        // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
+        // CPU's boot and of `flash`), then repacked below as if the file had held them.
+        let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
         let owned: Vec<Vec<u8>> = if requant && self.out.is_some() {
-            // The packing is the CPU's affair: GGML's Q4_0 block is what the kernels read.
-            let tg = Target::Q(match gty {
-                GpuType::Q8_0 => QFormat::W8,
-                _ => QFormat::W4(Packing::default()),
-            });
             let mut scratch = Vec::new();
             parts
                 .iter()
-                .map(|t| quant::convert_to_ggml(tg, t, &mut scratch).1)
+                .map(|t| quant::convert_to_ggml(target, t, &mut scratch).1)
                 .collect()
         } else {
             Vec::new()
