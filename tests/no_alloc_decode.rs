@@ -1,5 +1,6 @@
-//! Fixed memory: after boot and the first token, decoding allocates nothing on the heap. A
-//! counting global allocator watches every thread (the worker pool included) over 256 steps.
+//! Fixed memory: after boot, prefill (batched) and decoding allocate nothing on the heap. A
+//! counting global allocator watches every thread (the worker pool included) from the prompt
+//! through 256 steps.
 //! It runs without the libtest harness (`harness = false`): the harness's own threads allocate
 //! (its slow-test reporter, for one), and only the engine's threads may be counted here.
 
@@ -58,10 +59,10 @@ use leanstream::serve::alloc_count::{self, CountingAllocator};
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
 
-/// Generates `steps` tokens (sampling with temperature, top-k and top-p, and a stop string that
-/// never matches), then decodes `steps` more, and returns the allocations made after the first
-/// token came out (and the KV segments the engine ended with).
-fn allocations_after_first_token(
+/// Generates `steps` tokens after the prompt (sampling with temperature, top-k and top-p, and a
+/// stop string that never matches), then decodes `steps` more, and returns the allocations made
+/// from the prompt on (and the KV segments the engine ended with).
+fn allocations_from_prompt(
     model: &Path,
     tokenizer: Option<&Path>,
     prompt: &str,
@@ -87,7 +88,10 @@ fn allocations_after_first_token(
         deadline: None,
     };
     let mut generated = 0usize;
+    // The prompt is long enough to run as batches (batched prefill) before the first token.
+    assert!(ids.len() > 2, "prompt of {} tokens", ids.len());
     alloc_count::reset();
+    alloc_count::arm();
     let stats = generate(
         &mut engine,
         &mut sampler,
@@ -96,7 +100,6 @@ fn allocations_after_first_token(
         &params,
         &mut |bytes| {
             generated += bytes.len();
-            alloc_count::arm();
             true
         },
     )
@@ -143,7 +146,7 @@ fn main() {
         // The dense FFN, then the sparse modes over bundles.
         for ffn in ffn_modes(&model, Some(&tok)) {
             let label = ffn.label();
-            let (steps, allocs, _) = allocations_after_first_token(
+            let (steps, allocs, _) = allocations_from_prompt(
                 &model,
                 Some(&tok),
                 "Once upon a time",
@@ -170,13 +173,8 @@ fn main() {
             (Precision::W4a8, Packing::Swizzled, 128),
         ] {
             let prompt = "Here is a long list of fruits: apple,";
-            let (n, allocs, segments) = allocations_after_first_token(
-                &model,
-                None,
-                prompt,
-                opts(precision, packing),
-                steps,
-            );
+            let (n, allocs, segments) =
+                allocations_from_prompt(&model, None, prompt, opts(precision, packing), steps);
             assert!(n > 20, "only {n} steps decoded");
             assert_eq!(
                 allocs, 0,
@@ -196,7 +194,7 @@ fn main() {
                 continue;
             }
             let label = ffn.label();
-            let (n, allocs, _) = allocations_after_first_token(
+            let (n, allocs, _) = allocations_from_prompt(
                 &model,
                 None,
                 "Here is a long list of fruits: apple,",

@@ -129,9 +129,7 @@ fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
     for _ in 0..s.reps.max(1) {
         let t0 = Instant::now();
         let last = prompt.len() - 1;
-        for (pos, &t) in prompt[..last].iter().enumerate() {
-            d.feed(t, pos);
-        }
+        d.feed_many(&prompt[..last], 0);
         let mut token = d.forward_greedy(prompt[last], last);
         let t1 = Instant::now();
         for i in 0..s.gen_tokens {

@@ -1386,10 +1386,9 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
     for _ in 0..a.reps.max(1) {
         for (i, (engine, sampler)) in engines.iter_mut().zip(samplers.iter_mut()).enumerate() {
             let t0 = Instant::now();
-            let mut logits_token = 0;
-            for (pos, &t) in prompt.iter().enumerate() {
-                logits_token = sampler.sample(engine.forward(t, pos));
-            }
+            let last = prompt.len() - 1;
+            engine.feed_many(&prompt[..last], 0);
+            let logits_token = sampler.sample(engine.forward(prompt[last], last));
             let t1 = Instant::now();
             engine.take_ffn_counts();
             let mut token = logits_token;
@@ -1525,34 +1524,36 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
                 prompt.len() + a.gen_tokens,
             ));
         }
-        // Token by token, every configuration in turn: on a shared machine a busy moment then
-        // lands on all of them alike. Greedy decoding may hit end-of-text early; decode a fixed
-        // count by forwarding sampled tokens directly.
+        // The prompt (batched, then its last token's logits) for each configuration in turn;
+        // then decode token by token, every configuration in turn: on a shared machine a busy
+        // moment then lands on all of them alike. Greedy decoding may hit end-of-text early;
+        // decode a fixed count by forwarding sampled tokens directly.
         let mut prefill = vec![Vec::new(); configs.len()];
         let mut decode = vec![Vec::new(); configs.len()];
         let n = configs.len();
+        let set_flags = |low: &LowBitArgs| {
+            leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
+            leanstream::quant::cpu::set_vnni(!low.no_vnni);
+        };
         for _ in 0..a.reps.max(1) {
             let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
             let mut next = vec![0u32; n];
-            for pos in 0..prompt.len() + a.gen_tokens {
+            let last = prompt.len() - 1;
+            for (i, ((engine, sampler), (_, low))) in engines.iter_mut().zip(&configs).enumerate() {
+                set_flags(low);
+                let t0 = Instant::now();
+                engine.feed_many(&prompt[..last], 0);
+                next[i] = sampler.sample(engine.forward(prompt[last], last));
+                tp[i] = t0.elapsed().as_secs_f64();
+            }
+            for pos in prompt.len()..prompt.len() + a.gen_tokens {
                 for (i, ((engine, sampler), (_, low))) in
                     engines.iter_mut().zip(&configs).enumerate()
                 {
-                    leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
-                    leanstream::quant::cpu::set_vnni(!low.no_vnni);
-                    let token = if pos < prompt.len() {
-                        prompt[pos]
-                    } else {
-                        next[i]
-                    };
+                    set_flags(low);
                     let t0 = Instant::now();
-                    next[i] = sampler.sample(engine.forward(token, pos));
-                    let dt = t0.elapsed().as_secs_f64();
-                    if pos < prompt.len() {
-                        tp[i] += dt;
-                    } else {
-                        td[i] += dt;
-                    }
+                    next[i] = sampler.sample(engine.forward(next[i], pos));
+                    td[i] += t0.elapsed().as_secs_f64();
                 }
             }
             for i in 0..n {

@@ -9,6 +9,8 @@ use std::fmt;
 pub const ARENA_ALIGN: u64 = 4096;
 /// `sun_path` holds 108 bytes including the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
+/// Most prompt tokens one batched prefill step may hold (the kernels' fixed per-token arrays).
+pub const MAX_PREFILL_BATCH: u64 = 64;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +52,7 @@ pub struct Limits {
     pub max_clients: i64,
     pub max_request_bytes: i64,
     pub request_queue: i64,
+    pub prefill_batch: i64,
     pub read_timeout_ms: i64,
     pub request_timeout_s: i64,
 }
@@ -87,6 +90,7 @@ pub struct ValidBoard {
     pub max_clients: u64,
     pub max_request_bytes: u64,
     pub request_queue: u64,
+    pub prefill_batch: u64,
     pub read_timeout_ms: u64,
     pub request_timeout_s: u64,
     pub io_lanes: u64,
@@ -289,6 +293,13 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
             format!("{request_queue} is more than 64"),
         );
     }
+    let prefill_batch = positive("limits.prefill_batch", l.prefill_batch)?;
+    if prefill_batch > MAX_PREFILL_BATCH {
+        return err(
+            "limits.prefill_batch",
+            format!("{prefill_batch} is more than {MAX_PREFILL_BATCH}"),
+        );
+    }
     let read_timeout_ms = positive("limits.read_timeout_ms", l.read_timeout_ms)?;
     let request_timeout_s = positive("limits.request_timeout_s", l.request_timeout_s)?;
     let request_buffers = budgets[6].1;
@@ -365,6 +376,7 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         max_clients,
         max_request_bytes,
         request_queue,
+        prefill_batch,
         read_timeout_ms,
         request_timeout_s,
         io_lanes,
@@ -431,6 +443,10 @@ pub fn emit_consts(v: &ValidBoard) -> String {
     s.push_str(&format!(
         "pub const REQUEST_QUEUE: usize = {};\n",
         v.request_queue
+    ));
+    s.push_str(&format!(
+        "pub const PREFILL_BATCH: usize = {};\n",
+        v.prefill_batch
     ));
     s.push_str(&format!(
         "pub const READ_TIMEOUT_MS: u64 = {};\n",

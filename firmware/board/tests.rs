@@ -155,6 +155,24 @@ fn io_alignment_is_a_power_of_two() {
 }
 
 #[test]
+fn prefill_batch_is_bounded() {
+    assert_eq!(
+        field_of(&with("prefill_batch = 16", "prefill_batch = 65")),
+        "limits.prefill_batch"
+    );
+    assert_eq!(
+        field_of(&with("prefill_batch = 16", "prefill_batch = 0")),
+        "limits.prefill_batch"
+    );
+    assert_eq!(
+        parse_board(&with("prefill_batch = 16", "prefill_batch = 1"))
+            .unwrap()
+            .prefill_batch,
+        1
+    );
+}
+
+#[test]
 fn unknown_or_missing_fields_are_refused() {
     assert_eq!(field_of(&with("[io]", "[io]\nspeed = 3")), "toml");
     assert_eq!(field_of(&with("lanes = 4", "# lanes = 4")), "toml");

@@ -226,9 +226,7 @@ pub fn generate(
         finish: FinishReason::Length,
     };
     let last = prompt.len() - 1;
-    for (pos, &t) in prompt[..last].iter().enumerate() {
-        engine.feed(t, pos);
-    }
+    engine.feed_many(&prompt[..last], 0);
     let mut token = prompt[last];
     let mut pos = last;
     let mut decode_started = started;

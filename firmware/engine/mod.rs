@@ -6,7 +6,8 @@ pub mod generate;
 pub mod perplexity;
 pub mod sample;
 
-use crate::backend::cpu::{matvec, matvec_many, ActScratch, Matrix, WorkerPool};
+use crate::backend::cpu::{matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool};
+use crate::board::PREFILL_BATCH;
 use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
 use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
@@ -158,6 +159,47 @@ struct Scratch<'a> {
     rope_sin: &'a mut [f32],
 }
 
+/// Activations for a batch of up to `PREFILL_BATCH` prompt tokens (token-major: row `t` of
+/// each is token `t`'s), carved from the scratch arena. The prefill path's `Scratch`.
+struct Batch<'a> {
+    x: &'a mut [f32],
+    xb: &'a mut [f32],
+    /// Attention output (`q_dim` per token).
+    xo: &'a mut [f32],
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    hb: &'a mut [f32],
+    hb2: &'a mut [f32],
+    /// Softmax weights, `context` per (token, head): every head of every token attends at once.
+    att: &'a mut [f32],
+    rope_cos: &'a mut [f32],
+    rope_sin: &'a mut [f32],
+    /// One quantized-input scratch per token, made at boot.
+    acts: Vec<ActScratch>,
+}
+
+impl Batch<'_> {
+    /// The scratch arena's share, in `Batch`'s field order.
+    fn sizes(h: &Hyper, context: usize) -> [usize; 11] {
+        let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
+        [
+            h.dim,
+            h.dim,
+            q_dim,
+            q_dim,
+            kv_dim,
+            kv_dim,
+            h.hidden_dim,
+            h.hidden_dim,
+            h.n_heads * context,
+            h.head_dim / 2,
+            h.head_dim / 2,
+        ]
+        .map(|n| n * PREFILL_BATCH)
+    }
+}
+
 /// A booted model: weights in place, KV cache and activations allocated, workers running.
 pub struct Engine<'a> {
     pub hyper: Hyper,
@@ -170,6 +212,8 @@ pub struct Engine<'a> {
     /// The KV cache: a chain of segments in the KV arena.
     kv: KvCache<'a>,
     s: Scratch<'a>,
+    /// The prefill path's activations.
+    b: Batch<'a>,
     /// Scratch the sampler sorts in (vocab entries), handed out by `sampler_buffers`.
     sample_idx: Option<&'a mut [u32]>,
     pool: WorkerPool,
@@ -196,6 +240,13 @@ pub trait Decoder {
     fn feed(&mut self, token: u32, pos: usize) {
         self.forward(token, pos);
     }
+    /// Runs prompt tokens at positions `pos..pos + tokens.len()` whose logits nobody reads.
+    /// The CPU runs them in batches (weights read once per batch); the default feeds each.
+    fn feed_many(&mut self, tokens: &[u32], pos: usize) {
+        for (i, &t) in tokens.iter().enumerate() {
+            self.feed(t, pos + i);
+        }
+    }
     /// The greedy next token: the first index of the largest logit (a GPU picks it on the
     /// device and returns 4 bytes instead of the logits).
     fn forward_greedy(&mut self, token: u32, pos: usize) -> u32 {
@@ -214,6 +265,9 @@ impl Decoder for Engine<'_> {
     }
     fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
         Engine::forward(self, token, pos)
+    }
+    fn feed_many(&mut self, tokens: &[u32], pos: usize) {
+        Engine::feed_many(self, tokens, pos)
     }
 }
 
@@ -414,6 +468,9 @@ impl<'a> Engine<'a> {
         if scale_keys {
             scratch.add::<f32>(h.n_layers * kv_dim);
         }
+        for n in Batch::sizes(&h, context) {
+            scratch.add::<f32>(n);
+        }
         scratch.add::<u32>(h.vocab_size);
         if sparse {
             SparseFfn::plan(&mut scratch, h.n_layers, h.hidden_dim, h.dim);
@@ -542,6 +599,39 @@ impl<'a> Engine<'a> {
             rope_cos: c.take(h.head_dim / 2)?,
             rope_sin: c.take(h.head_dim / 2)?,
         };
+        let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
+        let [bx, bxb, bxo, bq, bk, bv, bhb, bhb2, batt, bcos, bsin] = Batch::sizes(&h, context);
+        let b = Batch {
+            x: c.take(bx)?,
+            xb: c.take(bxb)?,
+            xo: c.take(bxo)?,
+            q: c.take(bq)?,
+            k: c.take(bk)?,
+            v: c.take(bv)?,
+            hb: c.take(bhb)?,
+            hb2: c.take(bhb2)?,
+            att: c.take(batt)?,
+            rope_cos: c.take(bcos)?,
+            rope_sin: c.take(bsin)?,
+            acts: (0..PREFILL_BATCH)
+                .map(|_| ActScratch::new(max_cols))
+                .collect(),
+        };
+        for buf in [
+            &mut *b.x,
+            &mut *b.xb,
+            &mut *b.xo,
+            &mut *b.q,
+            &mut *b.k,
+            &mut *b.v,
+            &mut *b.hb,
+            &mut *b.hb2,
+            &mut *b.att,
+            &mut *b.rope_cos,
+            &mut *b.rope_sin,
+        ] {
+            buf.fill(0.0);
+        }
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
         let sparse = if sparse {
             Some(SparseFfn::new(
@@ -577,7 +667,6 @@ impl<'a> Engine<'a> {
             }
             kv.scale_keys(scales);
         }
-        let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
         Ok(Engine {
             hyper: h,
             context,
@@ -587,6 +676,7 @@ impl<'a> Engine<'a> {
             output,
             kv,
             s,
+            b,
             sample_idx,
             pool: WorkerPool::new(opts.threads.max(1)),
             act: ActScratch::new(max_cols),
@@ -798,6 +888,158 @@ impl<'a> Engine<'a> {
         matvec(pool, &self.output, s.xb, act, s.logits);
         debug_assert_eq!(dim, s.x.len());
         s.logits
+    }
+}
+
+impl Engine<'_> {
+    /// Runs prompt tokens at positions `pos..pos + tokens.len()` whose logits nobody reads, in
+    /// batches of up to the board's `PREFILL_BATCH`: each matrix streams from memory once per
+    /// batch instead of once per token. The cache and every activation end bit-identical to
+    /// feeding the tokens one by one (`forward`), which an activation trace still does.
+    pub fn feed_many(&mut self, tokens: &[u32], pos: usize) {
+        if self.tap.is_some() {
+            for (i, &t) in tokens.iter().enumerate() {
+                self.forward(t, pos + i);
+            }
+            return;
+        }
+        for (i, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
+            self.forward_batch(chunk, pos + i * PREFILL_BATCH);
+        }
+    }
+
+    /// `forward` for up to `PREFILL_BATCH` consecutive tokens from `pos`, without the logits:
+    /// the same steps in the same order for each token, with the products of all tokens done
+    /// together (`matmul_many`) and every head of every token attending at once.
+    fn forward_batch(&mut self, tokens: &[u32], pos: usize) {
+        let h = &self.hyper;
+        let n = tokens.len();
+        assert!(n <= PREFILL_BATCH, "{n} tokens in one batch");
+        assert!(
+            pos + n <= self.context,
+            "positions {pos}..{} past the context of {}",
+            pos + n,
+            self.context
+        );
+        let (dim, head_dim, n_heads, hidden) = (h.dim, h.head_dim, h.n_heads, h.hidden_dim);
+        let kv_dim = h.n_kv_heads * head_dim;
+        let q_dim = n_heads * head_dim;
+        let group = n_heads / h.n_kv_heads;
+        let half = head_dim / 2;
+        let ctx = self.context;
+        let b = &mut self.b;
+        let pool = &self.pool;
+        let acts = &mut b.acts[..n];
+        let (x, xb, xo) = (
+            &mut b.x[..n * dim],
+            &mut b.xb[..n * dim],
+            &mut b.xo[..n * q_dim],
+        );
+        let (q, k, v) = (
+            &mut b.q[..n * q_dim],
+            &mut b.k[..n * kv_dim],
+            &mut b.v[..n * kv_dim],
+        );
+        let (hb, hb2) = (&mut b.hb[..n * hidden], &mut b.hb2[..n * hidden]);
+
+        // Embeddings, the cache's room for every position, and each position's rotary angles.
+        let e = &self.token_embd;
+        let row_bytes = e.data.len() / e.rows;
+        for (t, (&token, xt)) in tokens.iter().zip(x.chunks_exact_mut(dim)).enumerate() {
+            assert!(
+                (token as usize) < h.vocab_size,
+                "token {token} past the vocabulary of {}",
+                h.vocab_size
+            );
+            dequantize_row(e.ty, &e.data[token as usize * row_bytes..][..row_bytes], xt);
+            self.kv.begin_token(pos + t);
+            rope_angles(
+                &mut b.rope_cos[t * half..][..half],
+                &mut b.rope_sin[t * half..][..half],
+                head_dim,
+                pos + t,
+                h.rope_base,
+            );
+        }
+        for (l, w) in self.layers.iter().enumerate() {
+            // Attention: q, k and v of every token; each token's k and v go into the cache.
+            for (xbt, xt) in xb.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+                rmsnorm(xbt, xt, w.attn_norm, h.norm_eps);
+            }
+            matmul_many(
+                pool,
+                &mut [(&w.wq, &mut *q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
+                xb,
+                acts,
+            );
+            for t in 0..n {
+                let qt = &mut q[t * q_dim..][..q_dim];
+                let kt = &mut k[t * kv_dim..][..kv_dim];
+                let vt = &mut v[t * kv_dim..][..kv_dim];
+                if let Some(bias) = w.qkv_bias {
+                    add(qt, &bias[..q_dim]);
+                    add(kt, &bias[q_dim..q_dim + kv_dim]);
+                    add(vt, &bias[q_dim + kv_dim..]);
+                }
+                let (cos, sin) = (
+                    &b.rope_cos[t * half..][..half],
+                    &b.rope_sin[t * half..][..half],
+                );
+                rope(qt, cos, sin, h.rope_style);
+                rope(kt, cos, sin, h.rope_style);
+                let (kr, vr) = self.kv.rows(l, pos + t);
+                kr.copy_from_slice(kt);
+                vr.copy_from_slice(vt);
+                self.kv.commit(l, pos + t);
+            }
+
+            // Every head of every token attends over positions 0..=its own.
+            let kv = &self.kv;
+            let out = Disjoint::new(xo);
+            let att = Disjoint::new(&mut b.att[..n * n_heads * ctx]);
+            let q = &*q;
+            pool.run(n * n_heads, &|task| {
+                let (t, head) = (task / n_heads, task % n_heads);
+                // SAFETY: task (t, head) touches only its own slices of `out` and `att`.
+                let (o, a) = unsafe {
+                    (
+                        out.slice(task * head_dim, head_dim),
+                        att.slice(task * ctx, pos + t + 1),
+                    )
+                };
+                kv.attend(
+                    l,
+                    head / group,
+                    &q[t * q_dim + head * head_dim..][..head_dim],
+                    pos + t,
+                    a,
+                    o,
+                );
+            });
+            matmul_many(pool, &mut [(&w.wo, &mut *xb)], xo, acts);
+            add(x, xb);
+
+            // Feed-forward: SwiGLU over every neuron, or over the ones each token needs.
+            for (xbt, xt) in xb.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+                rmsnorm(xbt, xt, w.ffn_norm, h.norm_eps);
+            }
+            match &w.ffn {
+                LayerFfn::Dense { gate, up, down } => {
+                    matmul_many(pool, &mut [(gate, &mut *hb), (up, &mut *hb2)], xb, acts);
+                    for (g, u) in hb.iter_mut().zip(hb2.iter()) {
+                        *g = silu(*g) * u;
+                    }
+                    matmul_many(pool, &mut [(down, &mut *xb)], hb, acts);
+                }
+                LayerFfn::Bundles(bundles) => {
+                    let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
+                    for xbt in xb.chunks_exact_mut(dim) {
+                        sparse.forward(l, bundles, pool, xbt, &mut acts[0]);
+                    }
+                }
+            }
+            add(x, xb);
+        }
     }
 }
 

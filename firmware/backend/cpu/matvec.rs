@@ -358,6 +358,9 @@ pub fn matvec_with(
 /// Most matrices one `matvec_many` call takes.
 pub const MAX_JOBS: usize = 8;
 
+/// Most inputs one `matmul_many` call takes: the board's prefill batch.
+pub const MAX_INPUTS: usize = crate::board::PREFILL_BATCH;
+
 /// `matvec_many` with the kernel chosen by the caller (panics if unsupported here).
 pub fn matvec_many_with(
     k: Kernel,
@@ -365,6 +368,31 @@ pub fn matvec_many_with(
     jobs: &mut [(&Matrix, &mut [f32])],
     x: &[f32],
     act: &mut ActScratch,
+) {
+    matmul_many_with(k, pool, jobs, x, std::slice::from_mut(act))
+}
+
+/// `out[t * rows + r] = row r . xs[t]` for each input `t` of `xs` (one per `acts` entry, `cols`
+/// values each: a batch of prompt tokens), several matrices in one pool dispatch. Each task's
+/// rows stay in cache while every input passes over them, so the weights stream from memory
+/// once per batch instead of once per token. Row for row and input for input it is the same
+/// arithmetic as `matvec_many` on that input alone, so the results are bit-identical.
+pub fn matmul_many(
+    pool: &WorkerPool,
+    jobs: &mut [(&Matrix, &mut [f32])],
+    xs: &[f32],
+    acts: &mut [ActScratch],
+) {
+    matmul_many_with(kernel(), pool, jobs, xs, acts)
+}
+
+/// `matmul_many` with the kernel chosen by the caller (panics if unsupported here).
+pub fn matmul_many_with(
+    k: Kernel,
+    pool: &WorkerPool,
+    jobs: &mut [(&Matrix, &mut [f32])],
+    xs: &[f32],
+    acts: &mut [ActScratch],
 ) {
     let mut rows: [Option<(Rows, &mut [f32])>; MAX_JOBS] = Default::default();
     assert!(
@@ -375,7 +403,7 @@ pub fn matvec_many_with(
     for (slot, (w, out)) in rows.iter_mut().zip(jobs.iter_mut()) {
         *slot = Some((Rows::from(*w), &mut **out));
     }
-    rows_many_with(k, pool, &mut rows[..n], x, act)
+    rows_many_with(k, pool, &mut rows[..n], xs, acts)
 }
 
 /// `out[r] = row r . x` for several row sets sharing the input `x`, in one pool dispatch.
@@ -394,7 +422,13 @@ pub fn matvec_rows_many(
     for (slot, (w, out)) in slots.iter_mut().zip(jobs.iter_mut()) {
         *slot = Some((*w, &mut **out));
     }
-    rows_many_with(kernel(), pool, &mut slots[..n], x, act)
+    rows_many_with(
+        kernel(),
+        pool,
+        &mut slots[..n],
+        x,
+        std::slice::from_mut(act),
+    )
 }
 
 /// `out[i] = row idx[i] . x`: the rows named by `idx`, in the order given.
@@ -576,12 +610,14 @@ pub fn matvec_pairs(
     });
 }
 
+/// The one dispatch behind every product: `acts.len()` inputs of `cols` values in `xs`, each
+/// job's `out` holding one row set's results per input (input-major).
 fn rows_many_with(
     k: Kernel,
     pool: &WorkerPool,
     jobs: &mut [Option<(Rows, &mut [f32])>],
-    x: &[f32],
-    act: &mut ActScratch,
+    xs: &[f32],
+    acts: &mut [ActScratch],
 ) {
     assert!(
         kernel_supported(k),
@@ -598,32 +634,46 @@ fn rows_many_with(
             Some(QFormat::W4(Packing::Interleaved | Packing::Swizzled))
         )
     });
-    let a = if need_q8 {
-        act.quantize(x, permuted)
-    } else {
-        Act {
-            x,
-            qs: &[],
-            qp: &[],
-            d: &[],
-            s: &[],
-        }
-    };
+    let n_in = acts.len();
+    assert!(
+        (1..=MAX_INPUTS).contains(&n_in),
+        "{n_in} inputs (1 to {MAX_INPUTS})"
+    );
+    assert!(
+        xs.len().is_multiple_of(n_in),
+        "{} values are not {n_in} inputs",
+        xs.len()
+    );
+    let cols = xs.len() / n_in;
+    let mut inputs: heapless::Vec<Act, MAX_INPUTS> = heapless::Vec::new();
+    for (x, act) in xs.chunks_exact(cols).zip(acts.iter_mut()) {
+        let a = if need_q8 {
+            act.quantize(x, permuted)
+        } else {
+            Act {
+                x,
+                qs: &[],
+                qp: &[],
+                d: &[],
+                s: &[],
+            }
+        };
+        // Cannot fail: n_in <= MAX_INPUTS, asserted above.
+        let _ = inputs.push(a);
+    }
     let n = pool.n_threads();
     let mut parts: [Option<Part>; MAX_JOBS] = Default::default();
     let mut n_tasks = 0;
     for (slot, (w, out)) in parts.iter_mut().zip(jobs.iter_mut().flatten()) {
         assert_eq!(
-            w.cols,
-            x.len(),
+            w.cols, cols,
             "matrix has {} cols, input {} values",
-            w.cols,
-            x.len()
+            w.cols, cols
         );
         assert_eq!(
             out.len(),
-            w.rows,
-            "matrix has {} rows, output {} values",
+            w.rows * n_in,
+            "matrix has {} rows ({n_in} inputs), output {} values",
             w.rows,
             out.len()
         );
@@ -682,17 +732,22 @@ fn rows_many_with(
         } else {
             &p.data[at(r0)..at(r1 - 1) + p.row_bytes]
         };
-        // SAFETY: tasks of one part cover disjoint row ranges, parts write distinct `out`
-        // slices (borrowed mutably by `jobs` for the whole run), and r1 <= rows = out.len().
-        let out = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(r0), r1 - r0) };
-        // SAFETY: `chunk_fn` returned this function for a kernel checked above to be supported,
-        // `data` is whole rows of `row_bytes`, and `a` covers `cols` values (asserted above).
-        unsafe {
-            match p.f {
-                PartFn::Ggml(f) => f(data, p.row_bytes, p.stride, &a, out),
-                PartFn::Low(f) => f(data, p.row_bytes, &a, out),
-            }
-        };
+        // Every input over the same rows, which stay in cache after the first.
+        for (i, a) in inputs.iter().enumerate() {
+            let at = i * p.rows + r0;
+            // SAFETY: tasks of one part cover disjoint row ranges of each input's `rows`
+            // outputs, parts write distinct `out` slices (borrowed mutably by `jobs` for the
+            // whole run), and at + (r1 - r0) <= n_in * rows = out.len() (asserted above).
+            let out = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(at), r1 - r0) };
+            // SAFETY: `chunk_fn` returned this function for a kernel checked above to be
+            // supported, `data` is whole rows of `row_bytes`, and `a` covers `cols` values.
+            unsafe {
+                match p.f {
+                    PartFn::Ggml(f) => f(data, p.row_bytes, p.stride, a, out),
+                    PartFn::Low(f) => f(data, p.row_bytes, a, out),
+                }
+            };
+        }
     });
 }
 

@@ -6,7 +6,7 @@ pub mod down_tiles;
 pub mod matvec;
 pub mod pool;
 
-pub use matvec::{matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
+pub use matvec::{matmul_many, matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
 pub use pool::WorkerPool;
 
 /// An output buffer handed to pool tasks, each of which writes its own disjoint range.
