@@ -17,7 +17,9 @@
 //! where the CPU has it (the GPU machine's Xeon; the developer VM has none).
 
 use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
-use crate::backend::cpu::matvec::{Act, QChunkFn as ChunkFn};
+use crate::backend::cpu::matvec::{
+    Act, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn, MAX_INPUTS,
+};
 use crate::backend::cpu::Kernel;
 use crate::model::ggml::f16_to_f32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,6 +111,26 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
         QFormat::W4(Packing::Interleaved) => scalar_chunk::<FMT_W4I>,
         QFormat::W4(Packing::Swizzled) => scalar_chunk::<FMT_W4S>,
     }
+}
+
+/// The many-input kernel of `f` under `k`, where there is one (AVX2 with deferred
+/// dequantization); elsewhere the caller runs `chunk_fn` once per input.
+pub(crate) fn chunk_many_fn(f: QFormat, k: Kernel) -> Option<ChunkManyFn> {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 && deferred_dequant() {
+        let v = if VNNI.load(Ordering::Relaxed) {
+            x86::vnni()
+        } else {
+            x86::VNNI_NONE
+        };
+        return Some(match v {
+            x86::VNNI_VEX => x86::chunk_many_for::<{ x86::VNNI_VEX }>(f),
+            x86::VNNI_EVEX => x86::chunk_many_for::<{ x86::VNNI_EVEX }>(f),
+            _ => x86::chunk_many_for::<{ x86::VNNI_NONE }>(f),
+        });
+    }
+    let _ = (f, k);
+    None
 }
 
 const FMT_W8: u8 = 0;
@@ -291,12 +313,28 @@ mod x86 {
         }
     }
 
+    pub(super) fn chunk_many_for<const V: u8>(f: QFormat) -> ChunkManyFn {
+        match f {
+            QFormat::W8 => chunk_many::<FMT_W8, V>,
+            QFormat::W4(Packing::Contiguous) => chunk_many::<FMT_W4C, V>,
+            QFormat::W4(Packing::Interleaved) => chunk_many::<FMT_W4I, V>,
+            QFormat::W4(Packing::Swizzled) => chunk_many::<FMT_W4S, V>,
+        }
+    }
+
     /// 8 lanes of int32 partial dots of signed `w` with signed `y`: |w| (unsigned) times y
     /// with w's sign, four adjacent bytes per lane.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_lanes<const V: u8>(w: __m256i, y: __m256i) -> __m256i {
-        let (u, s) = (_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+        dot_lanes_abs::<V>(_mm256_sign_epi8(w, w), w, y)
+    }
+
+    /// `dot_lanes` with `u = |w|` made by the caller (once for every input that meets `w`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_lanes_abs<const V: u8>(u: __m256i, w: __m256i, y: __m256i) -> __m256i {
+        let s = _mm256_sign_epi8(y, w);
         let mut acc = _mm256_setzero_si256();
         // SAFETY (both asm blocks): `chunk_fn` picks V only where `vnni()` found the form on
         // this CPU; the instruction reads and writes registers only.
@@ -385,15 +423,117 @@ mod x86 {
             r += 4;
         }
         while r < out.len() {
-            let mut acc = 0f32;
+            out[r] = row_alone::<F, V>(p, row_bytes, r, a);
+            r += 1;
+        }
+    }
+
+    /// Row `r` on its own (a chunk's last rows, past its last four): the same group order and
+    /// epilogue as the four-row loop, one lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_alone<const F: u8, const V: u8>(
+        p: *const u8,
+        row_bytes: usize,
+        r: usize,
+        a: &Act,
+    ) -> f32 {
+        let act = activations::<F>(a);
+        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
+        let mut acc = 0f32;
+        for g in 0..groups::<F>(row_bytes) {
+            let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+            let (s, w) = group_at::<F>(row_bytes, r, g);
+            let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
+            let d = f16_to_f32(scale(s)) * *a.d.get_unchecked(g);
+            acc += d * i as f32;
+        }
+        acc
+    }
+
+    /// `chunk` for several inputs at once (a batch of prompt tokens): each group of four rows
+    /// is loaded, unpacked and made unsigned once, its scales converted once, and then dotted
+    /// with every input. Input `t`'s row `r` goes to `out[t * out_stride + r]`. For each input
+    /// the arithmetic is `chunk`'s, in the same order, so the results are bit-identical.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk_many<const F: u8, const V: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        acts: &[Act],
+        out: *mut f32,
+        out_stride: usize,
+        rows: usize,
+    ) {
+        let ng = groups::<F>(row_bytes);
+        let n = acts.len();
+        assert!(n <= MAX_INPUTS, "{n} inputs");
+        for a in acts {
+            debug_assert!(activations::<F>(a).len() >= ng * GROUP && a.d.len() >= ng);
+        }
+        let p = data.as_ptr();
+        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
+        // Each input's four running sums, in memory across the group loop.
+        let mut acc = [_mm_setzero_ps(); MAX_INPUTS];
+        let mut r = 0;
+        while r + 4 <= rows {
+            acc[..n].fill(_mm_setzero_ps());
             for g in 0..ng {
-                let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
-                let (s, w) = group_at::<F>(row_bytes, r, g);
-                let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
-                let d = f16_to_f32(scale(s)) * *a.d.get_unchecked(g);
-                acc += d * i as f32;
+                let (s0, w0) = group_at::<F>(row_bytes, r, g);
+                let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
+                let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
+                let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
+                let ahead = if F == FMT_W4S {
+                    2 * SWIZZLE_TILE_BYTES
+                } else {
+                    4 * row_bytes
+                };
+                for o in [w0[0], w1[0], w2[0], w3[0]] {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
+                }
+                let (q0, q1, q2, q3) = (
+                    weights::<F>(p, w0),
+                    weights::<F>(p, w1),
+                    weights::<F>(p, w2),
+                    weights::<F>(p, w3),
+                );
+                let (u0, u1, u2, u3) = (
+                    _mm256_sign_epi8(q0, q0),
+                    _mm256_sign_epi8(q1, q1),
+                    _mm256_sign_epi8(q2, q2),
+                    _mm256_sign_epi8(q3, q3),
+                );
+                let dw = _mm_cvtph_ps(_mm_set_epi16(
+                    0,
+                    0,
+                    0,
+                    0,
+                    scale(s3) as i16,
+                    scale(s2) as i16,
+                    scale(s1) as i16,
+                    scale(s0) as i16,
+                ));
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let y = _mm256_loadu_si256(activations::<F>(a).as_ptr().add(g * GROUP).cast());
+                    let m0 = dot_lanes_abs::<V>(u0, q0, y);
+                    let m1 = dot_lanes_abs::<V>(u1, q1, y);
+                    let m2 = dot_lanes_abs::<V>(u2, q2, y);
+                    let m3 = dot_lanes_abs::<V>(u3, q3, y);
+                    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
+                    let i4 =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                    let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+                    *acc = _mm_add_ps(*acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+                }
             }
-            out[r] = acc;
+            for (t, acc) in acc[..n].iter().enumerate() {
+                _mm_storeu_ps(out.add(t * out_stride + r), *acc);
+            }
+            r += 4;
+        }
+        while r < rows {
+            for (t, a) in acts.iter().enumerate() {
+                *out.add(t * out_stride + r) = row_alone::<F, V>(p, row_bytes, r, a);
+            }
             r += 1;
         }
     }
@@ -474,6 +614,22 @@ mod x86 {
             check_format::<FMT_W4C>(&variants::<FMT_W4C>());
             check_format::<FMT_W4I>(&variants::<FMT_W4I>());
             check_format::<FMT_W4S>(&variants::<FMT_W4S>());
+            check_many::<FMT_W8>(chunk::<FMT_W8, VNNI_NONE>, chunk_many::<FMT_W8, VNNI_NONE>);
+            check_many::<FMT_W4C>(
+                chunk::<FMT_W4C, VNNI_NONE>,
+                chunk_many::<FMT_W4C, VNNI_NONE>,
+            );
+            check_many::<FMT_W4I>(
+                chunk::<FMT_W4I, VNNI_NONE>,
+                chunk_many::<FMT_W4I, VNNI_NONE>,
+            );
+            check_many::<FMT_W4S>(
+                chunk::<FMT_W4S, VNNI_NONE>,
+                chunk_many::<FMT_W4S, VNNI_NONE>,
+            );
+            if vnni() != VNNI_NONE {
+                check_many::<FMT_W8>(chunk::<FMT_W8, VNNI_VEX>, chunk_many::<FMT_W8, VNNI_VEX>);
+            }
             let names: Vec<&str> = variants::<FMT_W8>().iter().map(|v| v.0).collect();
             if names.len() == 1 {
                 eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (AVX2 checked)");
@@ -630,26 +786,96 @@ mod neon {
     }
 }
 
-/// Every `variants` kernel equals the scalar kernel bit for bit on one matrix of format `F`:
-/// random weight bytes (w8 values -128..=127 included) with sane scales, random activations.
+/// A test matrix of format `F` (`TEST_ROWS` x `TEST_COLS`, row bytes returned): random weight
+/// bytes (w8 values -128..=127 included) with sane scales.
 #[cfg(test)]
-fn check_format<const F: u8>(variants: &[(&'static str, ChunkFn)]) {
-    let mut seed = 0x2545_F491_4F6C_DD1Du64 ^ F as u64;
-    let mut next = move || {
+fn test_matrix<const F: u8>(next: &mut impl FnMut() -> u64) -> (Vec<u8>, usize) {
+    let ng = TEST_COLS / GROUP;
+    let rb = ng * if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
+    let bands = TEST_ROWS.next_multiple_of(SWIZZLE_ROWS);
+    let mut data: Vec<u8> = (0..bands * rb).map(|_| next() as u8).collect();
+    for r in 0..TEST_ROWS {
+        for g in 0..ng {
+            let s = group_at::<F>(rb, r, g).0;
+            data[s..s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
+        }
+    }
+    (data, rb)
+}
+
+/// Random quantized activations (`TEST_COLS`): int8 values, their permuted copy, group scales.
+#[cfg(test)]
+fn test_act(next: &mut impl FnMut() -> u64) -> (Vec<i8>, Vec<i8>, Vec<f32>) {
+    let ng = TEST_COLS / GROUP;
+    // Activations are quantized to -127..=127 (`quantize_q8`), never -128.
+    let qs: Vec<i8> = (0..TEST_COLS)
+        .map(|_| ((next() % 255) as i16 - 127) as i8)
+        .collect();
+    let mut qp = vec![0i8; TEST_COLS];
+    permute_act(&qs, &mut qp);
+    let k = (next() % 7) as f32;
+    let d: Vec<f32> = (0..ng)
+        .map(|g| 0.01 + g as f32 * 0.003 + k * 0.001)
+        .collect();
+    (qs, qp, d)
+}
+
+#[cfg(test)]
+const TEST_ROWS: usize = 67;
+#[cfg(test)]
+const TEST_COLS: usize = 96;
+
+#[cfg(test)]
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut seed = seed;
+    move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
-    };
-    let (rows, cols) = (67usize, 96usize);
-    let ng = cols / GROUP;
-    // Activations are quantized to -127..=127 (`quantize_q8`), never -128.
-    let qs: Vec<i8> = (0..cols)
-        .map(|_| ((next() % 255) as i16 - 127) as i8)
+    }
+}
+
+/// The many-input kernel gives each of five inputs bit for bit what the one-input kernel gives
+/// it alone, on a matrix whose last rows are not a whole four.
+#[cfg(all(test, target_arch = "x86_64"))]
+fn check_many<const F: u8>(one: ChunkFn, many: ChunkManyFn) {
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15 ^ F as u64);
+    let (data, rb) = test_matrix::<F>(&mut next);
+    let inputs: Vec<_> = (0..5).map(|_| test_act(&mut next)).collect();
+    let acts: Vec<Act> = inputs
+        .iter()
+        .map(|(qs, qp, d)| Act {
+            x: &[],
+            qs,
+            qp,
+            d,
+            s: &[],
+        })
         .collect();
-    let mut qp = vec![0i8; cols];
-    permute_act(&qs, &mut qp);
-    let d: Vec<f32> = (0..ng).map(|g| 0.01 + g as f32 * 0.003).collect();
+    let mut got = vec![0f32; acts.len() * TEST_ROWS];
+    // SAFETY: AVX2 was checked by the caller; `got` holds every input's rows.
+    unsafe { many(&data, rb, &acts, got.as_mut_ptr(), TEST_ROWS, TEST_ROWS) };
+    for (t, a) in acts.iter().enumerate() {
+        let mut want = vec![0f32; TEST_ROWS];
+        // SAFETY: as above.
+        unsafe { one(&data, rb, a, &mut want) };
+        assert!(want.iter().any(|&x| x != 0.0));
+        assert_eq!(
+            &got[t * TEST_ROWS..][..TEST_ROWS],
+            &want[..],
+            "format {F}, input {t}"
+        );
+    }
+}
+
+/// Every `variants` kernel equals the scalar kernel bit for bit on one matrix of format `F`:
+/// random weight bytes (w8 values -128..=127 included) with sane scales, random activations.
+#[cfg(test)]
+fn check_format<const F: u8>(variants: &[(&'static str, ChunkFn)]) {
+    let mut next = xorshift(0x2545_F491_4F6C_DD1Du64 ^ F as u64);
+    let (data, rb) = test_matrix::<F>(&mut next);
+    let (qs, qp, d) = test_act(&mut next);
     let a = Act {
         x: &[],
         qs: &qs,
@@ -657,15 +883,7 @@ fn check_format<const F: u8>(variants: &[(&'static str, ChunkFn)]) {
         d: &d,
         s: &[],
     };
-    let rb = ng * if F == FMT_W8 { 34 } else { W4_GROUP_BYTES };
-    let bands = rows.next_multiple_of(SWIZZLE_ROWS);
-    let mut data: Vec<u8> = (0..bands * rb).map(|_| next() as u8).collect();
-    for r in 0..rows {
-        for g in 0..ng {
-            let s = group_at::<F>(rb, r, g).0;
-            data[s..s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
-        }
-    }
+    let rows = TEST_ROWS;
     let mut want = vec![0f32; rows];
     // SAFETY: the scalar kernel needs no CPU feature; `data` and `a` cover every group.
     unsafe { scalar_chunk::<F>(&data, rb, &a, &mut want) };

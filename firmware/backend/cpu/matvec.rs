@@ -707,7 +707,10 @@ fn rows_many_with(
             f: match w.q {
                 Some(f) => {
                     assert_eq!(w.stride, row_bytes, "low-bit rows must be adjacent");
-                    PartFn::Low(crate::quant::cpu::chunk_fn(f, k))
+                    PartFn::Low(
+                        crate::quant::cpu::chunk_fn(f, k),
+                        crate::quant::cpu::chunk_many_fn(f, k),
+                    )
                 }
                 None => PartFn::Ggml(chunk_fn(w.ty, k)),
             },
@@ -732,6 +735,11 @@ fn rows_many_with(
         } else {
             &p.data[at(r0)..at(r1 - 1) + p.row_bytes]
         };
+        if let (PartFn::Low(_, Some(f)), true) = (p.f, inputs.len() > 1) {
+            // SAFETY: as below, for every input at once: input i writes out[i * rows + r0..r1].
+            unsafe { f(data, p.row_bytes, &inputs, p.out.0.add(r0), p.rows, r1 - r0) };
+            return;
+        }
         // Every input over the same rows, which stay in cache after the first.
         for (i, a) in inputs.iter().enumerate() {
             let at = i * p.rows + r0;
@@ -744,7 +752,7 @@ fn rows_many_with(
             unsafe {
                 match p.f {
                     PartFn::Ggml(f) => f(data, p.row_bytes, p.stride, a, out),
-                    PartFn::Low(f) => f(data, p.row_bytes, a, out),
+                    PartFn::Low(f, _) => f(data, p.row_bytes, a, out),
                 }
             };
         }
@@ -774,11 +782,24 @@ type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, stride: usize, act: &Act
 /// cover the rows' columns.
 pub(crate) type QChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
 
-/// A part's kernel: a GGML kernel over strided rows, or a low-bit one over adjacent rows.
+/// The low-bit kernels' many-input chunk function: `rows` adjacent rows against every input of
+/// `acts`, input `t`'s row `r` into `out[t * out_stride + r]`. Unsafe: as `QChunkFn`, and `out`
+/// must be valid for every index written.
+pub(crate) type QChunkManyFn = unsafe fn(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+);
+
+/// A part's kernel: a GGML kernel over strided rows, or a low-bit one over adjacent rows (with
+/// its many-input form where there is one).
 #[derive(Clone, Copy)]
 enum PartFn {
     Ggml(ChunkFn),
-    Low(QChunkFn),
+    Low(QChunkFn, Option<QChunkManyFn>),
 }
 
 /// Four rows at any four addresses (`nb` blocks each) against one activation vector; `pf` > 0
