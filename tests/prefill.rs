@@ -1,6 +1,6 @@
-//! Batched prefill (`Engine::feed_many`): the prompt run through the model `PREFILL_BATCH`
-//! tokens at a time ends in exactly the state of feeding it token by token. The logits of the
-//! token after the prompt, which read every layer's cache at every prompt position, must be
+//! Batched prefill (`Engine::prefill`): the prompt run through the model `PREFILL_BATCH` tokens
+//! at a time ends in exactly the state of running it token by token. The logits after the
+//! prompt's last token, which read every layer's cache at every prompt position, must be
 //! bit-identical, and so must the int8 cache's segment chain, at every precision and packing,
 //! in the sparse FFN modes, from position 0 and from the middle of a sequence.
 
@@ -14,27 +14,30 @@ use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use std::path::Path;
 
-/// Feeds `tokens[..n-1]` from `start` one by one, then in batches, and compares the logits of
-/// `tokens[n-1]` and the KV segments. Returns how many prompts were compared.
+/// Runs the prompt from `start` one token at a time, then batched, and compares the logits after
+/// its last token and the KV segments. Returns how many prompts were compared.
 fn batched_equals_sequential(
     model: &Path,
     tokenizer: Option<&Path>,
     opts: EngineOptions,
     text: &str,
+    short: bool,
 ) -> usize {
     let (file, tok) = open_model(model, tokenizer).unwrap();
     let mut arenas = Arenas::from_board().unwrap();
     let label = format!("{} {}", opts.precision, opts.ffn.label());
     let mut engine = Engine::boot(&mut arenas, &file, opts).unwrap();
-    let ids = tok.encode(text, true);
+    let all = tok.encode(text, true);
     assert!(
-        ids.len() > 2 * PREFILL_BATCH + 2,
+        all.len() > 2 * PREFILL_BATCH + 2,
         "{} tokens: the prompt must span several batches and a partial one",
-        ids.len()
+        all.len()
     );
     let mut compared = 0;
-    // From position 0, and after a prefix fed one by one (a batch starting mid-sequence).
-    for start in [0, 5] {
+    // From position 0, and after a prefix fed one by one (a batch starting mid-sequence); the
+    // whole text, or cut to end a batch exactly, to start a new one, or to be one token.
+    for (start, len) in cuts(all.len(), short) {
+        let ids = &all[..len];
         let last = ids.len() - 1;
         for (p, &t) in ids[..start].iter().enumerate() {
             engine.forward(t, p);
@@ -49,8 +52,7 @@ fn batched_equals_sequential(
         for (p, &t) in ids[..start].iter().enumerate() {
             engine.forward(t, p);
         }
-        engine.feed_many(&ids[start..last], start);
-        let got = engine.forward(ids[last], last).to_vec();
+        let got = engine.prefill(&ids[start..], start).to_vec();
         let differ = want
             .iter()
             .zip(&got)
@@ -59,17 +61,28 @@ fn batched_equals_sequential(
         assert_eq!(
             differ,
             0,
-            "{label}, start {start}: {differ} of {} logits differ between batched and sequential prefill",
+            "{label}, start {start}, {len} tokens: {differ} of {} logits differ between batched and sequential prefill",
             want.len()
         );
         assert_eq!(
             engine.kv_segments(),
             &want_segments[..],
-            "{label}, start {start}: KV segments"
+            "{label}, start {start}, {len} tokens: KV segments"
         );
         compared += 1;
     }
     compared
+}
+
+/// (start, prompt length) pairs: the whole text from 0 and from 5; with `short`, also prompts
+/// of one token, of exactly one batch, one batch and a token, and two batches from 5.
+fn cuts(n: usize, short: bool) -> Vec<(usize, usize)> {
+    let b = PREFILL_BATCH;
+    let mut c = vec![(0, n), (5, n)];
+    if short {
+        c.extend([(0, 1), (0, b), (0, b + 1), (5, 5 + 2 * b), (5, 6)]);
+    }
+    c
 }
 
 fn adaptive(precision: Precision, packing: Packing) -> EngineOptions {
@@ -104,8 +117,9 @@ fn stories260k_batched_prefill_is_bit_identical() {
         Some(&tok),
         adaptive(Precision::Native, Packing::Interleaved),
         STORY,
+        true,
     );
-    assert_eq!(n, 2);
+    assert_eq!(n, 7);
 }
 
 #[test]
@@ -122,7 +136,7 @@ fn smollm2_batched_prefill_is_bit_identical_at_every_precision() {
         (Precision::W4a8, Packing::Interleaved),
         (Precision::W4a8, Packing::Swizzled),
     ] {
-        n += batched_equals_sequential(&model, None, adaptive(precision, packing), STORY);
+        n += batched_equals_sequential(&model, None, adaptive(precision, packing), STORY, false);
     }
     // The sparse FFN over neuron bundles runs per token inside each batch.
     let topk = FfnOptions {
@@ -139,6 +153,7 @@ fn smollm2_batched_prefill_is_bit_identical_at_every_precision() {
             ..adaptive(Precision::Native, Packing::Interleaved)
         },
         STORY,
+        false,
     );
     assert_eq!(n, 14);
 }

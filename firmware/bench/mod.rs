@@ -128,9 +128,7 @@ fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
     let mut decode = Vec::new();
     for _ in 0..s.reps.max(1) {
         let t0 = Instant::now();
-        let last = prompt.len() - 1;
-        d.feed_many(&prompt[..last], 0);
-        let mut token = d.forward_greedy(prompt[last], last);
+        let mut token = crate::engine::sample::argmax(d.prefill(prompt, 0));
         let t1 = Instant::now();
         for i in 0..s.gen_tokens {
             token = d.forward_greedy(token, prompt.len() + i);

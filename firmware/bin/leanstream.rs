@@ -1386,9 +1386,7 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
     for _ in 0..a.reps.max(1) {
         for (i, (engine, sampler)) in engines.iter_mut().zip(samplers.iter_mut()).enumerate() {
             let t0 = Instant::now();
-            let last = prompt.len() - 1;
-            engine.feed_many(&prompt[..last], 0);
-            let logits_token = sampler.sample(engine.forward(prompt[last], last));
+            let logits_token = sampler.sample(engine.prefill(&prompt, 0));
             let t1 = Instant::now();
             engine.take_ffn_counts();
             let mut token = logits_token;
@@ -1538,12 +1536,10 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         for _ in 0..a.reps.max(1) {
             let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
             let mut next = vec![0u32; n];
-            let last = prompt.len() - 1;
             for (i, ((engine, sampler), (_, low))) in engines.iter_mut().zip(&configs).enumerate() {
                 set_flags(low);
                 let t0 = Instant::now();
-                engine.feed_many(&prompt[..last], 0);
-                next[i] = sampler.sample(engine.forward(prompt[last], last));
+                next[i] = sampler.sample(engine.prefill(&prompt, 0));
                 tp[i] = t0.elapsed().as_secs_f64();
             }
             for pos in prompt.len()..prompt.len() + a.gen_tokens {

@@ -225,8 +225,8 @@ pub fn generate(
         decode_secs: 0.0,
         finish: FinishReason::Length,
     };
+    // Each step forwards `token` at `pos`; the first runs the whole prompt (`prefill`).
     let last = prompt.len() - 1;
-    engine.feed_many(&prompt[..last], 0);
     let mut token = prompt[last];
     let mut pos = last;
     let mut decode_started = started;
@@ -234,7 +234,9 @@ pub fn generate(
         if params.deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        let next = if sampler.is_greedy() {
+        let next = if stats.generated_tokens == 0 {
+            sampler.sample(engine.prefill(prompt, 0))
+        } else if sampler.is_greedy() {
             engine.forward_greedy(token, pos)
         } else {
             sampler.sample(engine.forward(token, pos))

@@ -240,12 +240,15 @@ pub trait Decoder {
     fn feed(&mut self, token: u32, pos: usize) {
         self.forward(token, pos);
     }
-    /// Runs prompt tokens at positions `pos..pos + tokens.len()` whose logits nobody reads.
-    /// The CPU runs them in batches (weights read once per batch); the default feeds each.
-    fn feed_many(&mut self, tokens: &[u32], pos: usize) {
-        for (i, &t) in tokens.iter().enumerate() {
+    /// Runs the prompt `tokens` (at least one) at positions `pos..` and returns the logits
+    /// after its last token. The CPU runs it in batches (each matrix read once per batch); the
+    /// default feeds all but the last token one by one and forwards the last.
+    fn prefill(&mut self, tokens: &[u32], pos: usize) -> &mut [f32] {
+        let last = tokens.len() - 1;
+        for (i, &t) in tokens[..last].iter().enumerate() {
             self.feed(t, pos + i);
         }
+        self.forward(tokens[last], pos + last)
     }
     /// The greedy next token: the first index of the largest logit (a GPU picks it on the
     /// device and returns 4 bytes instead of the logits).
@@ -266,8 +269,8 @@ impl Decoder for Engine<'_> {
     fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
         Engine::forward(self, token, pos)
     }
-    fn feed_many(&mut self, tokens: &[u32], pos: usize) {
-        Engine::feed_many(self, tokens, pos)
+    fn prefill(&mut self, tokens: &[u32], pos: usize) -> &mut [f32] {
+        Engine::prefill(self, tokens, pos)
     }
 }
 
@@ -892,23 +895,39 @@ impl<'a> Engine<'a> {
 }
 
 impl Engine<'_> {
-    /// Runs prompt tokens at positions `pos..pos + tokens.len()` whose logits nobody reads, in
-    /// batches of up to the board's `PREFILL_BATCH`: each matrix streams from memory once per
-    /// batch instead of once per token. The cache and every activation end bit-identical to
-    /// feeding the tokens one by one (`forward`), which an activation trace still does.
-    pub fn feed_many(&mut self, tokens: &[u32], pos: usize) {
+    /// Runs the prompt `tokens` (at least one) at positions `pos..` and returns the logits after
+    /// its last token. The tokens go through the model in batches of up to the board's
+    /// `PREFILL_BATCH`: each matrix streams from memory once per batch instead of once per
+    /// token. The cache and the logits are bit-identical to running the tokens one by one
+    /// (`forward`), which an activation trace (recorded per token) still does.
+    pub fn prefill(&mut self, tokens: &[u32], pos: usize) -> &mut [f32] {
+        assert!(!tokens.is_empty(), "an empty prompt");
+        let last = tokens.len() - 1;
         if self.tap.is_some() {
-            for (i, &t) in tokens.iter().enumerate() {
+            for (i, &t) in tokens[..last].iter().enumerate() {
                 self.forward(t, pos + i);
             }
-            return;
+            return self.forward(tokens[last], pos + last);
         }
         for (i, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
             self.forward_batch(chunk, pos + i * PREFILL_BATCH);
         }
+        // The logits of the last token, from its row of the last batch: forward's last steps.
+        let dim = self.hyper.dim;
+        let x = &self.b.x[(last % PREFILL_BATCH) * dim..][..dim];
+        rmsnorm(self.s.xb, x, self.output_norm, self.hyper.norm_eps);
+        matvec(
+            &self.pool,
+            &self.output,
+            self.s.xb,
+            &mut self.act,
+            self.s.logits,
+        );
+        self.s.logits
     }
 
-    /// `forward` for up to `PREFILL_BATCH` consecutive tokens from `pos`, without the logits:
+    /// `forward` for up to `PREFILL_BATCH` consecutive tokens from `pos`, without the logits
+    /// (the residual of token `t` is left in row `t` of `b.x`):
     /// the same steps in the same order for each token, with the products of all tokens done
     /// together (`matmul_many`) and every head of every token attending at once.
     fn forward_batch(&mut self, tokens: &[u32], pos: usize) {
