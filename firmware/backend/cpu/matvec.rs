@@ -712,7 +712,7 @@ fn rows_many_with(
                         crate::quant::cpu::chunk_many_fn(f, k),
                     )
                 }
-                None => PartFn::Ggml(chunk_fn(w.ty, k)),
+                None => PartFn::Ggml(chunk_fn(w.ty, k), many_fn(w.ty, k)),
             },
             out: OutPtr(out.as_mut_ptr()),
         });
@@ -735,10 +735,20 @@ fn rows_many_with(
         } else {
             &p.data[at(r0)..at(r1 - 1) + p.row_bytes]
         };
-        if let (PartFn::Low(_, Some(f)), true) = (p.f, inputs.len() > 1) {
+        if inputs.len() > 1 {
+            let out = p.out.0.wrapping_add(r0);
             // SAFETY: as below, for every input at once: input i writes out[i * rows + r0..r1].
-            unsafe { f(data, p.row_bytes, &inputs, p.out.0.add(r0), p.rows, r1 - r0) };
-            return;
+            match p.f {
+                PartFn::Low(_, Some(f)) => {
+                    unsafe { f(data, p.row_bytes, &inputs, out, p.rows, r1 - r0) };
+                    return;
+                }
+                PartFn::Ggml(_, Some(f)) => {
+                    unsafe { f(data, p.row_bytes, p.stride, &inputs, out, p.rows, r1 - r0) };
+                    return;
+                }
+                _ => {}
+            }
         }
         // Every input over the same rows, which stay in cache after the first.
         for (i, a) in inputs.iter().enumerate() {
@@ -751,7 +761,7 @@ fn rows_many_with(
             // supported, `data` is whole rows of `row_bytes`, and `a` covers `cols` values.
             unsafe {
                 match p.f {
-                    PartFn::Ggml(f) => f(data, p.row_bytes, p.stride, a, out),
+                    PartFn::Ggml(f, _) => f(data, p.row_bytes, p.stride, a, out),
                     PartFn::Low(f, _) => f(data, p.row_bytes, a, out),
                 }
             };
@@ -794,11 +804,24 @@ pub(crate) type QChunkManyFn = unsafe fn(
     rows: usize,
 );
 
-/// A part's kernel: a GGML kernel over strided rows, or a low-bit one over adjacent rows (with
-/// its many-input form where there is one).
+/// `ChunkFn` for several inputs: input `t`'s result for row `r` (of `rows`, `stride` apart) goes
+/// to `out[t * out_stride + r]`. Unsafe: as `ChunkFn`, and `out` must be valid for every index
+/// written.
+type ChunkManyFn = unsafe fn(
+    data: &[u8],
+    row_bytes: usize,
+    stride: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+);
+
+/// A part's kernel: a GGML kernel over strided rows, or a low-bit one over adjacent rows, each
+/// with its many-input form where there is one.
 #[derive(Clone, Copy)]
 enum PartFn {
-    Ggml(ChunkFn),
+    Ggml(ChunkFn, Option<ChunkManyFn>),
     Low(QChunkFn, Option<QChunkManyFn>),
 }
 
@@ -812,6 +835,17 @@ fn dot4_fn(ty: GgmlType, k: Kernel) -> Option<Dot4Fn> {
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 {
         return x86::dot4_fn(ty);
+    }
+    let _ = (ty, k);
+    None
+}
+
+/// The many-input kernel of `ty` under `k`, where there is one (AVX2, 32-value block types);
+/// elsewhere each input runs `chunk_fn`'s kernel in turn.
+fn many_fn(ty: GgmlType, k: Kernel) -> Option<ChunkManyFn> {
+    #[cfg(target_arch = "x86_64")]
+    if k == Kernel::Avx2 {
+        return x86::many_fn(ty);
     }
     let _ = (ty, k);
     None
@@ -1041,6 +1075,18 @@ mod x86 {
         }
     }
 
+    /// The many-input kernel for the 32-value block types (batched prefill).
+    pub(super) fn many_fn(ty: GgmlType) -> Option<ChunkManyFn> {
+        Some(match ty {
+            GgmlType::Q4_0 => many_q4_0,
+            GgmlType::Q4_1 => many_q4_1,
+            GgmlType::Q5_0 => many_q5_0,
+            GgmlType::Q5_1 => many_q5_1,
+            GgmlType::Q8_0 => many_q8_0,
+            _ => return None,
+        })
+    }
+
     /// The four-row kernel for the 32-value block types (gathered and paired rows).
     pub(super) fn dot4_fn(ty: GgmlType) -> Option<Dot4Fn> {
         Some(match ty {
@@ -1145,7 +1191,7 @@ mod x86 {
     /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, `signed`
     /// says whether they are signed (else unsigned, 0..31), `has_min` adds `m * s`.
     macro_rules! classic_dot {
-        ($name:ident, $dot4:ident, $chunk:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
+        ($name:ident, $dot4:ident, $chunk:ident, $many:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $name(row: &[u8], a: &Act) -> f32 {
@@ -1249,30 +1295,147 @@ mod x86 {
                     r += 1;
                 }
             }
+
+            /// `$chunk` for several inputs (a batch of prompt tokens): each block of four rows
+            /// is unpacked once and dotted with every input; input `t`'s row `r` goes to
+            /// `out[t * out_stride + r]`. Per input it is `$dot4`'s (and the tail's `$name`)
+            /// arithmetic in the same order, so the results are bit-identical to `$chunk`'s.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $many(
+                data: &[u8],
+                row_bytes: usize,
+                stride: usize,
+                acts: &[Act],
+                out: *mut f32,
+                out_stride: usize,
+                rows: usize,
+            ) {
+                let nb = row_bytes / $bytes;
+                let n = acts.len();
+                assert!(n <= MAX_INPUTS, "{n} inputs");
+                debug_assert!(rows == 0 || data.len() >= (rows - 1) * stride + row_bytes);
+                // Input t's accumulators for the four rows at 4t..4t + 4.
+                let mut acc = [_mm256_setzero_ps(); 4 * MAX_INPUTS];
+                // Input t's `m * s` sums of the four rows (`_1` types), one lane per row.
+                let mut summs = [_mm_setzero_ps(); MAX_INPUTS];
+                let mut r = 0;
+                while r + 4 <= rows {
+                    let base = data.as_ptr().add(r * stride);
+                    let rp = [0, 1, 2, 3].map(|k| base.add(k * stride));
+                    acc[..4 * n].fill(_mm256_setzero_ps());
+                    summs[..n].fill(_mm_setzero_ps());
+                    for b in 0..nb {
+                        if $has_min {
+                            // Lane k: row k's `m * s` for this block, `$dot4`'s product and sum.
+                            let m = _mm_set_ps(
+                                f16_at(rp[3].add(b * $bytes + 2)),
+                                f16_at(rp[2].add(b * $bytes + 2)),
+                                f16_at(rp[1].add(b * $bytes + 2)),
+                                f16_at(rp[0].add(b * $bytes + 2)),
+                            );
+                            for (sm, a) in summs.iter_mut().zip(acts) {
+                                let s = _mm_set1_ps(*a.s.get_unchecked(b));
+                                *sm = _mm_add_ps(*sm, _mm_mul_ps(m, s));
+                            }
+                        }
+                        for k in 0..4 {
+                            let $p = rp[k].add(b * $bytes);
+                            _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(PF_ROWS * stride).cast());
+                            let w: __m256i = $w;
+                            let dw = f16_at($p);
+                            for (t, a) in acts.iter().enumerate() {
+                                debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
+                                let y = load_qa(a, b);
+                                let xy = if $signed {
+                                    mul_sum_i8(w, y)
+                                } else {
+                                    mul_sum_us8(w, y)
+                                };
+                                let d = _mm256_set1_ps(dw * *a.d.get_unchecked(b));
+                                let at = acc.get_unchecked_mut(4 * t + k);
+                                *at = _mm256_fmadd_ps(d, xy, *at);
+                            }
+                        }
+                    }
+                    for t in 0..n {
+                        let mut sm = [0f32; 4];
+                        _mm_storeu_ps(sm.as_mut_ptr(), summs[t]);
+                        for k in 0..4 {
+                            *out.add(t * out_stride + r + k) = hsum(acc[4 * t + k]) + sm[k];
+                        }
+                    }
+                    r += 4;
+                }
+                while r < rows {
+                    for (t, a) in acts.iter().enumerate() {
+                        *out.add(t * out_stride + r) = $name(&data[r * stride..][..row_bytes], a);
+                    }
+                    r += 1;
+                }
+            }
         };
     }
 
-    classic_dot!(dot_q4_0, dot4_q4_0, chunk_q4_0, 18, false, true, |p| {
-        _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
-    });
-    classic_dot!(dot_q4_1, dot4_q4_1, chunk_q4_1, 20, true, false, |p| {
-        nibbles(p.add(4))
-    });
-    classic_dot!(dot_q5_0, dot4_q5_0, chunk_q5_0, 22, false, true, |p| {
-        _mm256_or_si256(
-            nibbles(p.add(6)),
-            _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8)),
-        )
-    });
-    classic_dot!(dot_q5_1, dot4_q5_1, chunk_q5_1, 24, true, false, |p| {
-        _mm256_or_si256(
-            nibbles(p.add(8)),
-            _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10)),
-        )
-    });
-    classic_dot!(dot_q8_0, dot4_q8_0, chunk_q8_0, 34, false, true, |p| {
-        _mm256_loadu_si256(p.add(2).cast())
-    });
+    classic_dot!(
+        dot_q4_0,
+        dot4_q4_0,
+        chunk_q4_0,
+        many_q4_0,
+        18,
+        false,
+        true,
+        |p| { _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)) }
+    );
+    classic_dot!(
+        dot_q4_1,
+        dot4_q4_1,
+        chunk_q4_1,
+        many_q4_1,
+        20,
+        true,
+        false,
+        |p| { nibbles(p.add(4)) }
+    );
+    classic_dot!(
+        dot_q5_0,
+        dot4_q5_0,
+        chunk_q5_0,
+        many_q5_0,
+        22,
+        false,
+        true,
+        |p| {
+            _mm256_or_si256(
+                nibbles(p.add(6)),
+                _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8)),
+            )
+        }
+    );
+    classic_dot!(
+        dot_q5_1,
+        dot4_q5_1,
+        chunk_q5_1,
+        many_q5_1,
+        24,
+        true,
+        false,
+        |p| {
+            _mm256_or_si256(
+                nibbles(p.add(8)),
+                _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10)),
+            )
+        }
+    );
+    classic_dot!(
+        dot_q8_0,
+        dot4_q8_0,
+        chunk_q8_0,
+        many_q8_0,
+        34,
+        false,
+        true,
+        |p| { _mm256_loadu_si256(p.add(2).cast()) }
+    );
 
     /// f32 dot of `n` weights produced 8 at a time by `load(i)` (i = 0, 8, 16, ...) with `x`,
     /// the tail (n % 8) by `tail(i)`.
