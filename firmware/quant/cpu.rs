@@ -17,9 +17,7 @@
 //! where the CPU has it (the GPU machine's Xeon; the developer VM has none).
 
 use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
-use crate::backend::cpu::matvec::{
-    Act, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn, MAX_INPUTS,
-};
+use crate::backend::cpu::matvec::{Act, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn};
 use crate::backend::cpu::Kernel;
 use crate::model::ggml::f16_to_f32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -253,6 +251,7 @@ unsafe fn scalar_chunk<const F: u8>(data: &[u8], row_bytes: usize, a: &Act, out:
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::backend::cpu::matvec::MAX_INPUTS;
     use std::arch::x86_64::*;
 
     /// The group's 32 int8 weights in register order (natural for w8 and contiguous, `PERM` for
