@@ -2,7 +2,8 @@
 //! at a time ends in exactly the state of running it token by token. The logits after the
 //! prompt's last token, which read every layer's cache at every prompt position, must be
 //! bit-identical, and so must the int8 cache's segment chain, at every precision and packing,
-//! in the sparse FFN modes, from position 0 and from the middle of a sequence.
+//! in the sparse FFN modes, from position 0 and from the middle of a sequence. So must every
+//! token's logits from `Engine::score` (perplexity), batched the same way.
 
 mod common;
 
@@ -69,6 +70,26 @@ fn batched_equals_sequential(
             &want_segments[..],
             "{label}, start {start}, {len} tokens: KV segments"
         );
+
+        // Every token's logits (perplexity's `score`) against `forward` one by one.
+        let mut want_all = Vec::new();
+        for (p, &t) in ids[start..].iter().enumerate() {
+            want_all.push(engine.forward(t, start + p).to_vec());
+        }
+        let mut seen = 0;
+        engine.score(&ids[start..], start, &mut |i, logits| {
+            let same = logits
+                .iter()
+                .zip(&want_all[i])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{label}, start {start}, {len} tokens: score's logits of token {i}"
+            );
+            assert_eq!(i, seen, "tokens scored out of order");
+            seen += 1;
+        });
+        assert_eq!(seen, len - start, "{label}: tokens scored");
         compared += 1;
     }
     compared

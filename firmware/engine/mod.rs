@@ -175,13 +175,15 @@ struct Batch<'a> {
     att: &'a mut [f32],
     rope_cos: &'a mut [f32],
     rope_sin: &'a mut [f32],
+    /// Every token's logits (`score`).
+    logits: &'a mut [f32],
     /// One quantized-input scratch per token, made at boot.
     acts: Vec<ActScratch>,
 }
 
 impl Batch<'_> {
     /// The scratch arena's share, in `Batch`'s field order.
-    fn sizes(h: &Hyper, context: usize) -> [usize; 11] {
+    fn sizes(h: &Hyper, context: usize) -> [usize; 12] {
         let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
         [
             h.dim,
@@ -195,6 +197,7 @@ impl Batch<'_> {
             h.n_heads * context,
             h.head_dim / 2,
             h.head_dim / 2,
+            h.vocab_size,
         ]
         .map(|n| n * PREFILL_BATCH)
     }
@@ -250,6 +253,14 @@ pub trait Decoder {
         }
         self.forward(tokens[last], pos + last)
     }
+    /// Runs `tokens` at positions `pos..` and hands each one's logits to `each` (its index in
+    /// `tokens`, the logits), in order: perplexity. The CPU runs them in batches; the default
+    /// forwards each.
+    fn score(&mut self, tokens: &[u32], pos: usize, each: &mut dyn FnMut(usize, &mut [f32])) {
+        for (i, &t) in tokens.iter().enumerate() {
+            each(i, self.forward(t, pos + i));
+        }
+    }
     /// The greedy next token: the first index of the largest logit (a GPU picks it on the
     /// device and returns 4 bytes instead of the logits).
     fn forward_greedy(&mut self, token: u32, pos: usize) -> u32 {
@@ -271,6 +282,9 @@ impl Decoder for Engine<'_> {
     }
     fn prefill(&mut self, tokens: &[u32], pos: usize) -> &mut [f32] {
         Engine::prefill(self, tokens, pos)
+    }
+    fn score(&mut self, tokens: &[u32], pos: usize, each: &mut dyn FnMut(usize, &mut [f32])) {
+        Engine::score(self, tokens, pos, each)
     }
 }
 
@@ -603,7 +617,8 @@ impl<'a> Engine<'a> {
             rope_sin: c.take(h.head_dim / 2)?,
         };
         let max_cols = h.dim.max(h.hidden_dim).max(q_dim);
-        let [bx, bxb, bxo, bq, bk, bv, bhb, bhb2, batt, bcos, bsin] = Batch::sizes(&h, context);
+        let [bx, bxb, bxo, bq, bk, bv, bhb, bhb2, batt, bcos, bsin, blogits] =
+            Batch::sizes(&h, context);
         let b = Batch {
             x: c.take(bx)?,
             xb: c.take(bxb)?,
@@ -616,6 +631,7 @@ impl<'a> Engine<'a> {
             att: c.take(batt)?,
             rope_cos: c.take(bcos)?,
             rope_sin: c.take(bsin)?,
+            logits: c.take(blogits)?,
             acts: (0..PREFILL_BATCH)
                 .map(|_| ActScratch::new(max_cols))
                 .collect(),
@@ -632,6 +648,7 @@ impl<'a> Engine<'a> {
             &mut *b.att,
             &mut *b.rope_cos,
             &mut *b.rope_sin,
+            &mut *b.logits,
         ] {
             buf.fill(0.0);
         }
@@ -924,6 +941,41 @@ impl Engine<'_> {
             self.s.logits,
         );
         self.s.logits
+    }
+
+    /// Runs `tokens` at positions `pos..` in batches, as `prefill`, and hands every token's
+    /// logits to `each` (its index in `tokens`, the logits), in order; the output head runs
+    /// once per batch for all its tokens. Bit-identical to `forward` token by token.
+    pub fn score(&mut self, tokens: &[u32], pos: usize, each: &mut dyn FnMut(usize, &mut [f32])) {
+        if self.tap.is_some() {
+            for (i, &t) in tokens.iter().enumerate() {
+                each(i, self.forward(t, pos + i));
+            }
+            return;
+        }
+        let (dim, vocab) = (self.hyper.dim, self.hyper.vocab_size);
+        for (c, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
+            self.forward_batch(chunk, pos + c * PREFILL_BATCH);
+            // forward's last steps for every row: the final norm, then the output head.
+            let n = chunk.len();
+            let b = &mut self.b;
+            for (xbt, xt) in b.xb[..n * dim]
+                .chunks_exact_mut(dim)
+                .zip(b.x[..n * dim].chunks_exact(dim))
+            {
+                rmsnorm(xbt, xt, self.output_norm, self.hyper.norm_eps);
+            }
+            let logits = &mut b.logits[..n * vocab];
+            matmul_many(
+                &self.pool,
+                &mut [(&self.output, &mut *logits)],
+                &b.xb[..n * dim],
+                &mut b.acts[..n],
+            );
+            for (t, l) in logits.chunks_exact_mut(vocab).enumerate() {
+                each(c * PREFILL_BATCH + t, l);
+            }
+        }
     }
 
     /// `forward` for up to `PREFILL_BATCH` consecutive tokens from `pos`, without the logits

@@ -46,10 +46,9 @@ pub fn perplexity(
     for w in 0..windows {
         let window = &tokens[w * ctx..(w + 1) * ctx];
         let mut nll = 0.0f64;
-        for pos in 0..ctx - 1 {
-            let logits = engine.forward(window[pos], pos);
+        engine.score(&window[..ctx - 1], 0, &mut |pos, logits| {
             nll += negative_log_likelihood(logits, window[pos + 1] as usize);
-        }
+        });
         total_nll += nll;
         let ppl = (nll / (ctx - 1) as f64).exp();
         per_window.push(ppl);
