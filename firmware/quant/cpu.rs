@@ -377,44 +377,20 @@ mod x86 {
         let act = activations::<F>(a);
         debug_assert!(act.len() >= ng * GROUP && a.d.len() >= ng);
         let p = data.as_ptr();
-        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
         let mut r = 0;
         while r + 4 <= out.len() {
             let mut acc = _mm_setzero_ps();
             for g in 0..ng {
                 let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
-                let (s0, w0) = group_at::<F>(row_bytes, r, g);
-                let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
-                let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
-                let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
-                // Software prefetch of the same group four rows on (two tiles on, swizzled):
-                // streaming DRAM is latency-bound on the hardware prefetcher alone.
-                let ahead = if F == FMT_W4S {
-                    2 * SWIZZLE_TILE_BYTES
-                } else {
-                    4 * row_bytes
-                };
-                for o in [w0[0], w1[0], w2[0], w3[0]] {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
-                }
-                let m0 = dot_lanes::<V>(weights::<F>(p, w0), y);
-                let m1 = dot_lanes::<V>(weights::<F>(p, w1), y);
-                let m2 = dot_lanes::<V>(weights::<F>(p, w2), y);
-                let m3 = dot_lanes::<V>(weights::<F>(p, w3), y);
+                let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
+                let m0 = dot_lanes::<V>(q[0], y);
+                let m1 = dot_lanes::<V>(q[1], y);
+                let m2 = dot_lanes::<V>(q[2], y);
+                let m3 = dot_lanes::<V>(q[3], y);
                 // Four exact int32 group dots, one per row.
                 let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
                 let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
                 // The epilogue, once per group: (d_w * d_x) * i, added in group order.
-                let dw = _mm_cvtph_ps(_mm_set_epi16(
-                    0,
-                    0,
-                    0,
-                    0,
-                    scale(s3) as i16,
-                    scale(s2) as i16,
-                    scale(s1) as i16,
-                    scale(s0) as i16,
-                ));
                 let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
                 acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
             }
@@ -425,6 +401,49 @@ mod x86 {
             out[r] = row_alone::<F, V>(p, row_bytes, r, a);
             r += 1;
         }
+    }
+
+    /// Group `g` of rows `r..r + 4`: each row's 32 weights in register order (`weights`) and
+    /// the four scales as f32. It also prefetches the same group four rows on (two tiles on,
+    /// swizzled): streaming DRAM is latency-bound on the hardware prefetcher alone.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn four_rows<const F: u8>(
+        p: *const u8,
+        row_bytes: usize,
+        r: usize,
+        g: usize,
+    ) -> ([__m256i; 4], __m128) {
+        let (s0, w0) = group_at::<F>(row_bytes, r, g);
+        let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
+        let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
+        let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
+        let ahead = if F == FMT_W4S {
+            2 * SWIZZLE_TILE_BYTES
+        } else {
+            4 * row_bytes
+        };
+        for o in [w0[0], w1[0], w2[0], w3[0]] {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
+        }
+        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned() as i16;
+        let dw = _mm_cvtph_ps(_mm_set_epi16(
+            0,
+            0,
+            0,
+            0,
+            scale(s3),
+            scale(s2),
+            scale(s1),
+            scale(s0),
+        ));
+        let q = [
+            weights::<F>(p, w0),
+            weights::<F>(p, w1),
+            weights::<F>(p, w2),
+            weights::<F>(p, w3),
+        ];
+        (q, dw)
     }
 
     /// Row `r` on its own (a chunk's last rows, past its last four): the same group order and
@@ -470,53 +489,25 @@ mod x86 {
             debug_assert!(activations::<F>(a).len() >= ng * GROUP && a.d.len() >= ng);
         }
         let p = data.as_ptr();
-        let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
         // Each input's four running sums, in memory across the group loop.
         let mut acc = [_mm_setzero_ps(); MAX_INPUTS];
         let mut r = 0;
         while r + 4 <= rows {
             acc[..n].fill(_mm_setzero_ps());
             for g in 0..ng {
-                let (s0, w0) = group_at::<F>(row_bytes, r, g);
-                let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
-                let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
-                let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
-                let ahead = if F == FMT_W4S {
-                    2 * SWIZZLE_TILE_BYTES
-                } else {
-                    4 * row_bytes
-                };
-                for o in [w0[0], w1[0], w2[0], w3[0]] {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
-                }
-                let (q0, q1, q2, q3) = (
-                    weights::<F>(p, w0),
-                    weights::<F>(p, w1),
-                    weights::<F>(p, w2),
-                    weights::<F>(p, w3),
-                );
-                let (u0, u1, u2, u3) = (
-                    _mm256_sign_epi8(q0, q0),
-                    _mm256_sign_epi8(q1, q1),
-                    _mm256_sign_epi8(q2, q2),
-                    _mm256_sign_epi8(q3, q3),
-                );
-                let dw = _mm_cvtph_ps(_mm_set_epi16(
-                    0,
-                    0,
-                    0,
-                    0,
-                    scale(s3) as i16,
-                    scale(s2) as i16,
-                    scale(s1) as i16,
-                    scale(s0) as i16,
-                ));
+                let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
+                let u = [
+                    _mm256_sign_epi8(q[0], q[0]),
+                    _mm256_sign_epi8(q[1], q[1]),
+                    _mm256_sign_epi8(q[2], q[2]),
+                    _mm256_sign_epi8(q[3], q[3]),
+                ];
                 for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                     let y = _mm256_loadu_si256(activations::<F>(a).as_ptr().add(g * GROUP).cast());
-                    let m0 = dot_lanes_abs::<V>(u0, q0, y);
-                    let m1 = dot_lanes_abs::<V>(u1, q1, y);
-                    let m2 = dot_lanes_abs::<V>(u2, q2, y);
-                    let m3 = dot_lanes_abs::<V>(u3, q3, y);
+                    let m0 = dot_lanes_abs::<V>(u[0], q[0], y);
+                    let m1 = dot_lanes_abs::<V>(u[1], q[1], y);
+                    let m2 = dot_lanes_abs::<V>(u[2], q[2], y);
+                    let m3 = dot_lanes_abs::<V>(u[3], q[3], y);
                     let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
                     let i4 =
                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
