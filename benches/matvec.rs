@@ -1,11 +1,14 @@
-//! Matrix-vector product throughput, in GB/s of weight bytes read.
+//! Matrix-vector product throughput, in GB/s of weight bytes read; and the batched prefill
+//! product (`matmul_many`, 16 inputs, one thread: the kernels' own speed), in weight values
+//! times inputs per second.
 //!
 //! Shapes are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (output).
-//! `cargo bench --bench matvec [-- FILTER]`
+//! `cargo bench --bench matvec [-- FILTER]`, e.g. `-- matmul16` for the batched group alone.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use leanstream::backend::cpu::{matvec, ActScratch, Matrix, WorkerPool};
+use leanstream::backend::cpu::{matmul_many, matvec, ActScratch, Matrix, WorkerPool};
 use leanstream::model::ggml::GgmlType;
+use leanstream::quant::{Packing, QFormat};
 use std::time::Duration;
 
 /// Random bytes (xorshift), with every f16 scale / value set to a sane normal number.
@@ -68,6 +71,50 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
+    matmul16(c);
+}
+
+/// `matmul_many` over 16 inputs (a prefill batch) on the gate/up shape, one thread, for the
+/// classic types and the low-bit formats (w8 over Q8_0-shaped bytes, w4 over Q4_0-shaped ones).
+fn matmul16(c: &mut Criterion) {
+    const N: usize = 16;
+    let (rows, cols) = (1536, 576);
+    let pool = WorkerPool::new(1);
+    let mut acts: Vec<ActScratch> = (0..N).map(|_| ActScratch::new(cols)).collect();
+    let xs: Vec<f32> = (0..N * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let mut out = vec![0f32; N * rows];
+    let mut g = c.benchmark_group("matmul16");
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1500))
+        .sample_size(20)
+        .throughput(Throughput::Elements((N * rows * cols) as u64));
+    let cases = [
+        ("q8_0", GgmlType::Q8_0, None),
+        ("q4_0", GgmlType::Q4_0, None),
+        ("q4_1", GgmlType::Q4_1, None),
+        ("w8", GgmlType::Q8_0, Some(QFormat::W8)),
+        (
+            "w4-interleaved",
+            GgmlType::Q4_0,
+            Some(QFormat::W4(Packing::Interleaved)),
+        ),
+    ];
+    for (name, ty, q) in cases {
+        let data = weights(ty, rows, cols);
+        let w = Matrix {
+            ty,
+            q,
+            rows,
+            cols,
+            data: &data,
+        };
+        g.bench_function(name, |b| {
+            b.iter(|| matmul_many(&pool, &mut [(&w, &mut out[..])], &xs, &mut acts))
+        });
+    }
+    g.finish();
 }
 
 criterion_group!(benches, bench);

@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
     /// int4 packing for w4a8: contiguous, interleaved or swizzled.
-    #[arg(long, default_value = "interleaved", value_parser = Packing::parse)]
+    #[arg(long, default_value = "swizzled", value_parser = Packing::parse)]
     packing: Packing,
     /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
     #[arg(long, default_value = "adaptive")]

@@ -78,12 +78,7 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 {
-        let v = if VNNI.load(Ordering::Relaxed) {
-            x86::vnni()
-        } else {
-            x86::VNNI_NONE
-        };
-        return match v {
+        return match vnni_form() {
             x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f),
             x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f),
             _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f),
@@ -111,17 +106,23 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
 }
 
+/// The VNNI form the x86 integer kernels use: what this CPU has, unless the `+no-vnni`
+/// ablation turned it off. Shared with the classic GGML kernels (`backend::cpu::matvec`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vnni_form() -> u8 {
+    if VNNI.load(Ordering::Relaxed) {
+        x86::vnni()
+    } else {
+        x86::VNNI_NONE
+    }
+}
+
 /// The many-input kernel of `f` under `k`, where there is one (AVX2 with deferred
 /// dequantization); elsewhere the caller runs `chunk_fn` once per input.
 pub(crate) fn chunk_many_fn(f: QFormat, k: Kernel) -> Option<ChunkManyFn> {
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 && deferred_dequant() {
-        let v = if VNNI.load(Ordering::Relaxed) {
-            x86::vnni()
-        } else {
-            x86::VNNI_NONE
-        };
-        return Some(match v {
+        return Some(match vnni_form() {
             x86::VNNI_VEX => x86::chunk_many_for::<{ x86::VNNI_VEX }>(f),
             x86::VNNI_EVEX => x86::chunk_many_for::<{ x86::VNNI_EVEX }>(f),
             _ => x86::chunk_many_for::<{ x86::VNNI_NONE }>(f),
@@ -249,7 +250,7 @@ unsafe fn scalar_chunk<const F: u8>(data: &[u8], row_bytes: usize, a: &Act, out:
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::*;
     use crate::backend::cpu::matvec::MAX_INPUTS;
     use std::arch::x86_64::*;
@@ -286,14 +287,14 @@ mod x86 {
         }
     }
 
-    pub(super) const VNNI_NONE: u8 = 0;
+    pub(crate) const VNNI_NONE: u8 = 0;
     /// AVX-VNNI: `vpdpbusd` VEX-encoded (Alder Lake, Sapphire Rapids and later; Zen 5).
-    pub(super) const VNNI_VEX: u8 = 1;
+    pub(crate) const VNNI_VEX: u8 = 1;
     /// AVX512-VNNI with AVX512-VL: the EVEX form on ymm registers (Cascade/Ice Lake, Zen 4).
-    pub(super) const VNNI_EVEX: u8 = 2;
+    pub(crate) const VNNI_EVEX: u8 = 2;
 
     /// The VNNI form this CPU has (detected once by the standard library, cached).
-    pub(super) fn vnni() -> u8 {
+    pub(crate) fn vnni() -> u8 {
         if is_x86_feature_detected!("avxvnni") {
             VNNI_VEX
         } else if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
@@ -308,7 +309,7 @@ mod x86 {
             QFormat::W8 => chunk::<FMT_W8, V>,
             QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
             QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
-            QFormat::W4(Packing::Swizzled) => chunk::<FMT_W4S, V>,
+            QFormat::W4(Packing::Swizzled) => chunk_swizzled::<V>,
         }
     }
 
@@ -317,7 +318,7 @@ mod x86 {
             QFormat::W8 => chunk_many::<FMT_W8, V>,
             QFormat::W4(Packing::Contiguous) => chunk_many::<FMT_W4C, V>,
             QFormat::W4(Packing::Interleaved) => chunk_many::<FMT_W4I, V>,
-            QFormat::W4(Packing::Swizzled) => chunk_many::<FMT_W4S, V>,
+            QFormat::W4(Packing::Swizzled) => chunk_many_swizzled::<V>,
         }
     }
 
@@ -333,10 +334,19 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_lanes_abs<const V: u8>(u: __m256i, w: __m256i, y: __m256i) -> __m256i {
-        let s = _mm256_sign_epi8(y, w);
-        let mut acc = _mm256_setzero_si256();
-        // SAFETY (both asm blocks): `chunk_fn` picks V only where `vnni()` found the form on
-        // this CPU; the instruction reads and writes registers only.
+        dpbusd::<V>(_mm256_setzero_si256(), u, _mm256_sign_epi8(y, w))
+    }
+
+    /// `acc` plus, in each 32-bit lane, the four products of unsigned bytes `u` with signed
+    /// bytes `s`. VNNI: one `vpdpbusd`, exact. AVX2: `maddubs` + `madd` + add, exact only where
+    /// each adjacent pair of products fits an i16 (|u| <= 128 with |s| <= 127, or u <= 31);
+    /// callers keep to that.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dpbusd<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        let mut acc = acc;
+        // SAFETY (both asm blocks): V is a VNNI form only where `vnni()` found it on this CPU
+        // (`vnni_form`); the instruction reads and writes registers only.
         match V {
             VNNI_VEX => std::arch::asm!(
                 "{{vex}} vpdpbusd {acc}, {u}, {s}",
@@ -352,9 +362,45 @@ mod x86 {
                 s = in(ymm_reg) s,
                 options(pure, nomem, nostack, preserves_flags)
             ),
-            _ => acc = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+            _ => {
+                let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+                acc = _mm256_add_epi32(acc, pairs)
+            }
         }
         acc
+    }
+
+    /// Whether format `F` under `V` dots unsigned weights (`offset_weights`) with the
+    /// activations as they are, starting from `bias` (no per-input sign trick): always with
+    /// VNNI; without it only for w4, whose unsigned values (0..15) keep `maddubs` exact.
+    #[inline(always)]
+    fn unsigned_dot<const F: u8, const V: u8>() -> bool {
+        V != VNNI_NONE || F != FMT_W8
+    }
+
+    /// The group's weights made unsigned: `w + 128` (w8), `w + 8` (w4; the nibble itself).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offset_weights<const F: u8>(q: __m256i) -> __m256i {
+        if F == FMT_W8 {
+            _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+        } else {
+            _mm256_add_epi8(q, _mm256_set1_epi8(8))
+        }
+    }
+
+    /// The start of an unsigned dot for group `g`: `-offset * y` summed per lane, so that
+    /// `bias + sum (w + offset) * y = sum w * y` exactly. Any split of the group's sum over the
+    /// lanes will do, since the kernels add the eight lanes of a group together.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bias<const F: u8>(a: &Act, g: usize) -> __m256i {
+        let neg = _mm256_loadu_si256(a.ls.as_ptr().add(8 * g).cast());
+        if F == FMT_W8 {
+            _mm256_slli_epi32(neg, 7)
+        } else {
+            _mm256_slli_epi32(neg, 3)
+        }
     }
 
     #[inline]
@@ -375,7 +421,8 @@ mod x86 {
     ) {
         let ng = groups::<F>(row_bytes);
         let act = activations::<F>(a);
-        debug_assert!(act.len() >= ng * GROUP && a.d.len() >= ng);
+        // Once per chunk: the unchecked reads below stay inside these.
+        assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng);
         let p = data.as_ptr();
         let mut r = 0;
         while r + 4 <= out.len() {
@@ -383,10 +430,22 @@ mod x86 {
             for g in 0..ng {
                 let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
                 let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
-                let m0 = dot_lanes::<V>(q[0], y);
-                let m1 = dot_lanes::<V>(q[1], y);
-                let m2 = dot_lanes::<V>(q[2], y);
-                let m3 = dot_lanes::<V>(q[3], y);
+                let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
+                    let b = bias::<F>(a, g);
+                    [
+                        dpbusd::<V>(b, offset_weights::<F>(q[0]), y),
+                        dpbusd::<V>(b, offset_weights::<F>(q[1]), y),
+                        dpbusd::<V>(b, offset_weights::<F>(q[2]), y),
+                        dpbusd::<V>(b, offset_weights::<F>(q[3]), y),
+                    ]
+                } else {
+                    [
+                        dot_lanes::<V>(q[0], y),
+                        dot_lanes::<V>(q[1], y),
+                        dot_lanes::<V>(q[2], y),
+                        dot_lanes::<V>(q[3], y),
+                    ]
+                };
                 // Four exact int32 group dots, one per row.
                 let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
                 let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -486,7 +545,8 @@ mod x86 {
         let n = acts.len();
         assert!(n <= MAX_INPUTS, "{n} inputs");
         for a in acts {
-            debug_assert!(activations::<F>(a).len() >= ng * GROUP && a.d.len() >= ng);
+            assert!(activations::<F>(a).len() >= ng * GROUP && a.d.len() >= ng);
+            assert!(a.ls.len() >= 8 * ng);
         }
         let p = data.as_ptr();
         // Each input's four running sums, in memory across the group loop.
@@ -496,18 +556,40 @@ mod x86 {
             acc[..n].fill(_mm_setzero_ps());
             for g in 0..ng {
                 let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
-                let u = [
-                    _mm256_sign_epi8(q[0], q[0]),
-                    _mm256_sign_epi8(q[1], q[1]),
-                    _mm256_sign_epi8(q[2], q[2]),
-                    _mm256_sign_epi8(q[3], q[3]),
-                ];
+                // Unsigned weights (`unsigned_dot`), else |w| for the sign trick.
+                let u = if unsigned_dot::<F, V>() {
+                    [
+                        offset_weights::<F>(q[0]),
+                        offset_weights::<F>(q[1]),
+                        offset_weights::<F>(q[2]),
+                        offset_weights::<F>(q[3]),
+                    ]
+                } else {
+                    [
+                        _mm256_sign_epi8(q[0], q[0]),
+                        _mm256_sign_epi8(q[1], q[1]),
+                        _mm256_sign_epi8(q[2], q[2]),
+                        _mm256_sign_epi8(q[3], q[3]),
+                    ]
+                };
                 for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                     let y = _mm256_loadu_si256(activations::<F>(a).as_ptr().add(g * GROUP).cast());
-                    let m0 = dot_lanes_abs::<V>(u[0], q[0], y);
-                    let m1 = dot_lanes_abs::<V>(u[1], q[1], y);
-                    let m2 = dot_lanes_abs::<V>(u[2], q[2], y);
-                    let m3 = dot_lanes_abs::<V>(u[3], q[3], y);
+                    let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
+                        let b = bias::<F>(a, g);
+                        [
+                            dpbusd::<V>(b, u[0], y),
+                            dpbusd::<V>(b, u[1], y),
+                            dpbusd::<V>(b, u[2], y),
+                            dpbusd::<V>(b, u[3], y),
+                        ]
+                    } else {
+                        [
+                            dot_lanes_abs::<V>(u[0], q[0], y),
+                            dot_lanes_abs::<V>(u[1], q[1], y),
+                            dot_lanes_abs::<V>(u[2], q[2], y),
+                            dot_lanes_abs::<V>(u[3], q[3], y),
+                        ]
+                    };
                     let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
                     let i4 =
                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -525,6 +607,133 @@ mod x86 {
                 *out.add(t * out_stride + r) = row_alone::<F, V>(p, row_bytes, r, a);
             }
             r += 1;
+        }
+    }
+
+    /// Rows per register in the swizzled kernels: eight 32-bit lanes, one row each.
+    const OCTET: usize = 8;
+
+    /// Group `g` of rows `r..r + 8` of a swizzled matrix (`r` a multiple of 8, so the eight
+    /// share a band): in a swizzled tile, word k of 32 rows is 128 contiguous bytes, so one
+    /// load gives word k of eight rows, a 32-bit lane each. Its low nibbles are elements
+    /// 8k..8k + 3 of each row and its high nibbles 8k + 4..8k + 7, i.e. bytes 4k..4k + 3 and
+    /// 16 + 4k.. of the `PERM`-ordered activations. Returns the low and high nibbles of the
+    /// four words (unsigned, 0..15) and the eight rows' scales as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn octet_group(p: *const u8, ng: usize, r: usize, g: usize) -> ([__m256i; 8], __m256) {
+        let (band, lane) = (r / SWIZZLE_ROWS, r % SWIZZLE_ROWS);
+        let t = p.add((band * ng + g) * SWIZZLE_TILE_BYTES);
+        // The same slice of the tile two groups on.
+        let ahead = t.wrapping_add(2 * SWIZZLE_TILE_BYTES);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(2 * lane).cast());
+        let m = _mm256_set1_epi8(0x0F);
+        let mut nib = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let at = 64 + 128 * k + 4 * lane;
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at).cast());
+            let v = _mm256_loadu_si256(t.add(at).cast());
+            nib[k] = _mm256_and_si256(v, m);
+            nib[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(t.add(2 * lane).cast()));
+        (nib, dw)
+    }
+
+    /// The exact int32 dots of one group of eight rows (`octet_group`) with one input's
+    /// group `y` (`PERM` order): each lane gets its row's `sum (n - 8) * y` as `sum n * y`
+    /// from the start `-8 * sum y`, in two chains (low and high nibbles) added at the end.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn octet_dot<const V: u8>(nib: &[__m256i; 8], y: *const i8, neg_sum: i32) -> __m256i {
+        let word = |o: usize| _mm256_set1_epi32(y.add(o).cast::<i32>().read_unaligned());
+        let mut lo = _mm256_set1_epi32(neg_sum << 3);
+        let mut hi = _mm256_setzero_si256();
+        for k in 0..4 {
+            lo = dpbusd::<V>(lo, nib[k], word(4 * k));
+            hi = dpbusd::<V>(hi, nib[4 + k], word(16 + 4 * k));
+        }
+        _mm256_add_epi32(lo, hi)
+    }
+
+    /// The swizzled packing's matrix-vector kernel: eight rows per register, so each row's
+    /// group dot is whole in its lane and needs no horizontal add; the epilogue is the other
+    /// kernels' (`(d_w * d_x) * i` added in group order), eight rows at once, so the results
+    /// are bit-identical. Rows past the chunk's last (the band's padding) are computed from
+    /// the padding bytes and not stored.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk_swizzled<const V: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let ng = row_bytes / W4_GROUP_BYTES;
+        let rows = out.len();
+        // Once per chunk: the unchecked reads below stay inside these.
+        assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng && a.gs.len() >= ng);
+        assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+        let p = data.as_ptr();
+        for r in (0..rows).step_by(OCTET) {
+            let mut acc = _mm256_setzero_ps();
+            for g in 0..ng {
+                let (nib, dw) = octet_group(p, ng, r, g);
+                let y = a.qp.as_ptr().add(g * GROUP);
+                let i = octet_dot::<V>(&nib, y, *a.gs.get_unchecked(g));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(g)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i)));
+            }
+            store_rows(acc, out.as_mut_ptr().add(r), rows - r);
+        }
+    }
+
+    /// `chunk_swizzled` for several inputs: each group of eight rows is loaded and unpacked
+    /// once, then dotted with every input (bit-identical per input).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk_many_swizzled<const V: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        acts: &[Act],
+        out: *mut f32,
+        out_stride: usize,
+        rows: usize,
+    ) {
+        let ng = row_bytes / W4_GROUP_BYTES;
+        let n = acts.len();
+        assert!(n <= MAX_INPUTS, "{n} inputs");
+        for a in acts {
+            assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng && a.gs.len() >= ng);
+        }
+        assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+        let p = data.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); MAX_INPUTS];
+        for r in (0..rows).step_by(OCTET) {
+            acc[..n].fill(_mm256_setzero_ps());
+            for g in 0..ng {
+                let (nib, dw) = octet_group(p, ng, r, g);
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let y = a.qp.as_ptr().add(g * GROUP);
+                    let i = octet_dot::<V>(&nib, y, *a.gs.get_unchecked(g));
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(g)));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i)));
+                }
+            }
+            for (t, acc) in acc[..n].iter().enumerate() {
+                store_rows(*acc, out.add(t * out_stride + r), rows - r);
+            }
+        }
+    }
+
+    /// Stores the first `min(8, left)` lanes of `v` at `o`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store_rows(v: __m256, o: *mut f32, left: usize) {
+        if left >= OCTET {
+            _mm256_storeu_ps(o, v);
+        } else {
+            let mut lanes = [0f32; OCTET];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), o, left);
         }
     }
 
@@ -604,21 +813,28 @@ mod x86 {
             check_format::<FMT_W4C>(&variants::<FMT_W4C>());
             check_format::<FMT_W4I>(&variants::<FMT_W4I>());
             check_format::<FMT_W4S>(&variants::<FMT_W4S>());
-            check_many::<FMT_W8>(chunk::<FMT_W8, VNNI_NONE>, chunk_many::<FMT_W8, VNNI_NONE>);
-            check_many::<FMT_W4C>(
-                chunk::<FMT_W4C, VNNI_NONE>,
-                chunk_many::<FMT_W4C, VNNI_NONE>,
-            );
-            check_many::<FMT_W4I>(
-                chunk::<FMT_W4I, VNNI_NONE>,
-                chunk_many::<FMT_W4I, VNNI_NONE>,
-            );
-            check_many::<FMT_W4S>(
-                chunk::<FMT_W4S, VNNI_NONE>,
-                chunk_many::<FMT_W4S, VNNI_NONE>,
-            );
-            if vnni() != VNNI_NONE {
-                check_many::<FMT_W8>(chunk::<FMT_W8, VNNI_VEX>, chunk_many::<FMT_W8, VNNI_VEX>);
+            // The swizzled packing's own eight-row kernels, under AVX2 and this CPU's VNNI.
+            let mut swz: Vec<(&'static str, ChunkFn)> =
+                vec![("avx2 swizzled", chunk_swizzled::<VNNI_NONE>)];
+            match vnni() {
+                VNNI_VEX => swz.push(("avx-vnni swizzled", chunk_swizzled::<VNNI_VEX>)),
+                VNNI_EVEX => swz.push(("avx512-vnni swizzled", chunk_swizzled::<VNNI_EVEX>)),
+                _ => {}
+            }
+            check_format::<FMT_W4S>(&swz);
+            // The many-input kernels under AVX2 and under the VNNI form this CPU has.
+            fn many_all<const V: u8>() {
+                check_many::<FMT_W8>(chunk::<FMT_W8, V>, chunk_many::<FMT_W8, V>);
+                check_many::<FMT_W4C>(chunk::<FMT_W4C, V>, chunk_many::<FMT_W4C, V>);
+                check_many::<FMT_W4I>(chunk::<FMT_W4I, V>, chunk_many::<FMT_W4I, V>);
+                check_many::<FMT_W4S>(chunk::<FMT_W4S, V>, chunk_many::<FMT_W4S, V>);
+                check_many::<FMT_W4S>(chunk_swizzled::<V>, chunk_many_swizzled::<V>);
+            }
+            many_all::<VNNI_NONE>();
+            match vnni() {
+                VNNI_VEX => many_all::<VNNI_VEX>(),
+                VNNI_EVEX => many_all::<VNNI_EVEX>(),
+                _ => {}
             }
             let names: Vec<&str> = variants::<FMT_W8>().iter().map(|v| v.0).collect();
             if names.len() == 1 {
@@ -795,7 +1011,7 @@ fn test_matrix<const F: u8>(next: &mut impl FnMut() -> u64) -> (Vec<u8>, usize) 
 
 /// Random quantized activations (`TEST_COLS`): int8 values, their permuted copy, group scales.
 #[cfg(test)]
-fn test_act(next: &mut impl FnMut() -> u64) -> (Vec<i8>, Vec<i8>, Vec<f32>) {
+fn test_act(next: &mut impl FnMut() -> u64) -> TestAct {
     let ng = TEST_COLS / GROUP;
     // Activations are quantized to -127..=127 (`quantize_q8`), never -128.
     let qs: Vec<i8> = (0..TEST_COLS)
@@ -807,7 +1023,37 @@ fn test_act(next: &mut impl FnMut() -> u64) -> (Vec<i8>, Vec<i8>, Vec<f32>) {
     let d: Vec<f32> = (0..ng)
         .map(|g| 0.01 + g as f32 * 0.003 + k * 0.001)
         .collect();
-    (qs, qp, d)
+    let ls: Vec<i32> = qs
+        .chunks_exact(4)
+        .map(|run| -run.iter().map(|&q| q as i32).sum::<i32>())
+        .collect();
+    let gs = ls.chunks_exact(8).map(|b| b.iter().sum()).collect();
+    TestAct { qs, qp, d, ls, gs }
+}
+
+/// Activations as `Act` borrows them (see `test_act`).
+#[cfg(test)]
+struct TestAct {
+    qs: Vec<i8>,
+    qp: Vec<i8>,
+    d: Vec<f32>,
+    ls: Vec<i32>,
+    gs: Vec<i32>,
+}
+
+#[cfg(test)]
+impl TestAct {
+    fn act(&self) -> Act<'_> {
+        Act {
+            x: &[],
+            qs: &self.qs,
+            qp: &self.qp,
+            d: &self.d,
+            s: &[],
+            ls: &self.ls,
+            gs: &self.gs,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -833,16 +1079,7 @@ fn check_many<const F: u8>(one: ChunkFn, many: ChunkManyFn) {
     let mut next = xorshift(0x9E37_79B9_7F4A_7C15 ^ F as u64);
     let (data, rb) = test_matrix::<F>(&mut next);
     let inputs: Vec<_> = (0..5).map(|_| test_act(&mut next)).collect();
-    let acts: Vec<Act> = inputs
-        .iter()
-        .map(|(qs, qp, d)| Act {
-            x: &[],
-            qs,
-            qp,
-            d,
-            s: &[],
-        })
-        .collect();
+    let acts: Vec<Act> = inputs.iter().map(TestAct::act).collect();
     let mut got = vec![0f32; acts.len() * TEST_ROWS];
     // SAFETY: AVX2 was checked by the caller; `got` holds every input's rows.
     unsafe { many(&data, rb, &acts, got.as_mut_ptr(), TEST_ROWS, TEST_ROWS) };
@@ -865,14 +1102,8 @@ fn check_many<const F: u8>(one: ChunkFn, many: ChunkManyFn) {
 fn check_format<const F: u8>(variants: &[(&'static str, ChunkFn)]) {
     let mut next = xorshift(0x2545_F491_4F6C_DD1Du64 ^ F as u64);
     let (data, rb) = test_matrix::<F>(&mut next);
-    let (qs, qp, d) = test_act(&mut next);
-    let a = Act {
-        x: &[],
-        qs: &qs,
-        qp: &qp,
-        d: &d,
-        s: &[],
-    };
+    let input = test_act(&mut next);
+    let a = input.act();
     let rows = TEST_ROWS;
     let mut want = vec![0f32; rows];
     // SAFETY: the scalar kernel needs no CPU feature; `data` and `a` cover every group.

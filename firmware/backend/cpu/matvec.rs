@@ -235,6 +235,8 @@ pub struct ActScratch {
     qp: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    ls: Vec<i32>,
+    gs: Vec<i32>,
 }
 
 impl ActScratch {
@@ -246,6 +248,8 @@ impl ActScratch {
             qp: vec![0; nb * QK],
             d: vec![0.0; nb],
             s: vec![0.0; nb],
+            ls: vec![0; nb * LANES],
+            gs: vec![0; nb],
         }
     }
 
@@ -273,6 +277,11 @@ impl ActScratch {
             &mut self.d[..nb],
             &mut self.s[..nb],
         );
+        lane_sums(
+            &self.qs[..x.len()],
+            &mut self.ls[..nb * LANES],
+            &mut self.gs[..nb],
+        );
         if permuted {
             crate::quant::cpu::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
         }
@@ -282,6 +291,8 @@ impl ActScratch {
             qp: &self.qp[..if permuted { x.len() } else { 0 }],
             d: &self.d[..nb],
             s: &self.s[..nb],
+            ls: &self.ls[..nb * LANES],
+            gs: &self.gs[..nb],
         }
     }
 }
@@ -298,6 +309,44 @@ pub(crate) struct Act<'a> {
     pub(crate) qp: &'a [i8],
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
+    /// Minus the sums of `qs` in runs of four (`LANES` per block): the start of the x86
+    /// kernels' unsigned dots, `sum (w + k) * y - k * sum y` (see `lane_sums`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) ls: &'a [i32],
+    /// Minus the sum of each block of `qs` (the x86 swizzled w4 kernel's start, per group).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) gs: &'a [i32],
+}
+
+impl<'a> Act<'a> {
+    /// The input alone, for kernels that read floats (no int8 blocks).
+    fn plain(x: &'a [f32]) -> Act<'a> {
+        Act {
+            x,
+            qs: &[],
+            qp: &[],
+            d: &[],
+            s: &[],
+            ls: &[],
+            gs: &[],
+        }
+    }
+}
+
+/// 32-bit lanes of a block's dot product in a 256-bit register: four bytes each.
+pub(crate) const LANES: usize = 8;
+
+/// `ls[8b + j] = -(qs[32b + 4j] + ... + qs[32b + 4j + 3])`, and `gs[b]` the sum of block b's. With these the x86 kernels dot
+/// signed weights `w` as unsigned `u = w + k` (k = 8 for 4-bit, 16 for 5-bit, 128 for 8-bit
+/// values) without the per-input sign trick: starting each 32-bit lane at `k * ls` gives
+/// `sum u * y - k * sum y = sum w * y`, the same exact int32 lanes.
+fn lane_sums(qs: &[i8], ls: &mut [i32], gs: &mut [i32]) {
+    for (run, l) in qs.chunks_exact(4).zip(ls.iter_mut()) {
+        *l = -run.iter().map(|&q| q as i32).sum::<i32>();
+    }
+    for (block, g) in ls.chunks_exact(LANES).zip(gs.iter_mut()) {
+        *g = block.iter().sum();
+    }
 }
 
 /// Q8_1-style quantization of `x` into blocks of 32 (round half away from zero).
@@ -479,13 +528,7 @@ pub fn matvec_gather_with(
     let a = if uses_q8(w.ty) {
         act.quantize(x, false)
     } else {
-        Act {
-            x,
-            qs: &[],
-            qp: &[],
-            d: &[],
-            s: &[],
-        }
+        Act::plain(x)
     };
     let f = chunk_fn(w.ty, k);
     let f4 = dot4_fn(w.ty, k);
@@ -650,13 +693,7 @@ fn rows_many_with(
         let a = if need_q8 {
             act.quantize(x, permuted)
         } else {
-            Act {
-                x,
-                qs: &[],
-                qp: &[],
-                d: &[],
-                s: &[],
-            }
+            Act::plain(x)
         };
         // Cannot fail: n_in <= MAX_INPUTS, asserted above.
         let _ = inputs.push(a);
@@ -1058,15 +1095,28 @@ mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::quant::cpu::vnni_form;
+    use crate::quant::cpu::x86::{dpbusd, VNNI_EVEX, VNNI_NONE, VNNI_VEX};
     use std::arch::x86_64::*;
+
+    /// `f::<V>` for the VNNI form `V` this CPU has (`quant::cpu::vnni_form`).
+    macro_rules! by_vnni {
+        ($f:ident) => {
+            match vnni_form() {
+                VNNI_VEX => $f::<VNNI_VEX>,
+                VNNI_EVEX => $f::<VNNI_EVEX>,
+                _ => $f::<VNNI_NONE>,
+            }
+        };
+    }
 
     pub(super) fn chunk_fn(ty: GgmlType) -> ChunkFn {
         match ty {
-            GgmlType::Q4_0 => chunk_q4_0,
-            GgmlType::Q4_1 => chunk_q4_1,
-            GgmlType::Q5_0 => chunk_q5_0,
-            GgmlType::Q5_1 => chunk_q5_1,
-            GgmlType::Q8_0 => chunk_q8_0,
+            GgmlType::Q4_0 => by_vnni!(chunk_q4_0),
+            GgmlType::Q4_1 => by_vnni!(chunk_q4_1),
+            GgmlType::Q5_0 => by_vnni!(chunk_q5_0),
+            GgmlType::Q5_1 => by_vnni!(chunk_q5_1),
+            GgmlType::Q8_0 => by_vnni!(chunk_q8_0),
             GgmlType::F32 => chunk_f32,
             GgmlType::F16 => chunk_f16,
             GgmlType::BF16 => chunk_bf16,
@@ -1075,14 +1125,39 @@ mod x86 {
         }
     }
 
+    /// Every form of the classic kernel of `ty` this CPU runs: AVX2 alone, and the VNNI form
+    /// it has (`None` for types without a classic kernel).
+    #[cfg(test)]
+    pub(super) fn classic_forms(ty: GgmlType) -> Option<Vec<(&'static str, ChunkFn)>> {
+        macro_rules! forms {
+            ($f:ident) => {{
+                let mut v: Vec<(&'static str, ChunkFn)> = vec![("avx2", $f::<VNNI_NONE>)];
+                match crate::quant::cpu::x86::vnni() {
+                    VNNI_VEX => v.push(("avx-vnni", $f::<VNNI_VEX>)),
+                    VNNI_EVEX => v.push(("avx512-vnni", $f::<VNNI_EVEX>)),
+                    _ => {}
+                }
+                v
+            }};
+        }
+        Some(match ty {
+            GgmlType::Q4_0 => forms!(chunk_q4_0),
+            GgmlType::Q4_1 => forms!(chunk_q4_1),
+            GgmlType::Q5_0 => forms!(chunk_q5_0),
+            GgmlType::Q5_1 => forms!(chunk_q5_1),
+            GgmlType::Q8_0 => forms!(chunk_q8_0),
+            _ => return None,
+        })
+    }
+
     /// The many-input kernel for the 32-value block types (batched prefill).
     pub(super) fn many_fn(ty: GgmlType) -> Option<ChunkManyFn> {
         Some(match ty {
-            GgmlType::Q4_0 => many_q4_0,
-            GgmlType::Q4_1 => many_q4_1,
-            GgmlType::Q5_0 => many_q5_0,
-            GgmlType::Q5_1 => many_q5_1,
-            GgmlType::Q8_0 => many_q8_0,
+            GgmlType::Q4_0 => by_vnni!(many_q4_0),
+            GgmlType::Q4_1 => by_vnni!(many_q4_1),
+            GgmlType::Q5_0 => by_vnni!(many_q5_0),
+            GgmlType::Q5_1 => by_vnni!(many_q5_1),
+            GgmlType::Q8_0 => by_vnni!(many_q8_0),
             _ => return None,
         })
     }
@@ -1090,11 +1165,11 @@ mod x86 {
     /// The four-row kernel for the 32-value block types (gathered and paired rows).
     pub(super) fn dot4_fn(ty: GgmlType) -> Option<Dot4Fn> {
         Some(match ty {
-            GgmlType::Q4_0 => dot4_q4_0,
-            GgmlType::Q4_1 => dot4_q4_1,
-            GgmlType::Q5_0 => dot4_q5_0,
-            GgmlType::Q5_1 => dot4_q5_1,
-            GgmlType::Q8_0 => dot4_q8_0,
+            GgmlType::Q4_0 => by_vnni!(dot4_q4_0),
+            GgmlType::Q4_1 => by_vnni!(dot4_q4_1),
+            GgmlType::Q5_0 => by_vnni!(dot4_q5_0),
+            GgmlType::Q5_1 => by_vnni!(dot4_q5_1),
+            GgmlType::Q8_0 => by_vnni!(dot4_q8_0),
             _ => return None,
         })
     }
@@ -1163,19 +1238,77 @@ mod x86 {
         _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
     }
 
-    /// Unsigned bytes `ux` times signed bytes `y`, summed in groups of 4, as 8 floats.
+    /// One block's dot as 8 floats, lane j = `sum w * y` over values 4j..4j + 3, exact in
+    /// int32 before the conversion. `w`: the block's 32 weights; with `SHIFT` = 0 they are
+    /// unsigned (the `_1` types), else signed, and dotted as unsigned `u = w + 2^SHIFT` from
+    /// the start `2^SHIFT * ls` (`Act::ls`), which gives the same int32 lanes without the
+    /// per-input sign trick, wherever the dot is exact for such `u`: under VNNI, or with
+    /// `FITS` (u <= 31 keeps `maddubs` from saturating). Otherwise the sign trick.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul_sum_us8(ux: __m256i, y: __m256i) -> __m256 {
-        let dot = _mm256_maddubs_epi16(ux, y);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+    unsafe fn block_lanes<const V: u8, const SHIFT: i32, const FITS: bool>(
+        w: __m256i,
+        y: __m256i,
+        a: &Act,
+        b: usize,
+    ) -> __m256 {
+        let u = block_operand::<V, SHIFT, FITS>(w);
+        block_dot::<V, SHIFT, FITS>(block_start::<V, SHIFT, FITS>(a, b), u, y)
     }
 
-    /// Signed bytes times signed bytes, summed in groups of 4, as 8 floats.
+    /// Whether `block_lanes` dots offset unsigned weights from a start (else: the sign trick,
+    /// or no offset at all with `SHIFT` = 0).
+    #[inline(always)]
+    fn offset_dot<const V: u8, const SHIFT: i32, const FITS: bool>() -> bool {
+        SHIFT != 0 && (V != VNNI_NONE || FITS)
+    }
+
+    /// The weights in the form `block_dot` takes: `w + 2^SHIFT` for an offset dot, else `w`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
-        mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+    unsafe fn block_operand<const V: u8, const SHIFT: i32, const FITS: bool>(
+        w: __m256i,
+    ) -> __m256i {
+        if !offset_dot::<V, SHIFT, FITS>() {
+            w
+        } else if SHIFT == 7 {
+            _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+        } else {
+            _mm256_add_epi8(w, _mm256_set1_epi8(1 << SHIFT))
+        }
+    }
+
+    /// The start of input `a`'s dot with block `b`: `2^SHIFT * ls` for an offset dot, else 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_start<const V: u8, const SHIFT: i32, const FITS: bool>(
+        a: &Act,
+        b: usize,
+    ) -> __m256i {
+        if offset_dot::<V, SHIFT, FITS>() {
+            debug_assert!(a.ls.len() >= LANES * (b + 1));
+            let neg = _mm256_loadu_si256(a.ls.as_ptr().add(LANES * b).cast());
+            _mm256_slli_epi32::<SHIFT>(neg)
+        } else {
+            _mm256_setzero_si256()
+        }
+    }
+
+    /// `block_lanes` from its parts (`block_operand` of the weights, `block_start` of the
+    /// input), so that a kernel can make each once and use it for several rows or inputs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_dot<const V: u8, const SHIFT: i32, const FITS: bool>(
+        start: __m256i,
+        u: __m256i,
+        y: __m256i,
+    ) -> __m256 {
+        let i = if SHIFT == 0 || offset_dot::<V, SHIFT, FITS>() {
+            dpbusd::<V>(start, u, y)
+        } else {
+            dpbusd::<V>(start, _mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u))
+        };
+        _mm256_cvtepi32_ps(i)
     }
 
     #[inline]
@@ -1188,13 +1321,15 @@ mod x86 {
     /// How many rows ahead the 4-row classic kernels prefetch.
     const PF_ROWS: usize = 4;
 
-    /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, `signed`
-    /// says whether they are signed (else unsigned, 0..31), `has_min` adds `m * s`.
+    /// Classic-type row dot: `weights(blk)` gives the 32 weight bytes of a block, signed
+    /// values offset by `2^$shift` to be unsigned, or unsigned ones (0..31) with `$shift` 0
+    /// (`block_lanes`; `$fits`: the unsigned values fit `maddubs`), `has_min` adds `m * s`.
+    /// Each kernel takes the VNNI form `V` (`by_vnni!`); every form gives the same int32 lanes.
     macro_rules! classic_dot {
-        ($name:ident, $dot4:ident, $chunk:ident, $many:ident, $bytes:literal, $has_min:literal, $signed:literal, |$p:ident| $w:expr) => {
+        ($name:ident, $dot4:ident, $chunk:ident, $many:ident, $bytes:literal, $has_min:literal, $shift:literal, $fits:literal, |$p:ident| $w:expr) => {
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $name(row: &[u8], a: &Act) -> f32 {
+            unsafe fn $name<const V: u8>(row: &[u8], a: &Act) -> f32 {
                 let nb = row.len() / $bytes;
                 debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
                 let mut acc0 = _mm256_setzero_ps();
@@ -1205,11 +1340,7 @@ mod x86 {
                     let $p = blocks.add(b * $bytes);
                     let w: __m256i = $w;
                     let y = load_qa(a, b);
-                    let xy = if $signed {
-                        mul_sum_i8(w, y)
-                    } else {
-                        mul_sum_us8(w, y)
-                    };
+                    let xy = block_lanes::<V, $shift, $fits>(w, y, a, b);
                     if $has_min {
                         *summs += f16_at($p.add(2)) * *a.s.get_unchecked(b);
                     }
@@ -1234,7 +1365,12 @@ mod x86 {
             /// of the data this is a harmless hint, never a load).
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $dot4(rows: [*const u8; 4], nb: usize, pf: usize, a: &Act) -> [f32; 4] {
+            unsafe fn $dot4<const V: u8>(
+                rows: [*const u8; 4],
+                nb: usize,
+                pf: usize,
+                a: &Act,
+            ) -> [f32; 4] {
                 debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
                 let mut acc = [_mm256_setzero_ps(); 4];
                 let mut summs = [0f32; 4];
@@ -1247,11 +1383,7 @@ mod x86 {
                             _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(pf).cast());
                         }
                         let w: __m256i = $w;
-                        let xy = if $signed {
-                            mul_sum_i8(w, y)
-                        } else {
-                            mul_sum_us8(w, y)
-                        };
+                        let xy = block_lanes::<V, $shift, $fits>(w, y, a, b);
                         if $has_min {
                             summs[k] += f16_at($p.add(2)) * *a.s.get_unchecked(b);
                         }
@@ -1269,7 +1401,7 @@ mod x86 {
 
             /// Four rows at a time (sharing each activation block), then the rest one by one.
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $chunk(
+            unsafe fn $chunk<const V: u8>(
                 data: &[u8],
                 row_bytes: usize,
                 stride: usize,
@@ -1286,12 +1418,12 @@ mod x86 {
                 while r + 4 <= out.len() {
                     let base = data.as_ptr().add(r * stride);
                     let rows = [0, 1, 2, 3].map(|k| base.add(k * stride));
-                    let o = $dot4(rows, nb, PF_ROWS * stride, a);
+                    let o = $dot4::<V>(rows, nb, PF_ROWS * stride, a);
                     out[r..r + 4].copy_from_slice(&o);
                     r += 4;
                 }
                 while r < out.len() {
-                    out[r] = $name(&data[r * stride..][..row_bytes], a);
+                    out[r] = $name::<V>(&data[r * stride..][..row_bytes], a);
                     r += 1;
                 }
             }
@@ -1301,7 +1433,7 @@ mod x86 {
             /// `out[t * out_stride + r]`. Per input it is `$dot4`'s (and the tail's `$name`)
             /// arithmetic in the same order, so the results are bit-identical to `$chunk`'s.
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $many(
+            unsafe fn $many<const V: u8>(
                 data: &[u8],
                 row_bytes: usize,
                 stride: usize,
@@ -1338,20 +1470,26 @@ mod x86 {
                                 *sm = _mm_add_ps(*sm, _mm_mul_ps(m, s));
                             }
                         }
+                        // The four rows' block, ready for the dot, and their scales.
+                        let mut u = [_mm256_setzero_si256(); 4];
+                        let mut dw = [_mm256_setzero_ps(); 4];
                         for k in 0..4 {
                             let $p = rp[k].add(b * $bytes);
                             _mm_prefetch::<_MM_HINT_T0>($p.wrapping_add(PF_ROWS * stride).cast());
                             let w: __m256i = $w;
-                            let dw = f16_at($p);
-                            for (t, a) in acts.iter().enumerate() {
-                                debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
-                                let y = load_qa(a, b);
-                                let xy = if $signed {
-                                    mul_sum_i8(w, y)
-                                } else {
-                                    mul_sum_us8(w, y)
-                                };
-                                let d = _mm256_set1_ps(dw * *a.d.get_unchecked(b));
+                            u[k] = block_operand::<V, $shift, $fits>(w);
+                            dw[k] = _mm256_set1_ps(f16_at($p));
+                        }
+                        // Each input meets the four rows: its block and start are made once.
+                        // `dw * da` in every lane is `$dot4`'s broadcast product, bit for bit.
+                        for (t, a) in acts.iter().enumerate() {
+                            debug_assert!(a.d.len() >= nb && a.s.len() >= nb);
+                            let y = load_qa(a, b);
+                            let start = block_start::<V, $shift, $fits>(a, b);
+                            let da = _mm256_set1_ps(*a.d.get_unchecked(b));
+                            for k in 0..4 {
+                                let xy = block_dot::<V, $shift, $fits>(start, u[k], y);
+                                let d = _mm256_mul_ps(dw[k], da);
                                 let at = acc.get_unchecked_mut(4 * t + k);
                                 *at = _mm256_fmadd_ps(d, xy, *at);
                             }
@@ -1368,7 +1506,8 @@ mod x86 {
                 }
                 while r < rows {
                     for (t, a) in acts.iter().enumerate() {
-                        *out.add(t * out_stride + r) = $name(&data[r * stride..][..row_bytes], a);
+                        *out.add(t * out_stride + r) =
+                            $name::<V>(&data[r * stride..][..row_bytes], a);
                     }
                     r += 1;
                 }
@@ -1383,6 +1522,7 @@ mod x86 {
         many_q4_0,
         18,
         false,
+        3,
         true,
         |p| { _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)) }
     );
@@ -1393,7 +1533,8 @@ mod x86 {
         many_q4_1,
         20,
         true,
-        false,
+        0,
+        true,
         |p| { nibbles(p.add(4)) }
     );
     classic_dot!(
@@ -1403,6 +1544,7 @@ mod x86 {
         many_q5_0,
         22,
         false,
+        4,
         true,
         |p| {
             _mm256_or_si256(
@@ -1418,7 +1560,8 @@ mod x86 {
         many_q5_1,
         24,
         true,
-        false,
+        0,
+        true,
         |p| {
             _mm256_or_si256(
                 nibbles(p.add(8)),
@@ -1433,7 +1576,8 @@ mod x86 {
         many_q8_0,
         34,
         false,
-        true,
+        7,
+        false,
         |p| { _mm256_loadu_si256(p.add(2).cast()) }
     );
 

@@ -394,7 +394,7 @@ mod tests {
         };
         assert_eq!(
             report(Precision::W4a8, Role::Block),
-            "2 Q4_1 -> w4/interleaved requantized (round to nearest, group 32), 0.0 MiB"
+            "2 Q4_1 -> w4/swizzled requantized (round to nearest, group 32), 0.0 MiB"
         );
         assert_eq!(
             report(Precision::W4a8, Role::Sensitive),

@@ -326,3 +326,46 @@ fn matmul_many_equals_matvec_per_input() {
         }
     }
 }
+
+/// The classic kernels give the same int32 lanes, so the same floats bit for bit, under AVX2
+/// (sign trick, `maddubs`) and under the VNNI form this CPU has (unsigned weights from the
+/// `Act::ls` start, `vpdpbusd`). Random bytes include Q8_0's -128.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn classic_vnni_equals_avx2() {
+    if !kernel_supported(Kernel::Avx2) {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let (rows, cols) = (37, 256);
+    let mut forms_run = 0;
+    for (i, ty) in ALL.into_iter().enumerate() {
+        let Some(forms) = x86::classic_forms(ty) else {
+            continue;
+        };
+        let mut rng = Rng(0x51ED_2700 + i as u64);
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+        let mut s = ActScratch::new(cols);
+        let a = s.quantize(&x, false);
+        let rb = ty.row_bytes(cols).unwrap();
+        let outs: Vec<Vec<f32>> = forms
+            .iter()
+            .map(|(_, f)| {
+                let mut out = vec![0f32; rows];
+                // SAFETY: `classic_forms` lists only forms this CPU has; `w` holds `rows` rows
+                // of `rb` bytes and `a` covers their blocks.
+                unsafe { f(&w, rb, rb, &a, &mut out) };
+                out
+            })
+            .collect();
+        assert!(outs[0].iter().any(|&v| v != 0.0));
+        for (o, (name, _)) in outs.iter().zip(&forms) {
+            assert_eq!(o, &outs[0], "{} under {name}", ty.name());
+        }
+        forms_run = forms.len();
+    }
+    if forms_run == 1 {
+        eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (AVX2 alone ran)");
+    }
+}
