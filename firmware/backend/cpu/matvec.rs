@@ -259,6 +259,12 @@ impl ActScratch {
 
     /// Quantizes `x` (a whole number of blocks of 32) and returns the view kernels read.
     fn quantize<'a>(&'a mut self, x: &'a [f32], permuted: bool) -> Act<'a> {
+        self.fill(x, permuted);
+        self.view(x, permuted)
+    }
+
+    /// `quantize`'s work, without the view (so several inputs can be filled in parallel).
+    fn fill(&mut self, x: &[f32], permuted: bool) {
         assert!(
             x.len().is_multiple_of(QK),
             "input of {} values is not whole blocks of 32",
@@ -271,6 +277,18 @@ impl ActScratch {
             self.qs.len()
         );
         let nb = x.len() / QK;
+        #[cfg(target_arch = "x86_64")]
+        if best_kernel() == Kernel::Avx2 {
+            for b in 0..nb {
+                let (xb, qb) = (&x[b * QK..][..QK], &mut self.qs[b * QK..][..QK]);
+                let qpb = permuted.then(|| &mut self.qp[b * QK..][..QK]);
+                let lb = &mut self.ls[b * LANES..][..LANES];
+                // SAFETY: AVX2, FMA and F16C are present (`best_kernel`).
+                let (d, sum) = unsafe { x86::quantize_block(xb, qb, qpb, lb) };
+                (self.d[b], self.s[b], self.gs[b]) = (d, d * sum as f32, -sum);
+            }
+            return;
+        }
         quantize_q8(
             x,
             &mut self.qs[..x.len()],
@@ -285,6 +303,11 @@ impl ActScratch {
         if permuted {
             crate::quant::cpu::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
         }
+    }
+
+    /// The view of `x` as last filled (`fill(x, permuted)`).
+    fn view<'a>(&'a self, x: &'a [f32], permuted: bool) -> Act<'a> {
+        let nb = x.len() / QK;
         Act {
             x,
             qs: &self.qs[..x.len()],
@@ -294,6 +317,19 @@ impl ActScratch {
             ls: &self.ls[..nb * LANES],
             gs: &self.gs[..nb],
         }
+    }
+}
+
+/// A batch's activation scratch, handed to pool tasks one entry each.
+struct ScratchPtr(*mut ActScratch);
+// SAFETY: only used to give each pool task its own entry of one `&mut [ActScratch]`.
+unsafe impl Send for ScratchPtr {}
+unsafe impl Sync for ScratchPtr {}
+
+impl ScratchPtr {
+    // A method, so that closures capture the whole `ScratchPtr` (Sync), not its raw field.
+    fn at(&self, i: usize) -> *mut ActScratch {
+        self.0.wrapping_add(i)
     }
 }
 
@@ -688,10 +724,22 @@ fn rows_many_with(
         xs.len()
     );
     let cols = xs.len() / n_in;
+    if need_q8 && n_in > 1 {
+        // A batch's inputs are quantized across the pool, not one by one on this thread.
+        let scratch = ScratchPtr(acts.as_mut_ptr());
+        pool.run(n_in, &|i| {
+            // SAFETY: task i alone touches `acts[i]` (i < n_in = acts.len()), and `acts` is
+            // borrowed mutably for this whole call.
+            let act = unsafe { &mut *scratch.at(i) };
+            act.fill(&xs[i * cols..][..cols], permuted);
+        });
+    } else if need_q8 {
+        acts[0].fill(xs, permuted);
+    }
     let mut inputs: heapless::Vec<Act, MAX_INPUTS> = heapless::Vec::new();
-    for (x, act) in xs.chunks_exact(cols).zip(acts.iter_mut()) {
+    for (x, act) in xs.chunks_exact(cols).zip(acts.iter()) {
         let a = if need_q8 {
-            act.quantize(x, permuted)
+            act.view(x, permuted)
         } else {
             Act::plain(x)
         };
@@ -1123,6 +1171,72 @@ mod x86 {
             GgmlType::Q4_K => chunk_q4_k,
             GgmlType::Q6_K => chunk_q6_k,
         }
+    }
+
+    /// One block of `quantize_q8`, `lane_sums` and (with `qp`) `permute_act`, eight values per
+    /// register: the same max of |x|, the same `x * id`, and `round_half_away`'s truncation and
+    /// exact fraction test, so the same bytes. Returns `d` and the block's sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(
+        x: &[f32],
+        q: &mut [i8],
+        qp: Option<&mut [i8]>,
+        ls: &mut [i32],
+    ) -> (f32, i32) {
+        assert!(x.len() == QK && q.len() == QK && ls.len() == LANES);
+        let v: [__m256; 4] = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(x.as_ptr().add(o)));
+        let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs(v[0]), abs(v[1])),
+            _mm256_max_ps(abs(v[2]), abs(v[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let half = _mm256_set1_ps(0.5);
+        let round = |v: __m256| {
+            let y = _mm256_mul_ps(v, id);
+            let t = _mm256_cvttps_epi32(y);
+            let f = _mm256_sub_ps(y, _mm256_cvtepi32_ps(t));
+            // Masks are -1 where true: t + (f >= 0.5) - (f <= -0.5).
+            let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(f, half));
+            let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(
+                f,
+                _mm256_sub_ps(_mm256_setzero_ps(), half),
+            ));
+            _mm256_add_epi32(_mm256_sub_epi32(t, up), down)
+        };
+        let i = [round(v[0]), round(v[1]), round(v[2]), round(v[3])];
+        // Sums of four: lane j of `h` is values 4j..4j + 3 once reordered.
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(i[0], i[1]), _mm256_hadd_epi32(i[2], i[3]));
+        let runs = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(
+            ls.as_mut_ptr().cast(),
+            _mm256_sub_epi32(_mm256_setzero_si256(), runs),
+        );
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(runs),
+            _mm256_extracti128_si256(runs, 1),
+        );
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)));
+        // |values| <= 127: the saturating packs keep them; they interleave the 128-bit halves,
+        // which the dword permute puts back in order.
+        let w = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes);
+        if let Some(qp) = qp {
+            assert!(qp.len() == QK);
+            // `PERM` order: words 0, 2, 4, 6 (values 0-3, 8-11, ...), then 1, 3, 5, 7.
+            let p = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+            _mm256_storeu_si256(qp.as_mut_ptr().cast(), p);
+        }
+        (d, sum)
     }
 
     /// Every form of the classic kernel of `ty` this CPU runs: AVX2 alone, and the VNNI form

@@ -369,3 +369,39 @@ fn classic_vnni_equals_avx2() {
         eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (AVX2 alone ran)");
     }
 }
+
+/// The AVX2 activation quantizer gives the scalar one's bytes, scales, sums, lane sums and
+/// permuted copy, on values that include exact halves after scaling, zeros and a zero block.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_quantizer_equals_scalar() {
+    if best_kernel() != Kernel::Avx2 {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let mut rng = Rng(0xA11CE);
+    let cols = 32 * 40;
+    for case in 0..20 {
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.f() * (1 + case) as f32).collect();
+        // Block 1: zeros; block 2: multiples of amax / 254 (exact halves after scaling).
+        x[32..64].fill(0.0);
+        for (j, v) in x[64..96].iter_mut().enumerate() {
+            *v = (j as f32 - 16.0) * 0.5;
+        }
+        let mut fast = ActScratch::new(cols);
+        fast.fill(&x, true);
+        let nb = cols / 32;
+        let (mut qs, mut d, mut s) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb]);
+        quantize_q8(&x, &mut qs, &mut d, &mut s);
+        let (mut ls, mut gs) = (vec![0i32; nb * LANES], vec![0i32; nb]);
+        lane_sums(&qs, &mut ls, &mut gs);
+        let mut qp = vec![0i8; cols];
+        crate::quant::cpu::permute_act(&qs, &mut qp);
+        assert_eq!(fast.qs, qs, "case {case}");
+        assert_eq!(fast.qp, qp, "case {case}");
+        assert_eq!(fast.d, d, "case {case}");
+        assert_eq!(fast.s, s, "case {case}");
+        assert_eq!(fast.ls, ls, "case {case}");
+        assert_eq!(fast.gs, gs, "case {case}");
+    }
+}
