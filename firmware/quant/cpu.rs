@@ -90,7 +90,7 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
             (QFormat::W8, true) => neon::chunk_sdot::<FMT_W8>,
             (QFormat::W4(Packing::Contiguous), true) => neon::chunk_sdot::<FMT_W4C>,
             (QFormat::W4(Packing::Interleaved), true) => neon::chunk_sdot::<FMT_W4I>,
-            (QFormat::W4(Packing::Swizzled), true) => neon::chunk_sdot::<FMT_W4S>,
+            (QFormat::W4(Packing::Swizzled), true) => neon::chunk_swizzled_sdot,
             (QFormat::W8, false) => neon::chunk_mull::<FMT_W8>,
             (QFormat::W4(Packing::Contiguous), false) => neon::chunk_mull::<FMT_W4C>,
             (QFormat::W4(Packing::Interleaved), false) => neon::chunk_mull::<FMT_W4I>,
@@ -1000,6 +1000,98 @@ mod neon {
         chunk::<F, true>(data, row_bytes, a, out)
     }
 
+    /// `acc + w . y[LANE]` per 32-bit lane: `sdot` by element, the four bytes of lane `LANE`
+    /// of `y` against each lane's four bytes of `w`.
+    #[inline]
+    #[target_feature(enable = "neon,dotprod")]
+    unsafe fn dot_sdot_lane<const LANE: i32>(
+        acc: int32x4_t,
+        w: int8x16_t,
+        y: int8x16_t,
+    ) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: as `dot_sdot`; LANE is 0..4, a valid element index.
+        std::arch::asm!(
+            "sdot {0:v}.4s, {1:v}.16b, {2:v}.4b[{lane}]",
+            inout(vreg) acc,
+            in(vreg) w,
+            in(vreg) y,
+            lane = const LANE,
+            options(pure, nomem, nostack)
+        );
+        acc
+    }
+
+    /// The swizzled packing four rows per register (`sdot`): word k of a tile is 128 bytes,
+    /// 4 per row, so one load is word k of four rows, a lane each, and `sdot` by element dots
+    /// it with the activation word it meets (bytes 4k.. for the low nibbles, 16 + 4k.. for the
+    /// high). Each lane ends a group with its row's exact int32 dot, no across-lane add; the
+    /// epilogue is the scalar one per lane, so the results are bit-identical. Rows past the
+    /// chunk's last (the band's padding) are computed and not stored. Unsafe: the core must
+    /// have `dotprod`, and `a` must cover the rows' groups.
+    #[target_feature(enable = "neon,dotprod")]
+    pub(super) unsafe fn chunk_swizzled_sdot(
+        data: &[u8],
+        row_bytes: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let ng = row_bytes / W4_GROUP_BYTES;
+        let rows = out.len();
+        assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng);
+        assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+        let p = data.as_ptr();
+        let (mask, eight) = (vdupq_n_u8(0x0F), vdupq_n_s8(8));
+        for r in (0..rows).step_by(4) {
+            let (band, lane) = (r / SWIZZLE_ROWS, r % SWIZZLE_ROWS);
+            let mut acc = vdupq_n_f32(0.0);
+            for g in 0..ng {
+                let t = p.add((band * ng + g) * SWIZZLE_TILE_BYTES);
+                let y = a.qp.as_ptr().add(g * GROUP);
+                let (y0, y1) = (vld1q_s8(y), vld1q_s8(y.add(16)));
+                let word = |k: usize| {
+                    let v = vld1q_u8(t.add(64 + 128 * k + 4 * lane));
+                    let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, mask)), eight);
+                    let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight);
+                    (lo, hi)
+                };
+                let (l0, h0) = word(0);
+                let (l1, h1) = word(1);
+                let (l2, h2) = word(2);
+                let (l3, h3) = word(3);
+                let zero = vdupq_n_s32(0);
+                let lo = dot_sdot_lane::<3>(
+                    dot_sdot_lane::<2>(
+                        dot_sdot_lane::<1>(dot_sdot_lane::<0>(zero, l0, y0), l1, y0),
+                        l2,
+                        y0,
+                    ),
+                    l3,
+                    y0,
+                );
+                let hi = dot_sdot_lane::<3>(
+                    dot_sdot_lane::<2>(
+                        dot_sdot_lane::<1>(dot_sdot_lane::<0>(zero, h0, y1), h1, y1),
+                        h2,
+                        y1,
+                    ),
+                    h3,
+                    y1,
+                );
+                let i = vaddq_s32(lo, hi);
+                let scale =
+                    |k: usize| f16_to_f32(t.add(2 * (lane + k)).cast::<u16>().read_unaligned());
+                let dw = [scale(0), scale(1), scale(2), scale(3)];
+                let d = vmulq_f32(vld1q_f32(dw.as_ptr()), vdupq_n_f32(a.d[g]));
+                acc = vaddq_f32(acc, vmulq_f32(d, vcvtq_f32_s32(i)));
+            }
+            let mut lanes = [0f32; 4];
+            vst1q_f32(lanes.as_mut_ptr(), acc);
+            let n = (rows - r).min(4);
+            out[r..r + n].copy_from_slice(&lanes[..n]);
+        }
+    }
+
     /// `out[r]` for the chunk's rows with baseline NEON. Unsafe: `a` must cover the rows' groups.
     #[target_feature(enable = "neon")]
     pub(super) unsafe fn chunk_mull<const F: u8>(
@@ -1063,6 +1155,9 @@ mod neon {
             check_format::<FMT_W4C>(&variants::<FMT_W4C>());
             check_format::<FMT_W4I>(&variants::<FMT_W4I>());
             check_format::<FMT_W4S>(&variants::<FMT_W4S>());
+            if has_dotprod() {
+                check_format::<FMT_W4S>(&[("sdot swizzled", chunk_swizzled_sdot)]);
+            }
             assert!(
                 has_dotprod(),
                 "qemu's default cpu has dotprod: both variants ran"
