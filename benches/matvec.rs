@@ -100,6 +100,11 @@ fn matmul16(c: &mut Criterion) {
             GgmlType::Q4_0,
             Some(QFormat::W4(Packing::Interleaved)),
         ),
+        (
+            "w4-swizzled",
+            GgmlType::Q4_0,
+            Some(QFormat::W4(Packing::Swizzled)),
+        ),
     ];
     for (name, ty, q) in cases {
         let data = weights(ty, rows, cols);
