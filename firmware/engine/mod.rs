@@ -6,7 +6,9 @@ pub mod generate;
 pub mod perplexity;
 pub mod sample;
 
-use crate::backend::cpu::{matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool};
+use crate::backend::cpu::{
+    for_each_row, matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool,
+};
 use crate::board::PREFILL_BATCH;
 use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
 use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
@@ -1034,9 +1036,9 @@ impl Engine<'_> {
         }
         for (l, w) in self.layers.iter().enumerate() {
             // Attention: q, k and v of every token; each token's k and v go into the cache.
-            for (xbt, xt) in xb.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
-                rmsnorm(xbt, xt, w.attn_norm, h.norm_eps);
-            }
+            for_each_row(pool, xb, dim, &|t, xbt| {
+                rmsnorm(xbt, &x[t * dim..][..dim], w.attn_norm, h.norm_eps)
+            });
             matmul_many(
                 pool,
                 &mut [(&w.wq, &mut *q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
@@ -1091,15 +1093,18 @@ impl Engine<'_> {
             add(x, xb);
 
             // Feed-forward: SwiGLU over every neuron, or over the ones each token needs.
-            for (xbt, xt) in xb.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
-                rmsnorm(xbt, xt, w.ffn_norm, h.norm_eps);
-            }
+            for_each_row(pool, xb, dim, &|t, xbt| {
+                rmsnorm(xbt, &x[t * dim..][..dim], w.ffn_norm, h.norm_eps)
+            });
             match &w.ffn {
                 LayerFfn::Dense { gate, up, down } => {
                     matmul_many(pool, &mut [(gate, &mut *hb), (up, &mut *hb2)], xb, acts);
-                    for (g, u) in hb.iter_mut().zip(hb2.iter()) {
-                        *g = silu(*g) * u;
-                    }
+                    let up_out = &*hb2;
+                    for_each_row(pool, hb, hidden, &|t, gt| {
+                        for (g, u) in gt.iter_mut().zip(&up_out[t * hidden..][..hidden]) {
+                            *g = silu(*g) * u;
+                        }
+                    });
                     matmul_many(pool, &mut [(down, &mut *xb)], hb, acts);
                 }
                 LayerFfn::Bundles(bundles) => {

@@ -23,6 +23,28 @@ impl OutPtr {
     }
 }
 
+/// Calls `f(i, row)` for each row `i` of `rows` (`width` values each), one pool task per row:
+/// the per-token steps of a prefill batch (norms, SwiGLU) run on every thread instead of one.
+pub fn for_each_row(
+    pool: &WorkerPool,
+    rows: &mut [f32],
+    width: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    assert!(
+        width > 0 && rows.len().is_multiple_of(width),
+        "{} values are not rows of {width}",
+        rows.len()
+    );
+    let out = OutPtr(rows.as_mut_ptr());
+    pool.run(rows.len() / width, &|i| {
+        // SAFETY: task i alone touches row i, inside `rows`, which is borrowed mutably for the
+        // whole run.
+        let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(i * width), width) };
+        f(i, row);
+    });
+}
+
 /// `out` = the sum, in task order, of the `tasks` partial outputs in `partials`, one every
 /// `stride` values (each `out.len()` long): a result that does not depend on which thread ran
 /// which task.
