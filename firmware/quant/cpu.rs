@@ -378,28 +378,47 @@ pub(crate) mod x86 {
         V != VNNI_NONE || F != FMT_W8
     }
 
+    /// Signed bytes `w` as unsigned `w + 2^SHIFT` (SHIFT 7: the top bit flipped). Shared with
+    /// the classic kernels (`backend::cpu::matvec`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn offset_unsigned<const SHIFT: i32>(w: __m256i) -> __m256i {
+        if SHIFT == 7 {
+            _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+        } else {
+            _mm256_add_epi8(w, _mm256_set1_epi8(1 << SHIFT))
+        }
+    }
+
+    /// The start of an unsigned dot with block `b` of `a`: `-2^SHIFT * y` summed per lane
+    /// (`Act::ls`), so that `start + sum (w + 2^SHIFT) * y = sum w * y` exactly, lane by lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn offset_start<const SHIFT: i32>(a: &Act, b: usize) -> __m256i {
+        debug_assert!(a.ls.len() >= 8 * (b + 1));
+        _mm256_slli_epi32::<SHIFT>(_mm256_loadu_si256(a.ls.as_ptr().add(8 * b).cast()))
+    }
+
     /// The group's weights made unsigned: `w + 128` (w8), `w + 8` (w4; the nibble itself).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn offset_weights<const F: u8>(q: __m256i) -> __m256i {
         if F == FMT_W8 {
-            _mm256_xor_si256(q, _mm256_set1_epi8(0x80u8 as i8))
+            offset_unsigned::<7>(q)
         } else {
-            _mm256_add_epi8(q, _mm256_set1_epi8(8))
+            offset_unsigned::<3>(q)
         }
     }
 
-    /// The start of an unsigned dot for group `g`: `-offset * y` summed per lane, so that
-    /// `bias + sum (w + offset) * y = sum w * y` exactly. Any split of the group's sum over the
-    /// lanes will do, since the kernels add the eight lanes of a group together.
+    /// `offset_start` of group `g` for format `F`'s offset. Any split of the group's sum over
+    /// the lanes would do here, since these kernels add a group's eight lanes together.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn bias<const F: u8>(a: &Act, g: usize) -> __m256i {
-        let neg = _mm256_loadu_si256(a.ls.as_ptr().add(8 * g).cast());
         if F == FMT_W8 {
-            _mm256_slli_epi32(neg, 7)
+            offset_start::<7>(a, g)
         } else {
-            _mm256_slli_epi32(neg, 3)
+            offset_start::<3>(a, g)
         }
     }
 

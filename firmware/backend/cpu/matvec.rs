@@ -320,19 +320,6 @@ impl ActScratch {
     }
 }
 
-/// A batch's activation scratch, handed to pool tasks one entry each.
-struct ScratchPtr(*mut ActScratch);
-// SAFETY: only used to give each pool task its own entry of one `&mut [ActScratch]`.
-unsafe impl Send for ScratchPtr {}
-unsafe impl Sync for ScratchPtr {}
-
-impl ScratchPtr {
-    // A method, so that closures capture the whole `ScratchPtr` (Sync), not its raw field.
-    fn at(&self, i: usize) -> *mut ActScratch {
-        self.0.wrapping_add(i)
-    }
-}
-
 /// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
 /// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
 #[derive(Clone, Copy)]
@@ -349,7 +336,7 @@ pub(crate) struct Act<'a> {
     /// kernels' unsigned dots, `sum (w + k) * y - k * sum y` (see `lane_sums`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) ls: &'a [i32],
-    /// Minus the sum of each block of `qs` (the x86 swizzled w4 kernel's start, per group).
+    /// Minus the sum of each block of `qs` (the x86 eight-row kernels' start, per group).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) gs: &'a [i32],
 }
@@ -372,8 +359,8 @@ impl<'a> Act<'a> {
 /// 32-bit lanes of a block's dot product in a 256-bit register: four bytes each.
 pub(crate) const LANES: usize = 8;
 
-/// `ls[8b + j] = -(qs[32b + 4j] + ... + qs[32b + 4j + 3])`, and `gs[b]` the sum of block b's. With these the x86 kernels dot
-/// signed weights `w` as unsigned `u = w + k` (k = 8 for 4-bit, 16 for 5-bit, 128 for 8-bit
+/// `ls[8b + j] = -(qs[32b + 4j] + ... + qs[32b + 4j + 3])`, and `gs[b]` = minus block b's sum.
+/// With these the x86 kernels dot signed weights `w` as unsigned `u = w + k` (k = 8 for 4-bit, 16 for 5-bit, 128 for 8-bit
 /// values) without the per-input sign trick: starting each 32-bit lane at `k * ls` gives
 /// `sum u * y - k * sum y = sum w * y`, the same exact int32 lanes.
 fn lane_sums(qs: &[i8], ls: &mut [i32], gs: &mut [i32]) {
@@ -726,11 +713,11 @@ fn rows_many_with(
     let cols = xs.len() / n_in;
     if need_q8 && n_in > 1 {
         // A batch's inputs are quantized across the pool, not one by one on this thread.
-        let scratch = ScratchPtr(acts.as_mut_ptr());
+        let scratch = OutPtr(acts.as_mut_ptr());
         pool.run(n_in, &|i| {
             // SAFETY: task i alone touches `acts[i]` (i < n_in = acts.len()), and `acts` is
             // borrowed mutably for this whole call.
-            let act = unsafe { &mut *scratch.at(i) };
+            let act = unsafe { &mut *scratch.ptr().add(i) };
             act.fill(&xs[i * cols..][..cols], permuted);
         });
     } else if need_q8 {
@@ -1144,7 +1131,9 @@ mod scalar {
 mod x86 {
     use super::*;
     use crate::quant::cpu::vnni_form;
-    use crate::quant::cpu::x86::{dpbusd, VNNI_EVEX, VNNI_NONE, VNNI_VEX};
+    use crate::quant::cpu::x86::{
+        dpbusd, offset_start, offset_unsigned, VNNI_EVEX, VNNI_NONE, VNNI_VEX,
+    };
     use std::arch::x86_64::*;
 
     /// `f::<V>` for the VNNI form `V` this CPU has (`quant::cpu::vnni_form`).
@@ -1383,12 +1372,10 @@ mod x86 {
     unsafe fn block_operand<const V: u8, const SHIFT: i32, const FITS: bool>(
         w: __m256i,
     ) -> __m256i {
-        if !offset_dot::<V, SHIFT, FITS>() {
-            w
-        } else if SHIFT == 7 {
-            _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+        if offset_dot::<V, SHIFT, FITS>() {
+            offset_unsigned::<SHIFT>(w)
         } else {
-            _mm256_add_epi8(w, _mm256_set1_epi8(1 << SHIFT))
+            w
         }
     }
 
@@ -1400,9 +1387,7 @@ mod x86 {
         b: usize,
     ) -> __m256i {
         if offset_dot::<V, SHIFT, FITS>() {
-            debug_assert!(a.ls.len() >= LANES * (b + 1));
-            let neg = _mm256_loadu_si256(a.ls.as_ptr().add(LANES * b).cast());
-            _mm256_slli_epi32::<SHIFT>(neg)
+            offset_start::<SHIFT>(a, b)
         } else {
             _mm256_setzero_si256()
         }

@@ -9,16 +9,23 @@ pub mod pool;
 pub use matvec::{matmul_many, matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
 pub use pool::WorkerPool;
 
-/// An output buffer handed to pool tasks, each of which writes its own disjoint range.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only used to hand disjoint ranges of one `&mut [f32]` to pool tasks.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
+/// An output buffer handed to pool tasks, each of which writes its own disjoint range (of
+/// floats, or of a batch's activation scratch).
+struct OutPtr<T = f32>(*mut T);
+// SAFETY: only used to hand disjoint ranges of one `&mut [T]` to pool tasks.
+unsafe impl<T: Send> Send for OutPtr<T> {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
 
-impl OutPtr {
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
     // A method, so that closures capture the whole `OutPtr` (Sync), not its raw field.
-    fn ptr(&self) -> *mut f32 {
+    fn ptr(&self) -> *mut T {
         self.0
     }
 }
