@@ -674,11 +674,16 @@ fn idot32(a: &[i8], b: &[i8]) -> i32 {
     acc
 }
 
-/// `out += w * v` (v int8).
+/// `out += w * v` (v int8) over one group.
 #[inline(always)]
 fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
-    for (o, &x) in out.iter_mut().zip(v) {
-        *o += w * x as f32;
+    // Over fixed-size arrays the compiler vectorizes it (over slices it left it scalar, most
+    // of a prefill's int8 attention); the arithmetic per element is the same.
+    let out: &mut [f32; GROUP] = out.try_into().expect("one group");
+    let v: &[i8; GROUP] = v.try_into().expect("one group");
+    let vf: [f32; GROUP] = v.map(|x| x as f32);
+    for (o, x) in out.iter_mut().zip(vf) {
+        *o += w * x;
     }
 }
 
@@ -711,17 +716,21 @@ fn attend_f32(
 
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler keep it in vector registers.
+    // Eight partial sums in one vector register: over fixed-size chunks (no bounds checks in
+    // the loop) the compiler does vectorize it (indexed, it did not: the scalar loop was most
+    // of a prefill's attention). The arithmetic per partial sum is the same either way.
+    debug_assert_eq!(a.len(), b.len());
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
     let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for i in 0..chunks {
+    for (x, y) in ac.zip(bc) {
         for j in 0..8 {
-            acc[j] += a[i * 8 + j] * b[i * 8 + j];
+            acc[j] += x[j] * y[j];
         }
     }
     let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
+    for (x, y) in ar.iter().zip(br) {
+        sum += x * y;
     }
     sum
 }
