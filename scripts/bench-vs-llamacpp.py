@@ -73,7 +73,7 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--precision", default="native")
-    ap.add_argument("--packing", default="interleaved")
+    ap.add_argument("--packing", default="swizzled")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (else the Python binding)")
     a = ap.parse_args()
     # Alternate the two twice so a busy moment does not land on one side only.

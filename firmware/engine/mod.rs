@@ -300,7 +300,7 @@ struct Placer {
 
 impl Placer {
     fn target(&self, t: &TensorRef, role: Role) -> Target {
-        crate::quant::target(self.precision, self.packing, role, t.cols)
+        crate::quant::target(self.precision, self.packing, role, t.ty, t.cols)
     }
 
     /// Bytes a matrix takes once placed.
@@ -725,7 +725,7 @@ impl<'a> Engine<'a> {
     /// (calibration: not the decode path; allocates one row).
     pub fn ffn_down_exact(&self, l: usize, v: &[f32], out: &mut [f32]) -> Result<(), String> {
         let down = match &self.layers[l].ffn {
-            LayerFfn::Dense { down, .. } if down.q.is_none() => down,
+            LayerFfn::Dense { down, .. } if self.precision == Precision::Native => down,
             _ => {
                 return Err(
                     "the exact down product needs a dense engine at the model's own precision"
@@ -743,7 +743,11 @@ impl<'a> Engine<'a> {
         let rows = crate::backend::cpu::Rows::from(down);
         let mut row = vec![0f32; down.cols];
         for (r, o) in out.iter_mut().enumerate() {
-            dequantize_row(down.ty, rows.row(r), &mut row);
+            // At native, a Q8_0 or Q4_0 matrix was imported into w8 or w4: the same values.
+            match down.q {
+                Some(f) => crate::quant::dequantize_q_row(f, down.data, down.cols, r, &mut row),
+                None => dequantize_row(down.ty, rows.row(r), &mut row),
+            }
             *o = row
                 .iter()
                 .zip(v)

@@ -193,6 +193,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
                 precision,
                 super::Packing::default(),
                 Role::of(&info.name, n_layers),
+                info.ty,
                 cols,
             )
         } else {

@@ -42,8 +42,9 @@
 //!
 //! # Precisions
 //!
-//! `native` (the default) runs every tensor in the type the file stores, with an f32 KV cache:
-//! the golden results stay exact. `f16` converts every matrix to F16 (f32 activations, f32 KV).
+//! `native` (the default) runs every tensor in the type the file stores, with an f32 KV cache;
+//! its Q8_0 and Q4_0 matrices are imported as they are into w8 and w4 (the same values) and so
+//! run the integer kernels below, every other type the classic ones. `f16` converts every matrix to F16 (f32 activations, f32 KV).
 //! `w8a8` converts every matrix to w8 and keeps the KV cache in int8. `w4a8` puts the FFN's gate
 //! and up and attention's output in w4 (the chosen packing), and attention's q, k, v, the FFN's
 //! down projection, every matrix of the first and last layer, and the token embeddings / output
@@ -255,9 +256,21 @@ pub fn layer_of(name: &str) -> Option<usize> {
 }
 
 /// The target of a matrix of type `ty` with `cols` columns in `role` at `precision`.
-pub fn target(precision: Precision, packing: Packing, role: Role, cols: usize) -> Target {
+///
+/// At `native`, Q8_0 and Q4_0 matrices are imported as they are into w8 and w4 (the same
+/// values: int8 or int4 with an fp16 scale per group of 32; DESIGN.md section 8), so they run
+/// the integer kernels of `cpu` rather than the classic ones; every other type keeps its own.
+pub fn target(
+    precision: Precision,
+    packing: Packing,
+    role: Role,
+    ty: GgmlType,
+    cols: usize,
+) -> Target {
     let whole = cols.is_multiple_of(GROUP);
     match precision {
+        Precision::Native if whole && ty == GgmlType::Q8_0 => Target::Q(QFormat::W8),
+        Precision::Native if whole && ty == GgmlType::Q4_0 => Target::Q(QFormat::W4(packing)),
         Precision::Native => Target::Keep,
         Precision::F16 => Target::F16,
         _ if !whole => Target::Keep,

@@ -304,12 +304,34 @@ fn roles_keep_sensitive_matrices_and_edge_layers_in_w8() {
     }
     assert_eq!(layer_of("blk.12.ffn_up.weight"), Some(12));
     assert_eq!(layer_of("output_norm.weight"), None);
+    let q4 = GgmlType::Q4_0;
     assert_eq!(
-        target(Precision::W4a8, Packing::Interleaved, Role::Block, 64),
+        target(Precision::W4a8, Packing::Interleaved, Role::Block, q4, 64),
         Target::Q(QFormat::W4(Packing::Interleaved))
     );
     assert_eq!(
-        target(Precision::W4a8, Packing::Interleaved, Role::Sensitive, 64),
+        target(
+            Precision::W4a8,
+            Packing::Interleaved,
+            Role::Sensitive,
+            q4,
+            64
+        ),
         Target::Q(QFormat::W8)
     );
+    // Native imports the two group-32 types into the integer kernels' formats, as they are,
+    // whatever the role, and keeps every other type (and rows that are not whole groups).
+    let native = |ty, cols| {
+        target(
+            Precision::Native,
+            Packing::Swizzled,
+            Role::Sensitive,
+            ty,
+            cols,
+        )
+    };
+    assert_eq!(native(q4, 64), Target::Q(QFormat::W4(Packing::Swizzled)));
+    assert_eq!(native(GgmlType::Q8_0, 64), Target::Q(QFormat::W8));
+    assert_eq!(native(GgmlType::Q4_1, 64), Target::Keep);
+    assert_eq!(native(GgmlType::F16, 48), Target::Keep);
 }

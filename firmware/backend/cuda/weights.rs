@@ -121,7 +121,7 @@ impl<'o> ImageWriter<'o> {
             Precision::Native => Target::Keep,
             Precision::F16 => Target::F16,
             // The packing is the CPU's affair: the GPU reads GGML's Q4_0 nibble order.
-            p => quant::target(p, Packing::default(), role, cols),
+            p => quant::target(p, Packing::default(), role, ty, cols),
         };
         match (target, native) {
             (Target::Q(QFormat::W8), _) => (GpuType::Q8_0, target),
