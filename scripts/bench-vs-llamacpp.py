@@ -8,6 +8,7 @@ or, with --llama-bench, the `llama-bench` binary built from the sdist's vendor/l
 which times pp<prompt> and tg<gen> as ANCHORS.md's figures were.
 usage: scripts/bench-vs-llamacpp.py --model M [--precision native|f16|w8a8|w4a8] [--packing P]
        [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3] [--llama-bench PATH]
+       [--leanstream PATH]
 Run `cargo build --release` first. Prints a Markdown table; the ratio is LeanStream / llama.cpp.
 For the low-bit comparison give a Q8_0 GGUF with `--precision w8a8` and a Q4_0 GGUF with
 `--precision w4a8`: both engines then run the very same weights."""
@@ -18,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def leanstream(a):
     out = tempfile.mktemp(suffix=".json")
-    subprocess.run([os.path.join(ROOT, "target/release/leanstream"), "bench", "--model", a.model,
+    subprocess.run([a.leanstream, "bench", "--model", a.model,
                     "--threads", str(a.threads), "--prompt-tokens", str(a.prompt_tokens),
                     "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps), "--json", out,
                     "--markdown", os.devnull, "--precision", a.precision, "--packing", a.packing],
@@ -75,6 +76,8 @@ def main():
     ap.add_argument("--precision", default="native")
     ap.add_argument("--packing", default="swizzled")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (else the Python binding)")
+    ap.add_argument("--leanstream", default=os.path.join(ROOT, "target/release/leanstream"),
+                    help="the leanstream binary (e.g. an earlier build, for a before/after run)")
     a = ap.parse_args()
     # Alternate the two twice so a busy moment does not land on one side only.
     ls, lc = [], []

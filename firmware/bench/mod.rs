@@ -201,11 +201,12 @@ pub fn run(
             // Check against the CPU backend on the same prompt before timing anything.
             // The first 16 prompt tokens (the CPU reference of a large model is slow).
             let check = &prompt[..prompt.len().min(16)];
-            let cpu_logits = |kernel: Kernel| -> Result<Vec<f32>, String> {
+            let cpu_logits = |kernel: Kernel, classic: bool| -> Result<Vec<f32>, String> {
                 let mut cpu_arenas = Arenas::from_board().map_err(|e| e.to_string())?;
                 // The GPU's KV cache is f32 at every precision; so is the reference's.
                 let reference = EngineOptions {
                     f32_kv: true,
+                    native_classic: classic,
                     ..opts.clone()
                 };
                 let mut cpu = Engine::boot(&mut cpu_arenas, &file, reference)
@@ -218,7 +219,7 @@ pub fn run(
                 set_kernel(best_kernel());
                 Ok(last)
             };
-            let want = cpu_logits(best_kernel())?;
+            let want = cpu_logits(best_kernel(), false)?;
             let mut got = &mut [][..];
             for (pos, &t) in check.iter().enumerate() {
                 got = g.forward(t, pos);
@@ -239,9 +240,12 @@ pub fn run(
             // another order lands an activation on the other side of an int8 rounding step, a
             // deep random-weight network carries the difference on: the CPU's own scalar and
             // SIMD kernels differ by 1.5e-2 (SmolLM2's shape) to 6e-2 (Qwen2.5-1.5B's). So the
-            // gate is 5e-2, or twice that floor measured here on this model (scalar against
-            // SIMD, same prompt) where it is higher; a broken kernel is off by ~1, and a floor
-            // too high to tell that apart refuses the configuration.
+            // gate is 5e-2, or twice that floor measured here on this model where it is higher;
+            // a broken kernel is off by ~1, and a floor too high to tell that apart refuses the
+            // configuration. The floor is the larger of two float-order changes on the CPU,
+            // same prompt: scalar against SIMD (the classic kernels), and the classic kernels
+            // against the integer ones native runs Q8_0/Q4_0 in (those are exact across
+            // instruction sets, so for them only the second one moves).
             let mut tol = if g.int8_activations { 5e-2 } else { 1e-2 };
             // (At w8a8/w4a8 the CPU's kernels are exact across instruction sets: no floor to
             // measure there, and the gate stays 5e-2.)
@@ -249,15 +253,18 @@ pub fn run(
                 && c.precision == crate::quant::Precision::Native
                 && best_kernel() != Kernel::Scalar
             {
-                let floor = rel_err(&cpu_logits(Kernel::Scalar)?, &want);
+                let scalar = rel_err(&cpu_logits(Kernel::Scalar, false)?, &want);
+                let classic = rel_err(&cpu_logits(best_kernel(), true)?, &want);
+                let floor = scalar.max(classic);
                 log(&format!(
-                    "{}: cpu scalar vs simd rel err {floor:.2e} (this model's noise floor)",
+                    "{}: cpu scalar vs simd rel err {scalar:.2e}, classic vs integer kernels {classic:.2e} (this model's noise floor)",
                     c.label()
                 ));
                 row.cpu_noise_floor = Some(floor);
                 tol = f64::max(tol, (2.0 * floor).min(MAX_INT8_GATE));
             }
-            if e > tol {
+            // A NaN error, from either side, refuses too.
+            if e.is_nan() || e > tol {
                 // Refused, not timed; the other configurations still run.
                 log(&format!(
                     "{}: CUDA logits differ from the CPU backend (rel err {e:.3e} > {tol:.1e}); refused, not timed",

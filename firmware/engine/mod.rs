@@ -100,6 +100,10 @@ pub struct EngineOptions {
     /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference the CUDA backend (whose cache
     /// is f32 at every precision) is checked against.
     pub f32_kv: bool,
+    /// At `native`, keep Q8_0 and Q4_0 matrices in the classic GGML kernels instead of
+    /// importing them into w8/w4: the same values, a row's blocks summed in another order. The
+    /// bench measures a model's float-order noise floor with it (the CUDA parity gate).
+    pub native_classic: bool,
     /// The FFN: dense (the model's matrices) or sparse over neuron bundles (`crate::sparsity`).
     pub ffn: FfnOptions,
     /// Record every layer's FFN activations for each token (dense mode only; `trace`,
@@ -116,6 +120,7 @@ impl Default for EngineOptions {
             packing: Packing::default(),
             kv_policy: Policy::Adaptive(CostModel::default()),
             f32_kv: false,
+            native_classic: false,
             ffn: FfnOptions::default(),
             tap: None,
         }
@@ -294,12 +299,17 @@ impl Decoder for Engine<'_> {
 struct Placer {
     precision: Precision,
     packing: Packing,
+    /// `EngineOptions::native_classic`.
+    classic: bool,
     report: ConversionReport,
     scratch: Vec<f32>,
 }
 
 impl Placer {
     fn target(&self, t: &TensorRef, role: Role) -> Target {
+        if self.classic && self.precision == Precision::Native {
+            return Target::Keep;
+        }
         crate::quant::target(self.precision, self.packing, role, t.ty, t.cols)
     }
 
@@ -365,6 +375,7 @@ impl<'a> Engine<'a> {
         let mut placer = Placer {
             precision: opts.precision,
             packing: opts.packing,
+            classic: opts.native_classic,
             report: ConversionReport::default(),
             scratch: Vec::new(),
         };
@@ -740,14 +751,10 @@ impl<'a> Engine<'a> {
             down.rows,
             down.cols
         );
-        let rows = crate::backend::cpu::Rows::from(down);
         let mut row = vec![0f32; down.cols];
         for (r, o) in out.iter_mut().enumerate() {
-            // At native, a Q8_0 or Q4_0 matrix was imported into w8 or w4: the same values.
-            match down.q {
-                Some(f) => crate::quant::dequantize_q_row(f, down.data, down.cols, r, &mut row),
-                None => dequantize_row(down.ty, rows.row(r), &mut row),
-            }
+            // (At native, a Q8_0 or Q4_0 matrix was imported into w8 or w4: the same values.)
+            down.row_f32(r, &mut row);
             *o = row
                 .iter()
                 .zip(v)
@@ -829,13 +836,7 @@ impl<'a> Engine<'a> {
         let act = &mut self.act;
 
         // Embedding of the token.
-        let e = &self.token_embd;
-        let row_bytes = e.data.len() / e.rows;
-        dequantize_row(
-            e.ty,
-            &e.data[token as usize * row_bytes..][..row_bytes],
-            s.x,
-        );
+        self.token_embd.row_f32(token as usize, s.x);
 
         // The KV cache makes room for this position (a new segment if its cost model says so).
         self.kv.begin_token(pos);
@@ -1020,15 +1021,13 @@ impl Engine<'_> {
         let (hb, hb2) = (&mut b.hb[..n * hidden], &mut b.hb2[..n * hidden]);
 
         // Embeddings, the cache's room for every position, and each position's rotary angles.
-        let e = &self.token_embd;
-        let row_bytes = e.data.len() / e.rows;
         for (t, (&token, xt)) in tokens.iter().zip(x.chunks_exact_mut(dim)).enumerate() {
             assert!(
                 (token as usize) < h.vocab_size,
                 "token {token} past the vocabulary of {}",
                 h.vocab_size
             );
-            dequantize_row(e.ty, &e.data[token as usize * row_bytes..][..row_bytes], xt);
+            self.token_embd.row_f32(token as usize, xt);
             self.kv.begin_token(pos + t);
             rope_angles(
                 &mut b.rope_cos[t * half..][..half],

@@ -335,3 +335,62 @@ fn roles_keep_sensitive_matrices_and_edge_layers_in_w8() {
     assert_eq!(native(GgmlType::Q4_1, 64), Target::Keep);
     assert_eq!(native(GgmlType::F16, 48), Target::Keep);
 }
+
+/// A matrix imported into a low-bit format (native's Q8_0 -> w8 and Q4_0 -> w4, every packing,
+/// a swizzled one with a partial band) gives back each row's values for an embedding lookup
+/// (`Matrix::row_f32`) exactly as the file's GGML row dequantizes; so does a kept matrix.
+#[test]
+fn imported_rows_read_back_as_the_file_stores_them() {
+    let (rows, cols) = (40, 64);
+    let mut seed = 0x51u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_1] {
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut data: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        // Sane fp16 scales (and Q4_1 mins) at the start of every block.
+        let block = rb / (cols / GROUP);
+        for b in data.chunks_exact_mut(block) {
+            b[0] = (next() % 256) as u8;
+            b[1] = 0x28 | (next() % 4) as u8;
+            if ty == GgmlType::Q4_1 {
+                b[2] = (next() % 256) as u8;
+                b[3] = 0xA8;
+            }
+        }
+        let t = TensorRef {
+            ty,
+            cols,
+            rows,
+            data: &data,
+        };
+        for packing in [Packing::Contiguous, Packing::Interleaved, Packing::Swizzled] {
+            let tg = target(Precision::Native, packing, Role::EmbedOrOutput, ty, cols);
+            let mut out = vec![0u8; target_bytes(tg, &t)];
+            convert(tg, &t, &mut out, &mut Vec::new());
+            let m = Matrix {
+                ty: match tg {
+                    Target::Q(f) => f.ggml_type(),
+                    _ => ty,
+                },
+                q: match tg {
+                    Target::Q(f) => Some(f),
+                    _ => None,
+                },
+                rows,
+                cols,
+                data: &out,
+            };
+            let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                m.row_f32(r, &mut got);
+                dequantize_row(ty, &data[r * rb..][..rb], &mut want);
+                assert_eq!(got, want, "{} as {tg:?}, row {r}", ty.name());
+            }
+        }
+    }
+}

@@ -55,6 +55,22 @@ impl Matrix<'_> {
     }
 }
 
+impl Matrix<'_> {
+    /// Row `r` as f32 (an embedding lookup), in whatever layout the matrix is stored: its
+    /// GGML type's blocks, or a low-bit format of `crate::quant` (w4 packings reorder the
+    /// nibbles, and a swizzled band stores 32 rows together).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        match self.q {
+            Some(f) => crate::quant::dequantize_q_row(f, self.data, self.cols, r, out),
+            None => {
+                let rb = self.row_bytes();
+                dequantize_row(self.ty, &self.data[r * rb..][..rb], out)
+            }
+        }
+    }
+}
+
 /// Rows of a GGML-typed matrix that need not be adjacent: row `r` is the `ty.row_bytes(cols)`
 /// bytes at `data[offset(r)..]`, rows `stride` apart within a tile of `tile.rows` rows and
 /// tiles `tile.bytes` apart. A [`Matrix`] is the case `stride == row_bytes`, one tile; neuron
