@@ -161,6 +161,19 @@ struct LowBitArgs {
     /// Ablation: the AVX2 dot product where the CPU has VNNI (w8a8/w4a8).
     #[arg(long)]
     no_vnni: bool,
+    /// Ablation: the eight-row (ymm) kernels where the CPU has AVX-512 VNNI, not the
+    /// sixteen-row ones.
+    #[arg(long)]
+    no_avx512: bool,
+}
+
+impl LowBitArgs {
+    /// Sets the kernel switches (ablations) these options name.
+    fn set_kernels(&self) {
+        leanstream::quant::cpu::set_deferred_dequant(!self.no_deferred_dequant);
+        leanstream::quant::cpu::set_vnni(!self.no_vnni);
+        leanstream::quant::cpu::set_avx512(!self.no_avx512);
+    }
 }
 
 #[derive(Args)]
@@ -367,7 +380,7 @@ struct BenchArgs {
     png: PathBuf,
     /// Configurations to run side by side, comma-separated: PRECISION[/PACKING][+FLAG]...,
     /// flags `no-adaptive-kv` (one token-major KV segment), `head-tiles` (one head-tiled
-    /// segment), `no-deferred-dequant`, `no-vnni`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
+    /// segment), `no-deferred-dequant`, `no-vnni`, `no-avx512`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
     /// Default: the one configuration the model flags give.
     #[arg(long)]
     configs: Option<String>,
@@ -382,6 +395,7 @@ fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), S
     let mut low = base.clone();
     low.no_deferred_dequant = false;
     low.no_vnni = false;
+    low.no_avx512 = false;
     low.kv_layout = "adaptive".into();
     let mut parts = spec.split('+');
     let head = parts.next().unwrap_or_default();
@@ -399,9 +413,10 @@ fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), S
             "head-tiles" => low.kv_layout = "head-tiles".into(),
             "no-deferred-dequant" => low.no_deferred_dequant = true,
             "no-vnni" => low.no_vnni = true,
+            "no-avx512" => low.no_avx512 = true,
             _ => {
                 return Err(format!(
-                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant, no-vnni)"
+                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant, no-vnni, no-avx512)"
                 ))
             }
         }
@@ -485,8 +500,7 @@ fn options(
     o.precision = low.precision;
     o.packing = low.packing;
     o.kv_policy = leanstream::kv::policy_from(file, low.kv_cost.as_deref(), &low.kv_layout)?;
-    leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
-    leanstream::quant::cpu::set_vnni(!low.no_vnni);
+    low.set_kernels();
     Ok(o)
 }
 
@@ -1508,8 +1522,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     let mut rows_md = Vec::new();
     if let Some(n) = a.long_context {
         for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
-            leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
-            leanstream::quant::cpu::set_vnni(!low.no_vnni);
+            low.set_kernels();
             let (json, md) = long_context(engine, sampler, &prompt, n, label)?;
             rows_json.push(json);
             rows_md.push(md);
@@ -1529,10 +1542,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         let mut prefill = vec![Vec::new(); configs.len()];
         let mut decode = vec![Vec::new(); configs.len()];
         let n = configs.len();
-        let set_flags = |low: &LowBitArgs| {
-            leanstream::quant::cpu::set_deferred_dequant(!low.no_deferred_dequant);
-            leanstream::quant::cpu::set_vnni(!low.no_vnni);
-        };
+        let set_flags = |low: &LowBitArgs| low.set_kernels();
         for _ in 0..a.reps.max(1) {
             let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
             let mut next = vec![0u32; n];

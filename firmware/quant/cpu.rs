@@ -106,6 +106,14 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
 }
 
+static AVX512: AtomicBool = AtomicBool::new(true);
+
+/// Ablation switch (`+no-avx512` on bench): `false` keeps the eight-row (ymm) kernels where
+/// the CPU has AVX-512 VNNI, instead of the sixteen-row ones. Default `true`.
+pub fn set_avx512(on: bool) {
+    AVX512.store(on, Ordering::Relaxed);
+}
+
 /// The VNNI form the x86 integer kernels use: what this CPU has, unless the `+no-vnni`
 /// ablation turned it off. Shared with the classic GGML kernels (`backend::cpu::matvec`).
 #[cfg(target_arch = "x86_64")]
@@ -307,7 +315,7 @@ pub(crate) mod x86 {
     /// Under the EVEX form, the swizzled packing takes the sixteen-row AVX-512 kernels where
     /// the CPU has AVX-512 F and BW too (every AVX512-VNNI CPU so far).
     fn sixteen<const V: u8>() -> bool {
-        V == VNNI_EVEX && has_avx512_vnni()
+        V == VNNI_EVEX && has_avx512_vnni() && super::AVX512.load(Ordering::Relaxed)
     }
 
     pub(super) fn chunk_for<const V: u8>(f: QFormat) -> ChunkFn {
