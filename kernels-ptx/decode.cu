@@ -623,17 +623,20 @@ MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 // One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
 // head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache
 // row p (the others use the rotated k and the v in hand for p, so no block waits on another);
-// scores over positions 0..=p, softmax, weighted sum of values. The output is the wo product's
+// then scores over positions 0..=p, softmax and the weighted sum of values in one pass, a warp
+// per position at a time: the warp's lanes read a key row together (coalesced float4s), reduce
+// its dot with shuffles and keep an online softmax (running max, sum, and weighted values,
+// four dims of every 128 per lane); two positions per round, so that their loads are in flight
+// together. The block then joins its warps' partial results. The output is the wo product's
 // input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 == 0: blocks of 32 do
-// not cross heads). `att` is scratch of n_heads * ctx floats. Every phase keeps many independent
-// loads in flight (one position per thread for the scores, (partition, dim) pairs for the
-// values): a chain of dependent loads per warp would make decode latency-bound here.
+// not cross heads). head_dim: a multiple of 4, at most 256. `att` is unused (kept for the
+// launch's argument list).
 extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
                                      float base, int half_split, const int* state, float* kcache,
                                      float* vcache, int ctx, float* att, float* xf, i8* xq) {
-    __shared__ float shared32[32];
-    __shared__ float qh[256], kh[256], vh[256];
-    __shared__ float partial[1024];
+    __shared__ __align__(16) float qh[256], kh[256], vh[256];
+    __shared__ __align__(16) float warp_o[32][256];
+    __shared__ float warp_m[32], warp_l[32];
     int h = blockIdx.x, pos = state[1], group = n_heads / n_kv_heads, kvh = h / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const float* qsrc = qkv + h * head_dim;
@@ -662,52 +665,83 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
             vrow[i] = vh[i];
         }
 
-    float* a = att + (size_t)h * ctx;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int n4 = head_dim / 4;  // float4s per row; lane takes j = lane and lane + 32
     float scale = 1.0f / sqrtf((float)head_dim);
-    float mx = NEG_INF;
-    for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
-        float s = 0.0f;
-        if (t == pos) {
-            for (int i = 0; i < head_dim / 4; i++)
-                s += qh[4 * i] * kh[4 * i] + qh[4 * i + 1] * kh[4 * i + 1] + qh[4 * i + 2] * kh[4 * i + 2] +
-                     qh[4 * i + 3] * kh[4 * i + 3];
-        } else {
-            const float4* k4 = (const float4*)(kcache + (size_t)t * kv_dim + kvh * head_dim);
-#pragma unroll 8
-            for (int i = 0; i < head_dim / 4; i++) {
-                float4 k = k4[i];
-                s += qh[4 * i] * k.x + qh[4 * i + 1] * k.y + qh[4 * i + 2] * k.z + qh[4 * i + 3] * k.w;
-            }
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 qv[2], o[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int j = lane + 32 * r;
+        qv[r] = j < n4 ? ((const float4*)qh)[j] : zero;
+        o[r] = zero;
+    }
+    // Row t of the kv head's keys or values as float4s: the cache, or for t = pos the shared copy.
+    auto row4 = [&](const float* cache, const float* mine, int t) -> const float4* {
+        return t == pos ? (const float4*)mine
+                        : (const float4*)(cache + (size_t)t * kv_dim + kvh * head_dim);
+    };
+    float m = NEG_INF, l = 0.0f;
+    for (int t0 = warp; t0 <= pos; t0 += 2 * nw) {
+        int t1 = t0 + nw;
+        bool two = t1 <= pos;
+        const float4 *k0 = row4(kcache, kh, t0), *v0 = row4(vcache, vh, t0);
+        const float4 *k1 = row4(kcache, kh, two ? t1 : t0), *v1 = row4(vcache, vh, two ? t1 : t0);
+        float4 ka[2], va[2], kb[2], vb[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int j = lane + 32 * r;
+            bool in = j < n4;
+            ka[r] = in ? k0[j] : zero;
+            va[r] = in ? v0[j] : zero;
+            kb[r] = in ? k1[j] : zero;
+            vb[r] = in ? v1[j] : zero;
         }
-        s *= scale;
-        a[t] = s;
-        mx = fmaxf(mx, s);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            s0 += qv[r].x * ka[r].x + qv[r].y * ka[r].y + qv[r].z * ka[r].z + qv[r].w * ka[r].w;
+            s1 += qv[r].x * kb[r].x + qv[r].y * kb[r].y + qv[r].z * kb[r].z + qv[r].w * kb[r].w;
+        }
+        s0 = warp_sum(s0) * scale;
+        s1 = two ? warp_sum(s1) * scale : NEG_INF;
+        float mn = fmaxf(m, fmaxf(s0, s1));
+        float c = expf(m - mn);  // 0 on the first round (m = -inf, mn finite)
+        float p0 = expf(s0 - mn), p1 = two ? expf(s1 - mn) : 0.0f;
+        l = l * c + p0 + p1;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            o[r].x = o[r].x * c + p0 * va[r].x + p1 * vb[r].x;
+            o[r].y = o[r].y * c + p0 * va[r].y + p1 * vb[r].y;
+            o[r].z = o[r].z * c + p0 * va[r].z + p1 * vb[r].z;
+            o[r].w = o[r].w * c + p0 * va[r].w + p1 * vb[r].w;
+        }
+        m = mn;
     }
-    mx = block_max(mx, shared32);
-    float sum = 0.0f;
-    for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
-        float e = expf(a[t] - mx);
-        a[t] = e;
-        sum += e;
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_l[warp] = l;
     }
-    sum = block_sum(sum, shared32);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int j = lane + 32 * r;
+        if (j < n4) ((float4*)warp_o[warp])[j] = o[r];
+    }
     __syncthreads();
-    // Values: thread (p, i) sums positions t = p, p + P, ... for output element i.
-    int P = blockDim.x / head_dim;
-    int i = threadIdx.x % head_dim, p = threadIdx.x / head_dim;
-    float acc = 0.0f;
-    if (p < P)
-#pragma unroll 4
-        for (int t = p; t <= pos; t += P)
-            acc += a[t] * (t == pos ? vh[i] : vcache[(size_t)t * kv_dim + kvh * head_dim + i]);
-    partial[threadIdx.x] = acc;
-    __syncthreads();
+    // Join the warps: each output element rescales every warp's part to the block's max.
     if (threadIdx.x < head_dim) {
-        float o = 0.0f;
-        for (int pp = 0; pp < P; pp++) o += partial[pp * head_dim + threadIdx.x];
-        o /= sum;
-        xf[h * head_dim + threadIdx.x] = o;
-        qh[threadIdx.x] = o;  // q is no longer needed: the output, for quantizing
+        float mx = NEG_INF;
+        for (int w = 0; w < nw; w++) mx = fmaxf(mx, warp_m[w]);
+        float sum = 0.0f, acc = 0.0f;
+        for (int w = 0; w < nw; w++) {
+            if (warp_m[w] == NEG_INF) continue;  // a warp that had no position
+            float f = expf(warp_m[w] - mx);
+            sum += warp_l[w] * f;
+            acc += warp_o[w][threadIdx.x] * f;
+        }
+        float out = acc / sum;
+        xf[h * head_dim + threadIdx.x] = out;
+        qh[threadIdx.x] = out;  // q is no longer needed: the output, for quantizing
     }
     if (xq) {
         __syncthreads();
