@@ -63,7 +63,7 @@ struct Args {
     /// native (the file's own types, f32 KV; the default), f16, w8a8 or w4a8 (int8 KV).
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
-    /// int4 packing for w4a8: contiguous, interleaved or swizzled.
+    /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved or swizzled.
     #[arg(long, default_value = "swizzled", value_parser = Packing::parse)]
     packing: Packing,
     /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
