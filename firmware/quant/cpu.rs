@@ -312,10 +312,11 @@ pub(crate) mod x86 {
         }
     }
 
-    /// Under the EVEX form, the swizzled packing takes the sixteen-row AVX-512 kernels where
-    /// the CPU has AVX-512 F and BW too (every AVX512-VNNI CPU so far).
+    /// Where VNNI is in use (any form: a CPU with both prefers the VEX one for ymm) and the CPU
+    /// has AVX-512 F, BW, VL and VNNI, the kernels below take sixteen rows per zmm register
+    /// (they name their own features, whatever form `V` is), unless `+no-avx512` is set.
     fn sixteen<const V: u8>() -> bool {
-        V == VNNI_EVEX && has_avx512_vnni() && super::AVX512.load(Ordering::Relaxed)
+        V != VNNI_NONE && has_avx512_vnni() && super::AVX512.load(Ordering::Relaxed)
     }
 
     pub(super) fn chunk_for<const V: u8>(f: QFormat) -> ChunkFn {
