@@ -20,7 +20,10 @@
 //   activations and differ only in the order of float sums.
 // - Who prepares what: `embed` (RMSNorm for layer 0), `attention` (its output, per head), and
 //   the last block to finish a product (`finish`): RMSNorm of the residual after wo and down,
-//   SwiGLU after gate/up, and the argmax after the logits.
+//   SwiGLU after gate/up (or the block that finishes each tile of it), and the argmax after
+//   the logits. A product's `finish` writes `fin_xf`/`fin_xq`, which are the product's own
+//   input buffers but for SwiGLU: the down product's input has its own, because blocks of
+//   gate/up that finish a tile write it while others still read their input.
 
 
 typedef unsigned char u8;
@@ -221,7 +224,11 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 // Units per round of a wide product (MV_WIDE in engine.rs).
 #define MV_WIDE 4
 
-enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3 };
+enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3, FIN_SWIGLU_TILES = 4 };
+
+// Rows of one tile of a gate/up matrix stacked tile by tile (weights.rs, `gate_up_tiled`): 32
+// of gate, then the same 32 of up.
+#define SWIGLU_TILE 32
 
 // Sum of v over the group of `tpr` threads; the group's first thread gets it.
 __device__ __forceinline__ void group_sums(float* s, int tpr, float (*red)[MV_R]) {
@@ -256,6 +263,12 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 // (FIN_ARGMAX, group leaders). Every block counts itself done; the last one prepares the next
 // input from the whole output (FIN_NORM, FIN_SWIGLU), or picks the greedy token from every
 // block's best (FIN_ARGMAX: two phases, no pass over the logits again).
+// FIN_SWIGLU_TILES (gate/up stacked tile by tile): `counter` holds a count per tile instead.
+// A block's rows lie in one tile (its 2 * 256 / tpr rows divide the tile's 64 and start at a
+// multiple of them), so it adds its rows to that tile's count, and the block that completes
+// the tile makes its 32 SwiGLU outputs and their int8 block with one warp, with the tail's
+// arithmetic (silu_mul, quant_lane = prep_input's quantization): the same values, made by
+// many blocks as they finish instead of by one block after all.
 __device__ void finish(int fin, int tpr, float best_v, int best_i, const float* src,
                        const float* nw, int n, float eps, float* xf, i8* xq, unsigned* counter,
                        float* part, int* state, volatile int* host_tokens) {
@@ -263,6 +276,25 @@ __device__ void finish(int fin, int tpr, float best_v, int best_i, const float* 
     __shared__ int bi[MV_THREADS];
     __shared__ int last;
     if (fin == FIN_NONE) return;
+    if (fin == FIN_SWIGLU_TILES) {
+        int rows_here = MV_THREADS / tpr * MV_R, tile = blockIdx.x * rows_here / (2 * SWIGLU_TILE);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0)
+            last = atomicAdd(counter + tile, (unsigned)rows_here) == 2 * SWIGLU_TILE - rows_here;
+        __syncthreads();
+        if (!last || threadIdx.x >= 32) return;
+        __threadfence();
+        if (threadIdx.x == 0) counter[tile] = 0;  // for the next layer
+        const float* g = src + tile * 2 * SWIGLU_TILE;
+        float v = silu_mul(__ldcg(g + threadIdx.x), __ldcg(g + SWIGLU_TILE + threadIdx.x));
+        if (xf) xf[tile * SWIGLU_TILE + threadIdx.x] = v;
+        if (xq) {
+            float* xd = (float*)(xq + n);
+            quant_lane(v, tile, xq, xd, (int*)(xd + n / 32));
+        }
+        return;
+    }
     int* part_i = (int*)(part + gridDim.x);
     if (fin == FIN_ARGMAX) {
         int groups = MV_THREADS / tpr, g = threadIdx.x / tpr;
@@ -410,7 +442,8 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
     const u8 *__restrict__ q, const f16 *__restrict__ d, const f16 *__restrict__ m,       \
         const u32 *__restrict__ qh, int rows, int cols, int tpr, float *xf,                  \
         i8 *xq, float *out, const float *bias, int acc, int fin, const float *fin_src,    \
-        const float *fin_nw, int fin_n, float eps, unsigned *counter, float *part,         \
+        const float *fin_nw, int fin_n, float *fin_xf, i8 *fin_xq, float eps,             \
+        unsigned *counter, float *part,                                                   \
         int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw
 
 // UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
@@ -447,7 +480,7 @@ template <int TY, int UN, bool PREP>
 __device__ void matvec(MV_ARGS) {
     __shared__ float red[MV_THREADS / 32][MV_R];
     extern __shared__ __align__(16) unsigned char prep_smem[];
-    // The product's input (xf/xq stay the global buffers `finish` prepares for the next one).
+    // The product's input: xf/xq, or the block's own copy in shared memory (PREP).
     const float* in_f = xf;
     const i8* in_q = xq;
     bool floats = TY == T_F16 || TY == T_F32;
@@ -593,12 +626,12 @@ __device__ void matvec(MV_ARGS) {
             }
         }
     }
-    finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, xf, xq, counter, part, state,
+    finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, fin_xf, fin_xq, counter, part, state,
            host_tokens);
 }
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
-                eps, counter, part, state, host_tokens, prep_src, prep_nw
+                fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw
 // The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
 // (PREP: the block norms its own input). engine.rs finds them by these names.
 #define MV_EXPORT(NAME, TY, UN)                                                                   \
@@ -631,9 +664,18 @@ MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 // input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 == 0: blocks of 32 do
 // not cross heads). head_dim: a multiple of 4, at most 256. `att` is unused (kept for the
 // launch's argument list).
+// Blocks past the heads do no attention: they pull `pf_lines` 128-byte lines from `pf` (the
+// next products' weights) into L2 while the heads run, and the memory would otherwise idle.
 extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
                                      float base, int half_split, const int* state, float* kcache,
-                                     float* vcache, int ctx, float* att, float* xf, i8* xq) {
+                                     float* vcache, int ctx, float* att, float* xf, i8* xq,
+                                     const u8* pf, int pf_lines) {
+    if ((int)blockIdx.x >= n_heads) {
+        int threads = (gridDim.x - n_heads) * blockDim.x;
+        for (int i = (blockIdx.x - n_heads) * blockDim.x + threadIdx.x; i < pf_lines; i += threads)
+            asm volatile("prefetch.global.L2 [%0];" : : "l"(pf + (size_t)i * 128));
+        return;
+    }
     __shared__ __align__(16) float qh[256], kh[256], vh[256];
     __shared__ __align__(16) float warp_o[32][256];
     __shared__ float warp_m[32], warp_l[32];

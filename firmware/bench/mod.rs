@@ -29,6 +29,8 @@ pub struct Config {
     /// CUDA: where the products that read the normed residual get it (ablations: always in
     /// the block, always in the tail).
     pub in_block_norm: InBlockNorm,
+    /// CUDA: weights pulled into L2 during attention (false: the ablation).
+    pub prefetch: bool,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -49,7 +51,7 @@ impl Config {
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
-                "{model} cuda {}{}{}{}",
+                "{model} cuda {}{}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
                 match self.products {
@@ -61,7 +63,8 @@ impl Config {
                     InBlockNorm::Auto => "",
                     InBlockNorm::Always => " norm-in-block",
                     InBlockNorm::Never => " norm-tail",
-                }
+                },
+                if self.prefetch { "" } else { " no-prefetch" }
             ),
         }
     }
@@ -179,6 +182,7 @@ pub fn run(
             graph: c.graph,
             products: c.products,
             in_block_norm: c.in_block_norm,
+            prefetch: c.prefetch,
             ..CudaOptions::default()
         };
         let mut row = Row {

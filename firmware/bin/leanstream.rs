@@ -360,6 +360,9 @@ struct BenchArgs {
     /// block, at any model size (the default does so up to dim 1536).
     #[arg(long)]
     compare_norm_in_block: bool,
+    /// CUDA: also time without pulling the next weights into L2 during attention.
+    #[arg(long)]
+    compare_no_prefetch: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1180,6 +1183,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 graph: true,
                 products: ProductKernels::Auto,
                 in_block_norm: InBlockNorm::Auto,
+                prefetch: true,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1188,31 +1192,35 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 Backend::Cpu => configs.push(base),
                 Backend::Cuda => {
                     for &memory in &memories {
-                        let mut push = |graph, products, in_block_norm| {
+                        let mut push = |graph, products, in_block_norm, prefetch| {
                             configs.push(bench::Config {
                                 memory,
                                 graph,
                                 products,
                                 in_block_norm,
+                                prefetch,
                                 ..base.clone()
                             })
                         };
                         let auto = InBlockNorm::Auto;
-                        push(true, ProductKernels::Auto, auto);
+                        push(true, ProductKernels::Auto, auto, true);
                         if a.compare_graph {
-                            push(false, ProductKernels::Auto, auto);
+                            push(false, ProductKernels::Auto, auto, true);
                         }
                         if a.compare_narrow {
-                            push(true, ProductKernels::Narrow, auto);
+                            push(true, ProductKernels::Narrow, auto, true);
                         }
                         if a.compare_wide {
-                            push(true, ProductKernels::Wide, auto);
+                            push(true, ProductKernels::Wide, auto, true);
                         }
                         if a.compare_norm_tail {
-                            push(true, ProductKernels::Auto, InBlockNorm::Never);
+                            push(true, ProductKernels::Auto, InBlockNorm::Never, true);
                         }
                         if a.compare_norm_in_block {
-                            push(true, ProductKernels::Auto, InBlockNorm::Always);
+                            push(true, ProductKernels::Auto, InBlockNorm::Always, true);
+                        }
+                        if a.compare_no_prefetch {
+                            push(true, ProductKernels::Auto, auto, false);
                         }
                     }
                 }

@@ -68,6 +68,8 @@ pub struct Gpu {
     pub driver_version: i32,
     /// Streaming multiprocessors.
     pub sm_count: i32,
+    /// Bytes of L2 cache.
+    pub l2_bytes: i32,
 }
 
 // SAFETY: the context is made current by `bind` on any thread that uses the Gpu; the driver
@@ -115,6 +117,7 @@ impl Gpu {
                 attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             );
             let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
             let mut driver_version = 0;
             check(
                 "cuDriverGetVersion",
@@ -128,6 +131,7 @@ impl Gpu {
                 compute_capability: cc,
                 driver_version,
                 sm_count,
+                l2_bytes,
             })
         }
     }

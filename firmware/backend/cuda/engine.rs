@@ -7,7 +7,7 @@
 use super::driver::{
     CudaError, CudaResult, DeviceBuffer, Function, Gpu, Graph, KernelArgs, MappedHost, Module,
 };
-use super::weights::{GpuType, ImageWriter, MatLayout};
+use super::weights::{GpuType, ImageWriter, MatLayout, SWIGLU_TILE};
 use crate::board::MemoryModel;
 use crate::boot::{ArenaKind, Plan};
 use crate::engine::{Arenas, Decoder, EngineError};
@@ -32,6 +32,10 @@ pub struct CudaOptions {
     pub products: ProductKernels,
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
     pub in_block_norm: InBlockNorm,
+    /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
+    /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
+    /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
+    pub prefetch: bool,
 }
 
 /// Where the residual's norm is made for the products that read it.
@@ -70,6 +74,7 @@ impl Default for CudaOptions {
             precision: Precision::Native,
             products: ProductKernels::Auto,
             in_block_norm: InBlockNorm::Auto,
+            prefetch: true,
         }
     }
 }
@@ -97,6 +102,9 @@ struct GpuLayer {
     wo: Mat,
     ffn_norm: u64,
     gate_up: MatGroup,
+    /// `gate_up` is one matrix stacked tile by tile (`ImageWriter::gate_up_tiled`), so its
+    /// blocks make SwiGLU tile by tile as they finish; otherwise the last block makes it all.
+    gate_up_tiled: bool,
     down: Mat,
 }
 
@@ -143,10 +151,17 @@ struct Activations {
     /// int8 blocks of 32 with their scales and sums (`xq`, 0 when no kernel reads int8).
     xf: u64,
     xq: u64,
+    /// The down product's input (SwiGLU of gate/up), as `xf`/`xq`; apart from them because the
+    /// gate/up blocks that finish a tile write it while others still read theirs.
+    hf: u64,
+    hq: u64,
     /// Blocks of a product that have finished (its last block prepares the next input).
     counter: u64,
     /// Each block's best logit and its row, for the two-phase argmax.
     part: u64,
+    /// Rows of each SwiGLU tile finished so far (`Finish::SwiGluTiles`; the last block of a
+    /// tile resets its count).
+    swiglu_tiles: u64,
 }
 
 /// What the last block of a product prepares for the next kernel (kernels-ptx/decode.cu).
@@ -157,8 +172,21 @@ enum Finish {
     Norm(u64),
     /// SwiGLU of [gate | up].
     SwiGlu,
+    /// SwiGLU of gate/up stacked tile by tile, each tile by the last block to finish it.
+    SwiGluTiles,
     /// The greedy pick over the logits; advances the step's state.
     Argmax,
+}
+
+/// Where a product reads its input.
+#[derive(Clone, Copy)]
+enum Input {
+    /// `xf`/`xq`, prepared by the kernel before.
+    Prepared,
+    /// The residual, normed with these weights by each block itself (`_prep` kernels).
+    NormedInBlock(u64),
+    /// `hf`/`hq`: SwiGLU of gate/up.
+    FfnHidden,
 }
 
 /// Threads of a product kernel's block.
@@ -266,6 +294,8 @@ pub struct CudaEngine<'a> {
     /// block (`_prep` kernels) instead of the last block of the product before doing it once
     /// while the whole GPU waits (the "tail"); for models up to IN_BLOCK_NORM_MAX_DIM.
     in_block_norm: bool,
+    /// `CudaOptions::prefetch`.
+    prefetch: bool,
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
@@ -327,7 +357,19 @@ impl<'a> CudaEngine<'a> {
                     layer(i, "attn_k.weight")?,
                     layer(i, "attn_v.weight")?,
                 ];
-                let gate_up = [layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?];
+                let [gate, up] = [layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?];
+                let gate_role = role(i, "ffn_gate.weight");
+                let tiled = gate.ty == up.ty
+                    && gate.cols == up.cols
+                    && gate.rows == up.rows
+                    && gate.rows.is_multiple_of(SWIGLU_TILE);
+                let gate_up = if tiled {
+                    let mut g = heapless::Vec::new();
+                    let _ = g.push((w.gate_up_tiled(gate, up, gate_role), 0));
+                    g
+                } else {
+                    group(w, &[gate, up], gate_role)
+                };
                 let bias = if h.qkv_bias {
                     Some(w.vector(&[
                         layer(i, "attn_q.bias")?,
@@ -346,7 +388,7 @@ impl<'a> CudaEngine<'a> {
                         role(i, "attn_output.weight"),
                     ),
                     w.vector(&[layer(i, "ffn_norm.weight")?]),
-                    group(w, &gate_up, role(i, "ffn_gate.weight")),
+                    (gate_up, tiled),
                     w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight")),
                 ));
             }
@@ -432,7 +474,7 @@ impl<'a> CudaEngine<'a> {
         let mut bytes_per_token = output_l.bytes;
         let mut int8_activations = output_l.ty.int8_activations();
         let mut layers = Vec::with_capacity(h.n_layers);
-        for (norm, qkv, bias, wo, ffn_norm, gate_up, down) in &layer_ls {
+        for (norm, qkv, bias, wo, ffn_norm, (gate_up, gate_up_tiled), down) in &layer_ls {
             int8_activations |= [wo.ty, down.ty]
                 .iter()
                 .chain(qkv.iter().chain(gate_up).map(|(l, _)| &l.ty))
@@ -448,6 +490,7 @@ impl<'a> CudaEngine<'a> {
                 wo: mat(wo),
                 ffn_norm: at(*ffn_norm),
                 gate_up: grp(gate_up),
+                gate_up_tiled: *gate_up_tiled,
                 down: mat(down),
             });
         }
@@ -499,29 +542,33 @@ impl<'a> CudaEngine<'a> {
         }
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counter).
-        let widest = h.dim.max(q_dim).max(h.hidden_dim);
+        // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
+        let widest = h.dim.max(q_dim);
         let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
         let sizes = [
-            h.dim * 4,                        // x
-            (q_dim + 2 * kv_dim) * 4,         // qkv
-            2 * h.hidden_dim * 4,             // gu
-            h.vocab_size * 4,                 // logits
-            h.n_heads * context * 4,          // att
-            8,                                // state
-            widest * 4,                       // xf
-            widest + 8 * widest.div_ceil(32), // xq: int8, then f32 scales and i32 sums
-            4,                                // counter
-            8 * out_grid,                     // part
+            h.dim * 4,                                    // x
+            (q_dim + 2 * kv_dim) * 4,                     // qkv
+            2 * h.hidden_dim * 4,                         // gu
+            h.vocab_size * 4,                             // logits
+            h.n_heads * context * 4,                      // att
+            8,                                            // state
+            widest * 4,                                   // xf
+            widest + 8 * widest.div_ceil(32),             // xq: int8, then f32 scales and i32 sums
+            4,                                            // counter
+            8 * out_grid,                                 // part
+            4 * h.hidden_dim.div_ceil(SWIGLU_TILE),       // swiglu_tiles
+            h.hidden_dim * 4,                             // hf
+            h.hidden_dim + 8 * h.hidden_dim.div_ceil(32), // hq
         ];
         let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
         let buf = gpu.alloc(total).map_err(cuda)?;
-        let mut ptrs = [0u64; 10];
+        let mut ptrs = [0u64; 13];
         let mut off = 0u64;
         for (p, s) in ptrs.iter_mut().zip(sizes) {
             *p = buf.ptr + off;
             off += s.next_multiple_of(256) as u64;
         }
-        let [x, qkv, gu, logits, att, state, xf, xq, counter, part] = ptrs;
+        let [x, qkv, gu, logits, att, state, xf, xq, counter, part, swiglu_tiles, hf, hq] = ptrs;
         let a = Activations {
             _buf: buf,
             x,
@@ -532,8 +579,11 @@ impl<'a> CudaEngine<'a> {
             state,
             xf,
             xq: if int8_activations { xq } else { 0 },
+            hf,
+            hq: if int8_activations { hq } else { 0 },
             counter,
             part,
+            swiglu_tiles,
         };
         let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
         let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
@@ -572,6 +622,7 @@ impl<'a> CudaEngine<'a> {
                 InBlockNorm::Always => true,
                 InBlockNorm::Never => false,
             },
+            prefetch: opts.prefetch,
             device_state: None,
         };
         if opts.graph {
@@ -635,10 +686,12 @@ impl<'a> CudaEngine<'a> {
                 self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
             }
             // Each head rotates its q and k, attends over positions 0..=pos of its KV head
-            // (storing k and v of pos), and writes wo's input.
+            // (storing k and v of pos), and writes wo's input; meanwhile `prefetch_blocks` more
+            // blocks pull the weights from wo on into L2.
+            let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
             g.launch(
                 k.attention,
-                h.n_heads as u32,
+                (h.n_heads + pf_blocks) as u32,
                 1024,
                 KernelArgs::default()
                     .ptr(a.qkv)
@@ -653,17 +706,29 @@ impl<'a> CudaEngine<'a> {
                     .i32(ctx as i32)
                     .ptr(a.att)
                     .ptr(a.xf)
-                    .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 }),
+                    .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
+                    .ptr(pf_from)
+                    .i32(pf_lines as i32),
             )?;
             // Added to the residual (whose norm is the FFN's input).
-            self.matvec(&w.wo, None, a.x, 0, true, self.norm_tail(w.ffn_norm))?;
+            self.matvec(
+                &w.wo,
+                Input::Prepared,
+                a.x,
+                0,
+                true,
+                self.norm_tail(w.ffn_norm),
+            )?;
 
-            // Feed-forward: [gate | up], then the last block of the last launch builds SwiGLU;
-            // down is added to the residual and norms it for the next layer (or the output).
+            // Feed-forward: gate and up, then SwiGLU: tile by tile as the blocks finish, or by
+            // the last block of the last launch; down is added to the residual and norms it
+            // for the next layer (or the output).
             let n_gu = w.gate_up.len();
             for (i, &(m, off)) in w.gate_up.iter().enumerate() {
                 let out = a.gu + off as u64 * 4;
-                let fin = if i + 1 == n_gu {
+                let fin = if w.gate_up_tiled {
+                    Finish::SwiGluTiles
+                } else if i + 1 == n_gu {
                     Finish::SwiGlu
                 } else {
                     Finish::None
@@ -674,7 +739,8 @@ impl<'a> CudaEngine<'a> {
                 .layers
                 .get(l + 1)
                 .map_or(self.output_norm, |n| n.attn_norm);
-            self.matvec(&w.down, None, a.x, 0, true, self.norm_tail(next_norm))?;
+            let fin = self.norm_tail(next_norm);
+            self.matvec(&w.down, Input::FfnHidden, a.x, 0, true, fin)?;
         }
 
         // Logits, and the greedy pick that advances the state.
@@ -682,10 +748,27 @@ impl<'a> CudaEngine<'a> {
         self.matvec(&self.output, normed, a.logits, 0, false, Finish::Argmax)
     }
 
+    /// What the attention launch pulls into L2 for the products after it: from wo's first
+    /// array up to down's (wo, the FFN norm, gate/up: the image keeps a layer's arrays in this
+    /// order), at most half of the L2, as 128-byte lines; and how many blocks do it (one per
+    /// multiprocessor, each of 1024 threads, so one line or a few each).
+    fn prefetch_after_attention(&self, w: &GpuLayer) -> (u64, usize, usize) {
+        let start = w.wo.q;
+        let end = w.down.q;
+        if !self.prefetch || end <= start {
+            return (0, 0, 0);
+        }
+        let bytes = ((end - start) as usize).min(self.gpu.l2_bytes.max(0) as usize / 2);
+        (start, bytes / 128, self.gpu.sm_count.max(1) as usize)
+    }
+
     /// The input of a product that reads the residual normed with `nw`: made in each of its
-    /// blocks (`Some(nw)`), or already prepared by the tail of the product before (`None`).
-    fn normed(&self, nw: u64) -> Option<u64> {
-        self.in_block_norm.then_some(nw)
+    /// blocks, or already prepared by the tail of the product before.
+    fn normed(&self, nw: u64) -> Input {
+        match self.in_block_norm {
+            true => Input::NormedInBlock(nw),
+            false => Input::Prepared,
+        }
     }
 
     /// What a product that adds to the residual leaves for the next one, which reads it normed
@@ -698,12 +781,11 @@ impl<'a> CudaEngine<'a> {
         }
     }
 
-    /// `out = (acc ? out : 0) + W in + bias`, then `fin`. `in` is the prepared input, or with
-    /// `norm = Some(nw)` the residual normed with `nw` by each block itself.
+    /// `out = (acc ? out : 0) + W in + bias`, then `fin`; `in` as `input` says.
     fn matvec(
         &self,
         m: &Mat,
-        norm: Option<u64>,
+        input: Input,
         out: u64,
         bias: u64,
         acc: bool,
@@ -712,6 +794,15 @@ impl<'a> CudaEngine<'a> {
         let h = &self.hyper;
         let a = &self.a;
         let mv = mv_config(m, self.gpu.sm_count as usize, self.products);
+        let (in_xf, in_xq, norm) = match input {
+            Input::Prepared => (a.xf, a.xq, None),
+            Input::NormedInBlock(nw) => (a.xf, a.xq, Some(nw)),
+            Input::FfnHidden => (a.hf, a.hq, None),
+        };
+        let (fin_xf, fin_xq) = match fin {
+            Finish::SwiGlu | Finish::SwiGluTiles => (a.hf, a.hq),
+            _ => (a.xf, a.xq),
+        };
         let f = self.k.matvec[type_slot(m.ty).0][mv.wide as usize + 2 * norm.is_some() as usize];
         // The block's own input: floats for the float kernels, else int8 blocks with their
         // scales and sums (the layout of `xq`).
@@ -725,6 +816,11 @@ impl<'a> CudaEngine<'a> {
             Finish::Norm(nw) => (1, a.x, nw, h.dim),
             Finish::SwiGlu => (2, a.gu, 0, h.hidden_dim),
             Finish::Argmax => (3, 0, 0, 0),
+            Finish::SwiGluTiles => (4, a.gu, 0, h.hidden_dim),
+        };
+        let counter = match fin {
+            Finish::SwiGluTiles => a.swiglu_tiles,
+            _ => a.counter,
         };
         let mut args = KernelArgs::default();
         args.ptr(m.q)
@@ -734,8 +830,8 @@ impl<'a> CudaEngine<'a> {
             .i32(m.rows as i32)
             .i32(m.cols as i32)
             .i32(mv.tpr as i32)
-            .ptr(a.xf)
-            .ptr(a.xq)
+            .ptr(in_xf)
+            .ptr(in_xq)
             .ptr(out)
             .ptr(bias)
             .i32(acc as i32)
@@ -743,8 +839,10 @@ impl<'a> CudaEngine<'a> {
             .ptr(fin_src)
             .ptr(fin_nw)
             .i32(fin_n as i32)
+            .ptr(fin_xf)
+            .ptr(fin_xq)
             .f32(h.norm_eps)
-            .ptr(a.counter)
+            .ptr(counter)
             .ptr(a.part)
             .ptr(a.state)
             .ptr(self.host_tokens.dev)

@@ -54,6 +54,10 @@ pub struct MatLayout {
 
 pub const ALIGN: usize = 256;
 
+/// SwiGLU outputs per tile of the stacked gate/up matrix (`ImageWriter::gate_up_tiled`): one
+/// int8 block of the down product's input.
+pub const SWIGLU_TILE: usize = 32;
+
 fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
@@ -132,9 +136,61 @@ impl<'o> ImageWriter<'o> {
         }
     }
 
-    /// Matrices with the same type and columns stacked by rows into one (q|k|v, gate|up), so
-    /// one launch computes them all. `role` decides their type at w8a8/w4a8.
+    /// Matrices with the same type and columns stacked by rows into one (q|k|v), so one launch
+    /// computes them all. `role` decides their type at w8a8/w4a8.
     pub fn matrix(&mut self, parts: &[TensorRef], role: Role) -> MatLayout {
+        self.report_matrices(parts, role);
+        self.stack(parts, role)
+    }
+
+    /// Gate and up (same type, columns and rows, rows a multiple of `SWIGLU_TILE`) stacked
+    /// tile by tile: gate rows 32t..32t+32, then up rows 32t..32t+32, for t = 0, 1, ... So the
+    /// 64 product rows of tile t are all that SwiGLU's outputs 32t..32t+32 (one int8 block of
+    /// down's input) need, and the block that finishes a tile can make them
+    /// (kernels-ptx/decode.cu, FIN_SWIGLU_TILES) instead of one block making all of them.
+    pub fn gate_up_tiled<'t>(
+        &mut self,
+        gate: TensorRef<'t>,
+        up: TensorRef<'t>,
+        role: Role,
+    ) -> MatLayout {
+        assert!(
+            gate.ty == up.ty && gate.cols == up.cols && gate.rows == up.rows,
+            "gate and up differ in shape or type"
+        );
+        assert!(gate.rows.is_multiple_of(SWIGLU_TILE));
+        self.report_matrices(&[gate, up], role);
+        let row_bytes = gate.data.len() / gate.rows;
+        let tile = |t: &TensorRef<'t>, i: usize| TensorRef {
+            rows: SWIGLU_TILE,
+            data: &t.data[i * SWIGLU_TILE * row_bytes..(i + 1) * SWIGLU_TILE * row_bytes],
+            ..*t
+        };
+        let pieces: Vec<TensorRef<'t>> = (0..gate.rows / SWIGLU_TILE)
+            .flat_map(|i| [tile(&gate, i), tile(&up, i)])
+            .collect();
+        self.stack(&pieces, role)
+    }
+
+    /// Counts what becomes of each matrix, on the planning pass (the boot report).
+    fn report_matrices(&mut self, parts: &[TensorRef], role: Role) {
+        if self.out.is_some() {
+            return;
+        }
+        let (gty, target) = self.image_type(parts[0].ty, role, parts[0].cols);
+        for t in parts {
+            let how = if t.ty == ggml_of(gty) {
+                Conversion::AsIs
+            } else {
+                Conversion::Requantized
+            };
+            self.report
+                .add(t.ty, target, how, quant::target_bytes(target, t));
+        }
+    }
+
+    /// `parts` stacked by rows into one matrix of the image type of their role.
+    fn stack(&mut self, parts: &[TensorRef], role: Role) -> MatLayout {
         let cols = parts[0].cols;
         let rows: usize = parts.iter().map(|t| t.rows).sum();
         let ty0 = parts[0].ty;
@@ -142,17 +198,6 @@ impl<'o> ImageWriter<'o> {
         let nb = cols / 32;
         let blocks = rows * nb;
         let (gty, target) = self.image_type(ty0, role, cols);
-        if self.out.is_none() {
-            let how = if ty0 == ggml_of(gty) {
-                Conversion::AsIs
-            } else {
-                Conversion::Requantized
-            };
-            for t in parts {
-                let bytes = quant::target_bytes(target, t);
-                self.report.add(t.ty, target, how, bytes);
-            }
-        }
         // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
         // CPU's boot and of `flash`), then repacked below as if the file had held them.
         let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
@@ -305,6 +350,51 @@ mod tests {
             assert_eq!(&img[l.m + b * 2..l.m + b * 2 + 2], &blk[2..4]);
         }
         assert_eq!(l.bytes, 4 * 20);
+    }
+
+    /// Gate and up stacked tile by tile: image row 64t + j is gate row 32t + j and image row
+    /// 64t + 32 + j is up row 32t + j, blocks and scales as the file holds them; the report
+    /// counts two matrices, as for a plain stack.
+    #[test]
+    fn gate_up_tiles_alternate_32_rows_of_each() {
+        let (rows, cols) = (96, 64); // three tiles, two blocks a row
+        let block = |m: usize, r: usize, b: usize| {
+            let mut blk = [0u8; 34];
+            blk[..2].copy_from_slice(&f32_to_f16(0.5 + m as f32).to_le_bytes());
+            for (j, q) in blk[2..].iter_mut().enumerate() {
+                *q = (m * 100 + r + b * 7 + j) as u8;
+            }
+            blk
+        };
+        let data = |m: usize| -> Vec<u8> {
+            (0..rows)
+                .flat_map(|r| (0..2).flat_map(move |b| block(m, r, b)))
+                .collect()
+        };
+        let (gate_data, up_data) = (data(0), data(1));
+        let t = |data| TensorRef {
+            ty: GgmlType::Q8_0,
+            cols,
+            rows,
+            data,
+        };
+        let (gate, up) = (t(gate_data.as_slice()), t(up_data.as_slice()));
+        let mut plan = ImageWriter::plan();
+        let l = plan.gate_up_tiled(gate, up, Role::Block);
+        assert_eq!(plan.report.to_string(), "2 Q8_0 -> Q8_0 kept, 0.0 MiB");
+        let mut img = vec![0u8; plan.len];
+        ImageWriter::write_into(&mut img).gate_up_tiled(gate, up, Role::Block);
+        assert_eq!((l.rows, l.cols, l.ty), (2 * rows, cols, GpuType::Q8_0));
+        for r in 0..2 * rows {
+            let (tile, j) = (r / 64, r % 64);
+            let (m, src_row) = (j / 32, tile * 32 + j % 32);
+            for b in 0..2 {
+                let want = block(m, src_row, b);
+                let at = r * 2 + b;
+                assert_eq!(&img[l.q + at * 32..][..32], &want[2..], "row {r} block {b}");
+                assert_eq!(&img[l.d + at * 2..][..2], &want[..2], "row {r} block {b}");
+            }
+        }
     }
 
     /// Types without a kernel become f16 of their dequantized values.
