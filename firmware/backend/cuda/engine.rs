@@ -541,7 +541,7 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
-        // Activations: one device buffer carved into aligned slices (zeroed: the counter).
+        // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
         let widest = h.dim.max(q_dim);
         let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
@@ -686,7 +686,7 @@ impl<'a> CudaEngine<'a> {
                 self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
             }
             // Each head rotates its q and k, attends over positions 0..=pos of its KV head
-            // (storing k and v of pos), and writes wo's input; meanwhile `prefetch_blocks` more
+            // (storing k and v of pos), and writes wo's input; meanwhile `pf_blocks` more
             // blocks pull the weights from wo on into L2.
             let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
             g.launch(
@@ -765,9 +765,10 @@ impl<'a> CudaEngine<'a> {
     /// The input of a product that reads the residual normed with `nw`: made in each of its
     /// blocks, or already prepared by the tail of the product before.
     fn normed(&self, nw: u64) -> Input {
-        match self.in_block_norm {
-            true => Input::NormedInBlock(nw),
-            false => Input::Prepared,
+        if self.in_block_norm {
+            Input::NormedInBlock(nw)
+        } else {
+            Input::Prepared
         }
     }
 
