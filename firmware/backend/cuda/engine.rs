@@ -753,13 +753,10 @@ impl<'a> CudaEngine<'a> {
     /// order), at most half of the L2, as 128-byte lines; and how many blocks do it (one per
     /// multiprocessor, each of 1024 threads, so one line or a few each).
     fn prefetch_after_attention(&self, w: &GpuLayer) -> (u64, usize, usize) {
-        let start = w.wo.q;
-        let end = w.down.q;
-        if !self.prefetch || end <= start {
+        if !self.prefetch {
             return (0, 0, 0);
         }
-        let bytes = ((end - start) as usize).min(self.gpu.l2_bytes.max(0) as usize / 2);
-        (start, bytes / 128, self.gpu.sm_count.max(1) as usize)
+        prefetch_span(w.wo.q, w.down.q, self.gpu.l2_bytes, self.gpu.sm_count)
     }
 
     /// The input of a product that reads the residual normed with `nw`: made in each of its
@@ -943,6 +940,17 @@ fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len() * 4) }
 }
 
+/// The prefetch of `start..end` (device addresses) on a GPU with `l2_bytes` of L2 and
+/// `sm_count` multiprocessors: from `start`, at most half the L2, in whole 128-byte lines, by
+/// one block per multiprocessor; nothing when the span is empty.
+fn prefetch_span(start: u64, end: u64, l2_bytes: i32, sm_count: i32) -> (u64, usize, usize) {
+    let bytes = (end.saturating_sub(start) as usize).min(l2_bytes.max(0) as usize / 2);
+    if bytes < 128 {
+        return (0, 0, 0);
+    }
+    (start, bytes / 128, sm_count.max(1) as usize)
+}
+
 /// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
 /// `role`: theirs (one for the group; `quant::Role`).
 fn group(
@@ -1006,6 +1014,23 @@ mod tests {
             m: 0,
             qh: 0,
         }
+    }
+
+    /// The prefetch during attention: half the L2 at most (H200: 50 MiB, Orin: 4 MiB), whole
+    /// lines, one block per multiprocessor, nothing for an empty or reversed span.
+    #[test]
+    fn prefetch_spans_half_the_l2_at_most() {
+        let mib = 1 << 20;
+        // 1.5B q8_0: wo and gate/up are 32 MB, more than half the H200's L2.
+        assert_eq!(
+            prefetch_span(4096, 4096 + 32 * mib as u64, 50 * mib, 132),
+            (4096, 25 * mib as usize / 128, 132)
+        );
+        // A small layer fits whole; a part line is left out.
+        assert_eq!(prefetch_span(0, 1000, 4 * mib, 16), (0, 7, 16));
+        assert_eq!(prefetch_span(0, 64, 4 * mib, 16), (0, 0, 0));
+        assert_eq!(prefetch_span(5000, 4096, 50 * mib, 132), (0, 0, 0));
+        assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
     }
 
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
