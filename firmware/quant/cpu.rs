@@ -859,7 +859,7 @@ pub(crate) mod x86 {
     /// Rows per register in the AVX-512 swizzled kernel: sixteen 32-bit lanes, one row each.
     const SIXTEEN: usize = 16;
 
-    /// Whether this CPU runs `chunk_many_swizzled16` (AVX-512 F and BW with VNNI).
+    /// Whether this CPU runs the sixteen-row kernels (AVX-512 F, BW and VL with VNNI).
     pub(crate) fn has_avx512_vnni() -> bool {
         is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")

@@ -53,9 +53,7 @@ impl Matrix<'_> {
         );
         rb
     }
-}
 
-impl Matrix<'_> {
     /// Row `r` as f32 (an embedding lookup), in whatever layout the matrix is stored: its
     /// GGML type's blocks, or a low-bit format of `crate::quant` (w4 packings reorder the
     /// nibbles, and a swizzled band stores 32 rows together).
