@@ -653,38 +653,37 @@ MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE)
 MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
 MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 
-// One block per query head, at position p = state[1]: rotary embedding of its q and of its kv
-// head's k (in qkv = [q | k | v]); the first head of each kv group stores k and v in the cache
-// row p (the others use the rotated k and the v in hand for p, so no block waits on another);
-// then scores over positions 0..=p, softmax and the weighted sum of values in one pass, a warp
-// per position at a time: the warp's lanes read a key row together (coalesced float4s), reduce
-// its dot with shuffles and keep an online softmax (running max, sum, and weighted values,
-// four dims of every 128 per lane); two positions per round, so that their loads are in flight
-// together. The block then joins its warps' partial results. The output is the wo product's
-// input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 == 0: blocks of 32 do
-// not cross heads). head_dim: a multiple of 4, at most 256. `att` is unused (kept for the
-// launch's argument list).
-// Blocks past the heads do no attention: they pull `pf_lines` 128-byte lines from `pf` (the
-// next products' weights) into L2 while the heads run, and the memory would otherwise idle.
-extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
-                                     float base, int half_split, const int* state, float* kcache,
-                                     float* vcache, int ctx, float* att, float* xf, i8* xq,
-                                     const u8* pf, int pf_lines) {
-    if ((int)blockIdx.x >= n_heads) {
-        int threads = (gridDim.x - n_heads) * blockDim.x;
-        for (int i = (blockIdx.x - n_heads) * blockDim.x + threadIdx.x; i < pf_lines; i += threads)
-            asm volatile("prefetch.global.L2 [%0];" : : "l"(pf + (size_t)i * 128));
-        return;
-    }
+// Attention of query head `h` at position p = state[1] over positions [t_begin, t_end) of
+// 0..=p, by one block of up to NW warps: rotary embedding of its q and of its kv head's k (in
+// qkv = [q | k | v]); the head's first block in the first head of each kv group stores k and v
+// in the cache row p (the others use the rotated k and the v in hand for p, so no block waits
+// on another); then scores, softmax and the weighted sum of values in one pass, a warp per
+// position at a time: the warp's lanes read a key row together (coalesced float4s), reduce its
+// dot with shuffles and keep an online softmax (running max, sum, and weighted values, four
+// dims of every 128 per lane); two positions per round, so that their loads are in flight
+// together. The block then joins its warps' results: into the output when it has all of the
+// head's positions (`slices` 1), else into its slice's part (max, sum, unscaled values) in
+// `apart`, and the head's last slice to finish (`acount`) joins the slices in order. The output
+// is the wo product's input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 ==
+// 0: blocks of 32 do not cross heads). head_dim: a multiple of 4, at most 256.
+template <int NW>
+__device__ void attend(int h, int slice, int slices, const float* qkv, int n_heads,
+                       int n_kv_heads, int head_dim, float base, int half_split, int pos,
+                       float* kcache, float* vcache, float* xf, i8* xq, float* apart,
+                       unsigned* acount) {
     __shared__ __align__(16) float qh[256], kh[256], vh[256];
-    __shared__ __align__(16) float warp_o[32][256];
-    __shared__ float warp_m[32], warp_l[32];
-    int h = blockIdx.x, pos = state[1], group = n_heads / n_kv_heads, kvh = h / group;
+    __shared__ __align__(16) float warp_o[NW][256];
+    __shared__ float warp_m[NW], warp_l[NW];
+    __shared__ int last;
+    int group = n_heads / n_kv_heads, kvh = h / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
+    int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
+    int t_begin = slice * chunk, t_end = min(pos + 1, t_begin + chunk);
     const float* qsrc = qkv + h * head_dim;
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
-    // Threads 0..half rotate the q pairs, half..2*half the k pairs (as the CPU's rope).
+    // Threads 0..half rotate the q pairs, half..2*half the k pairs (as the CPU's rope). qkv was
+    // written by other blocks (in the persistent step, in this launch): read from L2.
     for (int t = threadIdx.x; t < 2 * half; t += blockDim.x) {
         int i = t % half;
         const float* src = t < half ? qsrc : ksrc;
@@ -693,15 +692,15 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
         float s, c;
         sincosf((float)pos * freq, &s, &c);
         int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
-        float x0 = src[a], x1 = src[b];
+        float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
         dst[a] = x0 * c - x1 * s;
         dst[b] = x0 * s + x1 * c;
     }
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vh[i] = vsrc[i];
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vh[i] = __ldcg(vsrc + i);
     __syncthreads();
     float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
     float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
-    if (h % group == 0)
+    if (h % group == 0 && slice == 0)
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             krow[i] = kh[i];
             vrow[i] = vh[i];
@@ -724,9 +723,9 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
                         : (const float4*)(cache + (size_t)t * kv_dim + kvh * head_dim);
     };
     float m = NEG_INF, l = 0.0f;
-    for (int t0 = warp; t0 <= pos; t0 += 2 * nw) {
+    for (int t0 = t_begin + warp; t0 < t_end; t0 += 2 * nw) {
         int t1 = t0 + nw;
-        bool two = t1 <= pos;
+        bool two = t1 < t_end;
         const float4 *k0 = row4(kcache, kh, t0), *v0 = row4(vcache, vh, t0);
         const float4 *k1 = row4(kcache, kh, two ? t1 : t0), *v1 = row4(vcache, vh, two ? t1 : t0);
         float4 ka[2], va[2], kb[2], vb[2];
@@ -771,6 +770,7 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
     }
     __syncthreads();
     // Join the warps: each output element rescales every warp's part to the block's max.
+    float* part = apart + (size_t)(h * slices + slice) * (head_dim + 2);
     if (threadIdx.x < head_dim) {
         float mx = NEG_INF;
         for (int w = 0; w < nw; w++) mx = fmaxf(mx, warp_m[w]);
@@ -781,15 +781,79 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
             sum += warp_l[w] * f;
             acc += warp_o[w][threadIdx.x] * f;
         }
-        float out = acc / sum;
-        xf[h * head_dim + threadIdx.x] = out;
-        qh[threadIdx.x] = out;  // q is no longer needed: the output, for quantizing
+        if (slices == 1) {
+            xf[h * head_dim + threadIdx.x] = acc / sum;
+            qh[threadIdx.x] = acc / sum;  // q is no longer needed: the output, for quantizing
+        } else {
+            part[2 + threadIdx.x] = acc;
+            if (threadIdx.x == 0) {
+                part[0] = mx;
+                part[1] = sum;
+            }
+        }
+    }
+    if (slices > 1) {
+        // The head's last slice to finish joins all of them, in slice order.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(acount + h, 1u) == (unsigned)slices - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (threadIdx.x == 0) acount[h] = 0;
+        const float* parts = apart + (size_t)h * slices * (head_dim + 2);
+        if (threadIdx.x < head_dim) {
+            float mx = NEG_INF;
+            for (int k = 0; k < slices; k++) mx = fmaxf(mx, __ldcg(parts + k * (head_dim + 2)));
+            float sum = 0.0f, acc = 0.0f;
+            for (int k = 0; k < slices; k++) {
+                const float* pk = parts + k * (head_dim + 2);
+                float mk = __ldcg(pk);
+                if (mk == NEG_INF) continue;  // a slice that had no position
+                float f = expf(mk - mx);
+                sum += __ldcg(pk + 1) * f;
+                acc += __ldcg(pk + 2 + threadIdx.x) * f;
+            }
+            xf[h * head_dim + threadIdx.x] = acc / sum;
+            qh[threadIdx.x] = acc / sum;
+        }
     }
     if (xq) {
         __syncthreads();
         float* xd = (float*)(xq + q_dim);
         int* xs = (int*)(xd + q_dim / 32);
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, blocks = head_dim / 32;
+        int blocks = head_dim / 32;
         if (warp < blocks) quant_lane(qh[warp * 32 + lane], h * blocks + warp, xq, xd, xs);
     }
+}
+
+// Pulls `lines` 128-byte lines from `pf` into L2, spread over `threads` threads of which this is
+// thread `i`.
+__device__ __forceinline__ void prefetch_l2(const u8* pf, int lines, int i, int threads) {
+    for (; i < lines; i += threads) asm volatile("prefetch.global.L2 [%0];" : : "l"(pf + (size_t)i * 128));
+}
+
+// The attention launch: `n_heads * slices` blocks attend, each a slice of a head's positions
+// (`attend`), where `slices` grows with the position, one more for every `slice_positions`
+// (0: never split), up to `max_slices`: one block a head would read a long context's keys and
+// values with a few multiprocessors while the rest idle. Blocks past those do no attention:
+// they pull `pf_lines` 128-byte lines from `pf` (the next products' weights) into L2 while the
+// heads run, and the memory would otherwise idle. `att` is unused (kept for the launch's
+// argument list).
+extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
+                                     float base, int half_split, const int* state, float* kcache,
+                                     float* vcache, int ctx, float* att, float* xf, i8* xq,
+                                     const u8* pf, int pf_lines, float* apart, unsigned* acount,
+                                     int max_slices, int slice_positions) {
+    int pos = state[1];
+    int slices = slice_positions > 0 ? (pos + slice_positions) / slice_positions : 1;
+    slices = max(1, min(max_slices, slices));
+    int items = n_heads * slices;
+    if ((int)blockIdx.x >= items) {
+        prefetch_l2(pf, pf_lines, (blockIdx.x - items) * blockDim.x + threadIdx.x,
+                    (gridDim.x - items) * blockDim.x);
+        return;
+    }
+    attend<32>(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
+               head_dim, base, half_split, pos, kcache, vcache, xf, xq, apart, acount);
 }

@@ -167,6 +167,13 @@ fn run_gpu(
         } else {
             InBlockNorm::Never
         },
+        // Likewise attention: one block a head, or split from position 2 on (so the logits
+        // compared below already join several slices a head).
+        attention_slice: if products == ProductKernels::Wide {
+            2
+        } else {
+            0
+        },
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
@@ -184,7 +191,8 @@ fn run_gpu(
 }
 
 /// For every parity model in both memory models, with every product kernel narrow and then
-/// every one wide (the default mixes the two by size), at each precision against the CPU
+/// every one wide (the default mixes the two by size; the wide runs also split each head's
+/// attention over blocks), at each precision against the CPU
 /// backend at the same precision (its KV cache in f32, as the GPU's):
 /// - where every kernel is float (f16; native on a float file): logits within 1e-2 (relative,
 ///   L2) and the same 64 greedy tokens;

@@ -31,6 +31,8 @@ pub struct Config {
     pub in_block_norm: InBlockNorm,
     /// CUDA: weights pulled into L2 during attention (false: the ablation).
     pub prefetch: bool,
+    /// CUDA: `CudaOptions::attention_slice` (0: one block a head, the ablation).
+    pub attention_slice: usize,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -51,7 +53,7 @@ impl Config {
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
-                "{model} cuda {}{}{}{}{}",
+                "{model} cuda {}{}{}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
                 match self.products {
@@ -64,7 +66,12 @@ impl Config {
                     InBlockNorm::Always => " norm-in-block",
                     InBlockNorm::Never => " norm-tail",
                 },
-                if self.prefetch { "" } else { " no-prefetch" }
+                if self.prefetch { "" } else { " no-prefetch" },
+                if self.attention_slice == 0 {
+                    " no-split-attention"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -183,6 +190,7 @@ pub fn run(
             products: c.products,
             in_block_norm: c.in_block_norm,
             prefetch: c.prefetch,
+            attention_slice: c.attention_slice,
             ..CudaOptions::default()
         };
         let mut row = Row {

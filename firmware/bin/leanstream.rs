@@ -363,6 +363,9 @@ struct BenchArgs {
     /// CUDA: also time without pulling the next weights into L2 during attention.
     #[arg(long)]
     compare_no_prefetch: bool,
+    /// CUDA: also time with each head's attention in one block at any context length.
+    #[arg(long)]
+    compare_no_split_attention: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1184,6 +1187,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 products: ProductKernels::Auto,
                 in_block_norm: InBlockNorm::Auto,
                 prefetch: true,
+                attention_slice: leanstream::backend::cuda::engine::ATTENTION_SLICE,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1221,6 +1225,13 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                         }
                         if a.compare_no_prefetch {
                             push(true, ProductKernels::Auto, auto, false);
+                        }
+                        if a.compare_no_split_attention {
+                            configs.push(bench::Config {
+                                memory,
+                                attention_slice: 0,
+                                ..base.clone()
+                            });
                         }
                     }
                 }

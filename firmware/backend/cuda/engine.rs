@@ -36,6 +36,11 @@ pub struct CudaOptions {
     /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
     /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
     pub prefetch: bool,
+    /// A head's attention is split over one more block for every this many positions (up to
+    /// `max_slices`), and the blocks' parts joined, so a long context's keys and values are
+    /// read by the whole GPU rather than a block per head; 0 = one block per head
+    /// (`bench --compare-no-split-attention`).
+    pub attention_slice: usize,
 }
 
 /// Where the residual's norm is made for the products that read it.
@@ -75,6 +80,7 @@ impl Default for CudaOptions {
             products: ProductKernels::Auto,
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
+            attention_slice: ATTENTION_SLICE,
         }
     }
 }
@@ -162,6 +168,10 @@ struct Activations {
     /// Rows of each SwiGLU tile finished so far (`Finish::SwiGluTiles`; the last block of a
     /// tile resets its count).
     swiglu_tiles: u64,
+    /// Split attention: each slice's part (max, sum, values) per head, and the slices of each
+    /// head finished so far (the last one joins them and resets the count).
+    apart: u64,
+    acount: u64,
 }
 
 /// What the last block of a product prepares for the next kernel (kernels-ptx/decode.cu).
@@ -188,6 +198,11 @@ enum Input {
     /// `hf`/`hq`: SwiGLU of gate/up.
     FfnHidden,
 }
+
+/// Positions a slice of a head's attention starts at (`CudaOptions::attention_slice`): four
+/// rounds of the kernel's 32 warps, two positions each, so a slice's block is kept busy and
+/// short contexts (most of a chat) stay one block a head.
+pub const ATTENTION_SLICE: usize = 256;
 
 /// Threads of a product kernel's block.
 const MV_THREADS: usize = 256;
@@ -296,6 +311,9 @@ pub struct CudaEngine<'a> {
     in_block_norm: bool,
     /// `CudaOptions::prefetch`.
     prefetch: bool,
+    /// Most blocks a head's attention is split over, and `CudaOptions::attention_slice`.
+    max_slices: usize,
+    attention_slice: usize,
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
@@ -541,34 +559,39 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
+        let max_slices = max_slices(gpu.sm_count, h.n_heads, opts.attention_slice);
+
         // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
         let widest = h.dim.max(q_dim);
         let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
         let sizes = [
-            h.dim * 4,                                    // x
-            (q_dim + 2 * kv_dim) * 4,                     // qkv
-            2 * h.hidden_dim * 4,                         // gu
-            h.vocab_size * 4,                             // logits
-            h.n_heads * context * 4,                      // att
-            8,                                            // state
-            widest * 4,                                   // xf
-            widest + 8 * widest.div_ceil(32),             // xq: int8, then f32 scales and i32 sums
-            4,                                            // counter
-            8 * out_grid,                                 // part
-            4 * h.hidden_dim.div_ceil(SWIGLU_TILE),       // swiglu_tiles
-            h.hidden_dim * 4,                             // hf
-            h.hidden_dim + 8 * h.hidden_dim.div_ceil(32), // hq
+            h.dim * 4,                                     // x
+            (q_dim + 2 * kv_dim) * 4,                      // qkv
+            2 * h.hidden_dim * 4,                          // gu
+            h.vocab_size * 4,                              // logits
+            h.n_heads * context * 4,                       // att
+            8,                                             // state
+            widest * 4,                                    // xf
+            widest + 8 * widest.div_ceil(32),              // xq: int8, then f32 scales and i32 sums
+            4,                                             // counter
+            8 * out_grid,                                  // part
+            4 * h.hidden_dim.div_ceil(SWIGLU_TILE),        // swiglu_tiles
+            h.hidden_dim * 4,                              // hf
+            h.hidden_dim + 8 * h.hidden_dim.div_ceil(32),  // hq
+            4 * max_slices * h.n_heads * (h.head_dim + 2), // apart
+            4 * h.n_heads,                                 // acount
         ];
         let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
         let buf = gpu.alloc(total).map_err(cuda)?;
-        let mut ptrs = [0u64; 13];
+        let mut ptrs = [0u64; 15];
         let mut off = 0u64;
         for (p, s) in ptrs.iter_mut().zip(sizes) {
             *p = buf.ptr + off;
             off += s.next_multiple_of(256) as u64;
         }
-        let [x, qkv, gu, logits, att, state, xf, xq, counter, part, swiglu_tiles, hf, hq] = ptrs;
+        let [x, qkv, gu, logits, att, state, xf, xq, counter, part, swiglu_tiles, hf, hq, apart, acount] =
+            ptrs;
         let a = Activations {
             _buf: buf,
             x,
@@ -584,6 +607,8 @@ impl<'a> CudaEngine<'a> {
             counter,
             part,
             swiglu_tiles,
+            apart,
+            acount,
         };
         let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
         let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
@@ -623,6 +648,8 @@ impl<'a> CudaEngine<'a> {
                 InBlockNorm::Never => false,
             },
             prefetch: opts.prefetch,
+            max_slices,
+            attention_slice: opts.attention_slice,
             device_state: None,
         };
         if opts.graph {
@@ -686,12 +713,14 @@ impl<'a> CudaEngine<'a> {
                 self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
             }
             // Each head rotates its q and k, attends over positions 0..=pos of its KV head
-            // (storing k and v of pos), and writes wo's input; meanwhile `pf_blocks` more
-            // blocks pull the weights from wo on into L2.
+            // (storing k and v of pos; split over up to `max_slices` blocks once the context
+            // is long), and writes wo's input; meanwhile at least `pf_blocks` more blocks pull
+            // the weights from wo on into L2.
             let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
+            let grid = (h.n_heads * self.max_slices).max(h.n_heads + pf_blocks);
             g.launch(
                 k.attention,
-                (h.n_heads + pf_blocks) as u32,
+                grid as u32,
                 1024,
                 KernelArgs::default()
                     .ptr(a.qkv)
@@ -708,7 +737,11 @@ impl<'a> CudaEngine<'a> {
                     .ptr(a.xf)
                     .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
                     .ptr(pf_from)
-                    .i32(pf_lines as i32),
+                    .i32(pf_lines as i32)
+                    .ptr(a.apart)
+                    .ptr(a.acount)
+                    .i32(self.max_slices as i32)
+                    .i32(self.attention_slice as i32),
             )?;
             // Added to the residual (whose norm is the FFN's input).
             self.matvec(
@@ -951,6 +984,16 @@ fn prefetch_span(start: u64, end: u64, l2_bytes: i32, sm_count: i32) -> (u64, us
     (start, bytes / 128, sm_count.max(1) as usize)
 }
 
+/// Most blocks a head's attention is split over on a GPU of `sm_count` multiprocessors: all
+/// heads' slices together fill it with two blocks of 1024 threads each (what one holds at
+/// once); 1 when splitting is off (`attention_slice` 0) or the heads alone fill it.
+fn max_slices(sm_count: i32, n_heads: usize, attention_slice: usize) -> usize {
+    if attention_slice == 0 {
+        return 1;
+    }
+    (2 * sm_count.max(1) as usize / n_heads.max(1)).max(1)
+}
+
 /// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
 /// `role`: theirs (one for the group; `quant::Role`).
 fn group(
@@ -1031,6 +1074,17 @@ mod tests {
         assert_eq!(prefetch_span(0, 64, 4 * mib, 16), (0, 0, 0));
         assert_eq!(prefetch_span(5000, 4096, 50 * mib, 132), (0, 0, 0));
         assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
+    }
+
+    /// Split attention: an H200 (132) takes 22 blocks a head at the 1.5B shape (12 heads), an
+    /// Orin (16) 2; off, or more heads than blocks, means one a head.
+    #[test]
+    fn attention_splits_to_fill_the_gpu_twice() {
+        assert_eq!(max_slices(132, 12, ATTENTION_SLICE), 22);
+        assert_eq!(max_slices(132, 9, ATTENTION_SLICE), 29);
+        assert_eq!(max_slices(16, 12, ATTENTION_SLICE), 2);
+        assert_eq!(max_slices(16, 64, ATTENTION_SLICE), 1);
+        assert_eq!(max_slices(132, 12, 0), 1);
     }
 
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
