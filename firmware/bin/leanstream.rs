@@ -7,7 +7,7 @@ use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
-use leanstream::engine::{Arenas, Engine, EngineOptions};
+use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ModelFile;
 use leanstream::quant::{Packing, Precision};
@@ -1153,6 +1153,14 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
         }
         return cmd_bench_ffn(a);
     }
+    if a.long_context.is_some() && a.backend.iter().any(|b| b == "cuda") {
+        if a.model.len() != 1 || a.backend.len() != 1 || a.configs.is_some() {
+            return Err(
+                "--long-context on the cuda backend takes one model and no --configs".into(),
+            );
+        }
+        return cmd_bench_long_cuda(a);
+    }
     if a.configs.is_some() || a.long_context.is_some() {
         if a.model.len() != 1 || a.backend.iter().any(|b| b != "cpu") {
             return Err("--configs and --long-context take one model on the cpu backend".into());
@@ -1378,13 +1386,7 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
-    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
-    let mut prompt = tok.encode(
-        &seed_text.repeat(1 + a.prompt_tokens / 8),
-        tok.add_bos_default(),
-    );
-    prompt.truncate(a.prompt_tokens.max(1));
+    let prompt = bench_prompt(&tok, a.prompt_tokens);
     let mut arenas: Vec<Arenas> = configs
         .iter()
         .map(|_| Arenas::from_board().map_err(|e| e.to_string()))
@@ -1516,13 +1518,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
             .map(|c| parse_config(c.trim(), &model.low))
             .collect::<Result<_, _>>()?,
     };
-    // A fixed, ordinary English prompt, repeated to the asked length (speed does not depend on it).
-    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
-    let mut prompt = tok.encode(
-        &seed_text.repeat(1 + a.prompt_tokens / 8),
-        tok.add_bos_default(),
-    );
-    prompt.truncate(a.prompt_tokens.max(1));
+    let prompt = bench_prompt(&tok, a.prompt_tokens);
     // Every configuration is booted at once, each in its own arenas (mapped at the board's
     // budgets, backed only where touched), and the repetitions go round-robin over them, so a
     // busy moment of the machine lands on all of them alike.
@@ -1543,7 +1539,8 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     if let Some(n) = a.long_context {
         for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
             low.set_kernels();
-            let (json, md) = long_context(engine, sampler, &prompt, n, label)?;
+            let step = |e: &mut Engine, t: u32, p: usize| sampler.sample(e.forward(t, p));
+            let (json, md) = long_context(engine, step, &prompt, n, label, segments_text)?;
             rows_json.push(json);
             rows_md.push(md);
         }
@@ -1631,6 +1628,72 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A fixed, ordinary English prompt of `n` tokens, repeated to length (speed does not depend
+/// on it).
+fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
+    let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
+    let mut prompt = tok.encode(&seed_text.repeat(1 + n / 8), tok.add_bos_default());
+    prompt.truncate(n.max(1));
+    prompt
+}
+
+/// `--long-context N --backend cuda`: the latency per token from position 0 to N on the GPU,
+/// each token's greedy pick made on the device, per 512-token window as the CPU's mode; with
+/// `--compare-no-split-attention`, also with each head's attention in one block.
+fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
+    let n = a.long_context.unwrap_or_default();
+    let (file, tok) = open_model(&a.model[0], a.tokenizer.as_deref())?;
+    let name = a.model[0]
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let prompt = bench_prompt(&tok, a.prompt_tokens);
+    let mut base = CudaOptions {
+        precision: a.low.precision,
+        ..CudaOptions::default()
+    };
+    if let Some(m) = a.memory.first() {
+        base.memory = parse_memory(m)?;
+    }
+    let mut configs = vec![("split attention", base)];
+    if a.compare_no_split_attention {
+        let one = CudaOptions {
+            attention_slice: 0,
+            ..base
+        };
+        configs.push(("one block a head", one));
+    }
+    let (mut rows_json, mut rows_md, mut gpu) = (Vec::new(), Vec::new(), String::new());
+    for (label, opts) in configs {
+        let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+        let mut engine = leanstream::backend::cuda::CudaEngine::boot(&mut arenas, &file, opts)
+            .map_err(|e| format!("{label}: {e}"))?;
+        gpu = engine.gpu.name.clone();
+        let step = |e: &mut leanstream::backend::cuda::CudaEngine, t: u32, p: usize| {
+            e.forward_greedy(t, p)
+        };
+        let f32_kv = |_: &leanstream::backend::cuda::CudaEngine| "f32 token-major".to_string();
+        let (json, md) = long_context(&mut engine, step, &prompt, n, label, f32_kv)?;
+        rows_json.push(json);
+        rows_md.push(md);
+    }
+    let memory = leanstream::bench::memory_name(base.memory);
+    let json = format!(
+        "{{\n  \"model\": {name:?},\n  \"backend\": \"cuda\",\n  \"gpu\": {gpu:?},\n  \"memory\": {memory:?},\n  \"board\": {:?},\n  \"long_context\": {n},\n  \"configs\": [\n{}\n  ]\n}}\n",
+        leanstream::board::NAME,
+        rows_json.join(",\n")
+    );
+    let md = format!(
+        "{name}, cuda {gpu}, {memory} memory, board {}\n\n| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | KV cache |\n|---|---|---|---|---|---|---|---|\n{}\n",
+        leanstream::board::NAME,
+        rows_md.join("\n")
+    );
+    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
+    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
+    print!("{md}");
+    Ok(())
+}
+
 /// The KV chain as `layout[start..end]` items.
 fn segments_text(e: &Engine) -> String {
     e.kv_segments()
@@ -1643,28 +1706,30 @@ fn segments_text(e: &Engine) -> String {
 /// Decodes positions 0..n (the prompt's tokens, then sampled ones), timing each step; per
 /// window of 512 positions, the median and p99. The linear bound is the growth the work
 /// predicts: matrix MACs per token plus attention MACs growing with the position.
-fn long_context(
-    engine: &mut Engine,
-    sampler: &mut Sampler,
+/// `step` runs one token and returns the next (the CPU samples its logits; the GPU picks the
+/// greedy token on the device); `segs` describes the KV cache after the run.
+fn long_context<D: Decoder>(
+    engine: &mut D,
+    mut step: impl FnMut(&mut D, u32, usize) -> u32,
     prompt: &[u32],
     n: usize,
     label: &str,
+    segs: impl Fn(&D) -> String,
 ) -> Result<(String, String), String> {
-    let n = n.min(engine.context);
+    let n = n.min(engine.context());
     const W: usize = 512;
     if n < 2 * W {
         return Err(format!(
             "--long-context needs at least {} positions (context {})",
             2 * W,
-            engine.context
+            engine.context()
         ));
     }
     let mut ms = Vec::with_capacity(n);
     let mut token = prompt[0];
     for pos in 0..n {
         let t0 = Instant::now();
-        let logits = engine.forward(token, pos);
-        let next = sampler.sample(logits);
+        let next = step(engine, token, pos);
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
         token = if pos + 1 < prompt.len() {
             prompt[pos + 1]
@@ -1687,7 +1752,7 @@ fn long_context(
             worst = (p99 / med, w);
         }
     }
-    let h = &engine.hyper;
+    let h = engine.hyper();
     let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
     let matrix = (h.n_layers * (2 * h.dim * q_dim + 2 * h.dim * kv_dim + 3 * h.dim * h.hidden_dim)
         + h.vocab_size * h.dim) as f64;
@@ -1696,7 +1761,7 @@ fn long_context(
     let last = medians.len() - 1;
     let bound = (matrix + attn_per_pos * mid(last)) / (matrix + attn_per_pos * mid(0));
     let growth = medians[last] / medians[0];
-    let segs = segments_text(engine);
+    let segs = segs(engine);
     let json = format!(
         "    {{\"config\": {label:?}, \"positions\": {n}, \"window_median_ms\": {:?}, \"first_median_ms\": {:.3}, \"last_median_ms\": {:.3}, \"growth\": {growth:.3}, \"linear_bound\": {bound:.3}, \"worst_p99_over_median\": {:.3}, \"worst_window\": {}, \"kv_segments\": {segs:?}}}",
         medians.iter().map(|m| (m * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
