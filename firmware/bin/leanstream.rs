@@ -1486,10 +1486,7 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
         d[0],
         rows.join(",\n")
     );
-    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
-    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
-    print!("{md}");
-    Ok(())
+    write_tables(&a, &json, &md)
 }
 
 /// Low-bit configurations of one model on the CPU (`--configs`, `--long-context`).
@@ -1622,10 +1619,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         leanstream::board::NAME,
         rows_md.join("\n")
     );
-    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
-    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
-    print!("{md}");
-    Ok(())
+    write_tables(&a, &json, &md)
 }
 
 /// A fixed, ordinary English prompt of `n` tokens, repeated to length (speed does not depend
@@ -1688,8 +1682,13 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         leanstream::board::NAME,
         rows_md.join("\n")
     );
-    std::fs::write(&a.json, &json).map_err(|e| format!("{}: {e}", a.json.display()))?;
-    std::fs::write(&a.markdown, &md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
+    write_tables(&a, &json, &md)
+}
+
+/// Writes a bench's JSON and Markdown where `a` says, and prints the Markdown.
+fn write_tables(a: &BenchArgs, json: &str, md: &str) -> Result<(), String> {
+    std::fs::write(&a.json, json).map_err(|e| format!("{}: {e}", a.json.display()))?;
+    std::fs::write(&a.markdown, md).map_err(|e| format!("{}: {e}", a.markdown.display()))?;
     print!("{md}");
     Ok(())
 }

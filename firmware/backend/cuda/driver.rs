@@ -311,6 +311,20 @@ impl Gpu {
         }
     }
 
+    /// How many blocks of `block` threads and `shared` dynamic shared bytes of `f` fit on one
+    /// multiprocessor at once (registers, shared memory and threads all counted).
+    pub fn blocks_per_sm(&self, f: Function, block: u32, shared: usize) -> CudaResult<u32> {
+        let mut n = 0;
+        // SAFETY: a valid function handle and an out-pointer.
+        unsafe {
+            check(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f.0, block as i32, shared),
+            )?;
+        }
+        Ok(n.max(0) as u32)
+    }
+
     /// Records every launch made by `body` on the stream into a graph instead of running it.
     pub fn capture(&self, body: impl FnOnce() -> CudaResult<()>) -> CudaResult<Graph> {
         // SAFETY: the stream is ours; capture is ended on this thread whatever `body` returns.

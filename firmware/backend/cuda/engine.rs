@@ -559,7 +559,14 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
-        let max_slices = max_slices(gpu.sm_count, h.n_heads, opts.attention_slice);
+        // Split attention fills the GPU with one wave of attention blocks at most: a second
+        // wave would cost a whole block's time at once (a step in latency per token).
+        let attention_per_sm = gpu.blocks_per_sm(k.attention, 1024, 0).map_err(cuda)?;
+        let max_slices = max_slices(
+            gpu.sm_count as usize * attention_per_sm as usize,
+            h.n_heads,
+            opts.attention_slice,
+        );
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
@@ -984,14 +991,14 @@ fn prefetch_span(start: u64, end: u64, l2_bytes: i32, sm_count: i32) -> (u64, us
     (start, bytes / 128, sm_count.max(1) as usize)
 }
 
-/// Most blocks a head's attention is split over on a GPU of `sm_count` multiprocessors: all
-/// heads' slices together fill it with two blocks of 1024 threads each (what one holds at
-/// once); 1 when splitting is off (`attention_slice` 0) or the heads alone fill it.
-fn max_slices(sm_count: i32, n_heads: usize, attention_slice: usize) -> usize {
+/// Most blocks a head's attention is split over on a GPU that runs `resident` attention blocks
+/// at once: all heads' slices together are one wave of them; 1 when splitting is off
+/// (`attention_slice` 0) or the heads alone fill the GPU.
+fn max_slices(resident: usize, n_heads: usize, attention_slice: usize) -> usize {
     if attention_slice == 0 {
         return 1;
     }
-    (2 * sm_count.max(1) as usize / n_heads.max(1)).max(1)
+    (resident / n_heads.max(1)).max(1)
 }
 
 /// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
@@ -1076,13 +1083,15 @@ mod tests {
         assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
     }
 
-    /// Split attention: an H200 (132) takes 22 blocks a head at the 1.5B shape (12 heads), an
-    /// Orin (16) 2; off, or more heads than blocks, means one a head.
+    /// Split attention, one wave: an H200 runs one 1024-thread attention block per
+    /// multiprocessor (its registers), so 132 at once: 11 slices a head at the 1.5B shape (12
+    /// heads), 14 at SmolLM2's (9); an Orin (16) 1; off, or more heads than blocks, means one a
+    /// head.
     #[test]
-    fn attention_splits_to_fill_the_gpu_twice() {
-        assert_eq!(max_slices(132, 12, ATTENTION_SLICE), 22);
-        assert_eq!(max_slices(132, 9, ATTENTION_SLICE), 29);
-        assert_eq!(max_slices(16, 12, ATTENTION_SLICE), 2);
+    fn attention_splits_into_one_wave() {
+        assert_eq!(max_slices(132, 12, ATTENTION_SLICE), 11);
+        assert_eq!(max_slices(132, 9, ATTENTION_SLICE), 14);
+        assert_eq!(max_slices(16, 12, ATTENTION_SLICE), 1);
         assert_eq!(max_slices(16, 64, ATTENTION_SLICE), 1);
         assert_eq!(max_slices(132, 12, 0), 1);
     }
