@@ -654,7 +654,7 @@ MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
 MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 
 // Attention of query head `h` at position p = state[1] over positions [t_begin, t_end) of
-// 0..=p, by one block of up to NW warps: rotary embedding of its q and of its kv head's k (in
+// 0..=p, by one block of up to 32 warps: rotary embedding of its q and of its kv head's k (in
 // qkv = [q | k | v]); the head's first block in the first head of each kv group stores k and v
 // in the cache row p (the others use the rotated k and the v in hand for p, so no block waits
 // on another); then scores, softmax and the weighted sum of values in one pass, a warp per
@@ -666,14 +666,13 @@ MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 // `apart`, and the head's last slice to finish (`acount`) joins the slices in order. The output
 // is the wo product's input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 ==
 // 0: blocks of 32 do not cross heads). head_dim: a multiple of 4, at most 256.
-template <int NW>
 __device__ void attend(int h, int slice, int slices, const float* qkv, int n_heads,
                        int n_kv_heads, int head_dim, float base, int half_split, int pos,
                        float* kcache, float* vcache, float* xf, i8* xq, float* apart,
                        unsigned* acount) {
     __shared__ __align__(16) float qh[256], kh[256], vh[256];
-    __shared__ __align__(16) float warp_o[NW][256];
-    __shared__ float warp_m[NW], warp_l[NW];
+    __shared__ __align__(16) float warp_o[32][256];
+    __shared__ float warp_m[32], warp_l[32];
     __shared__ int last;
     int group = n_heads / n_kv_heads, kvh = h / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
@@ -854,6 +853,6 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
                     (gridDim.x - items) * blockDim.x);
         return;
     }
-    attend<32>(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
+    attend(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
                head_dim, base, half_split, pos, kcache, vcache, xf, xq, apart, acount);
 }

@@ -1600,9 +1600,9 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     }
     leanstream::quant::cpu::set_deferred_dequant(true);
     let header = if a.long_context.is_some() {
-        "| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | KV segments |\n|---|---|---|---|---|---|---|---|"
+        long_context_header("KV segments")
     } else {
-        "| config | prefill tok/s | decode tok/s | decode ms/token | speed vs first row | KV segments |\n|---|---|---|---|---|---|"
+        "| config | prefill tok/s | decode tok/s | decode ms/token | speed vs first row | KV segments |\n|---|---|---|---|---|---|".into()
     };
     let json = format!(
         "{{\n  \"model\": {:?},\n  \"backend\": \"cpu\",\n  \"threads\": {threads},\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"long_context\": {},\n  \"configs\": [\n{}\n  ]\n}}\n",
@@ -1678,11 +1678,17 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         rows_json.join(",\n")
     );
     let md = format!(
-        "{name}, cuda {gpu}, {memory} memory, board {}\n\n| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | KV cache |\n|---|---|---|---|---|---|---|---|\n{}\n",
+        "{name}, cuda {gpu}, {memory} memory, board {}\n\n{}\n{}\n",
         leanstream::board::NAME,
+        long_context_header("KV cache"),
         rows_md.join("\n")
     );
     write_tables(&a, &json, &md)
+}
+
+/// The Markdown header of `long_context`'s rows (`kv`: what its last column describes).
+fn long_context_header(kv: &str) -> String {
+    format!("| config | positions | first-window median ms | last-window median ms | growth | linear bound | worst p99/median (window) | {kv} |\n|---|---|---|---|---|---|---|---|")
 }
 
 /// Writes a bench's JSON and Markdown where `a` says, and prints the Markdown.
