@@ -31,7 +31,7 @@ fn main() {
 }
 
 /// Embeds every committed `kernels-ptx/NAME.compute_XX.ptx` as `(NAME, XX, text)` in
-/// `$OUT_DIR/ptx.rs`; a `.cu` without both of its `.ptx` files fails the build.
+/// `$OUT_DIR/ptx.rs`; a `.cu` without each of its `.ptx` files fails the build.
 fn embed_ptx() {
     println!("cargo:rerun-if-changed=kernels-ptx");
     let mut sources: Vec<String> = fs::read_dir("kernels-ptx")
@@ -49,7 +49,7 @@ fn embed_ptx() {
     code.push_str("pub const PTX: &[(&str, u32, &str)] = &[\n");
     for cu in &sources {
         let name = cu.trim_end_matches(".cu");
-        for arch in [72, 87] {
+        for arch in [72, 87, 90] {
             let ptx = dir.join(format!("{name}.compute_{arch}.ptx"));
             if !ptx.exists() {
                 fail(&format!(

@@ -1,6 +1,6 @@
 // Decode kernels for one token of a llama-family model (llama, qwen2), in the order
 // Engine::forward runs them on the CPU. Compiled by scripts/build-ptx.py with NVRTC 12.6 for
-// compute_72 and compute_87; the PTX is committed and embedded by build.rs.
+// compute_72, compute_87 and compute_90; the PTX is committed and embedded by build.rs.
 //
 // Conventions (firmware/backend/cuda/engine.rs builds the arguments):
 // - `state` is two ints in device memory: state[0] = the token to embed, state[1] = its
@@ -92,6 +92,39 @@ __device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, 
         qd[blk] = d;
         qsum[blk] = s;
     }
+}
+
+// Programmatic dependent launch (sm_90: H100/H200; engine.rs `DependentLaunch`). The host
+// may launch each kernel while the one before still runs; the kernel then reads and writes
+// nothing of the step (activations, counters, state, KV cache) before `pdl_wait`, which
+// returns once the kernel before has finished and its writes are visible. Only weights, which
+// never change, may be touched first. `pdl`: 0 = off (the launch did not ask; the wait
+// returns at once), 1 = early (let the next kernel launch as soon as all of this one's blocks
+// run, and pull this block's first weights into L2 while waiting), 2 = late (let the next one
+// launch once this block's product is done: its tail overlaps the next launch). Older
+// architectures compile neither instruction, and their host never asks.
+enum { PDL_OFF = 0, PDL_EARLY = 1, PDL_LATE = 2 };
+
+__device__ __forceinline__ void pdl_launch_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The start of a kernel that touches no weights before it waits.
+__device__ __forceinline__ void pdl_start(int pdl) {
+    if (pdl == PDL_EARLY) pdl_launch_next();
+    pdl_wait();
+}
+
+__device__ __forceinline__ void prefetch_line(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
 }
 
 // One value of row `r`, column `c` of a matrix in the layout above.
@@ -197,7 +230,8 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
 // x = token_embd[state[0]], then the first layer's input RMSNorm(x, nw). One block.
 extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16* m,
                                  const u32* qh, int dim, const int* state, float* x,
-                                 const float* nw, float eps, float* xf, i8* xq) {
+                                 const float* nw, float eps, float* xf, i8* xq, int pdl) {
+    pdl_start(pdl);
     int tok = state[0];
     for (int c = threadIdx.x; c < dim; c += blockDim.x)
         x[c] = mat_value(type, q, d, m, qh, dim, tok, c);
@@ -444,7 +478,7 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
         i8 *xq, float *out, const float *bias, int acc, int fin, const float *fin_src,    \
         const float *fin_nw, int fin_n, float *fin_xf, i8 *fin_xq, float eps,             \
         unsigned *counter, float *part,                                                   \
-        int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw
+        int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw, int pdl
 
 // UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
 // short blocks) suits the small products, where a step is a chain of short kernels; wide (UN
@@ -486,6 +520,7 @@ __device__ void matvec(MV_ARGS) {
     bool floats = TY == T_F16 || TY == T_F32;
     // The loops below that preload their first round call this after the loads.
     auto prep = [&]() {
+        pdl_wait();
         prep_input(PREP_NORM, prep_src, prep_nw, cols, eps, floats ? (float*)prep_smem : nullptr,
                    floats ? nullptr : (i8*)prep_smem);
         __syncthreads();
@@ -494,12 +529,31 @@ __device__ void matvec(MV_ARGS) {
     };
     constexpr bool PRELOAD = PREP && UN == 1;
     bool preload = PRELOAD && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0);
-    if (PREP && !preload) prep();
     int t = threadIdx.x & (tpr - 1);
     int r0 = (blockIdx.x * (MV_THREADS / tpr) + threadIdx.x / tpr) * MV_R;
     int rr[MV_R];
 #pragma unroll
     for (int k = 0; k < MV_R; k++) rr[k] = min(r0 + k, rows - 1);  // rows past the end: loads only
+    // Launched before the kernel before has finished (pdl): pull this thread's first round of
+    // weights (the loops' first `load`) into L2 while that one ends. The wait is in `prep`, or
+    // here without one; a preloading loop issues its first loads before it (`prep` after them).
+    if (pdl != PDL_OFF && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0)) {
+        if (pdl == PDL_EARLY) pdl_launch_next();
+        int nu = TY == T_F16 ? cols / 8 : cols / 32;
+        int ub = TY == T_Q8_0 ? 32 : 16;  // bytes of a unit's quants (f16: 8 halves)
+#pragma unroll
+        for (int j = 0; j < UN; j++)
+#pragma unroll
+            for (int k = 0; k < MV_R; k++) {
+                size_t b = (size_t)rr[k] * nu + min(t + j * tpr, nu - 1);
+                prefetch_line(q + b * ub);
+                if (TY != T_F16) prefetch_line(d + b);
+            }
+    } else if (pdl == PDL_EARLY) {
+        pdl_launch_next();
+    }
+    if (!PREP) pdl_wait();
+    if (PREP && !preload) prep();
     float s[MV_R];
 #pragma unroll
     for (int k = 0; k < MV_R; k++) s[k] = 0.0f;
@@ -611,6 +665,7 @@ __device__ void matvec(MV_ARGS) {
         }
     }
 
+    if (pdl == PDL_LATE) pdl_launch_next();
     group_sums(s, tpr, red);
     float best_v = NEG_INF;
     int best_i = 0x7fffffff;
@@ -631,7 +686,7 @@ __device__ void matvec(MV_ARGS) {
 }
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
-                fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw
+                fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw, pdl
 // The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
 // (PREP: the block norms its own input). engine.rs finds them by these names.
 #define MV_EXPORT(NAME, TY, UN)                                                                   \
@@ -669,7 +724,7 @@ MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 __device__ void attend(int h, int slice, int slices, const float* qkv, int n_heads,
                        int n_kv_heads, int head_dim, float base, int half_split, int pos,
                        float* kcache, float* vcache, float* xf, i8* xq, float* apart,
-                       unsigned* acount) {
+                       unsigned* acount, int pdl) {
     __shared__ __align__(16) float qh[256], kh[256], vh[256];
     __shared__ __align__(16) float warp_o[32][256];
     __shared__ float warp_m[32], warp_l[32];
@@ -758,6 +813,7 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
         }
         m = mn;
     }
+    if (pdl == PDL_LATE) pdl_launch_next();
     if (lane == 0) {
         warp_m[warp] = m;
         warp_l[warp] = l;
@@ -843,7 +899,8 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
                                      float base, int half_split, const int* state, float* kcache,
                                      float* vcache, int ctx, float* att, float* xf, i8* xq,
                                      const u8* pf, int pf_lines, float* apart, unsigned* acount,
-                                     int max_slices, int slice_positions) {
+                                     int max_slices, int slice_positions, int pdl) {
+    pdl_start(pdl);
     int pos = state[1];
     int slices = slice_positions > 0 ? (pos + slice_positions) / slice_positions : 1;
     slices = max(1, min(max_slices, slices));
@@ -854,5 +911,5 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
         return;
     }
     attend(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
-               head_dim, base, half_split, pos, kcache, vcache, xf, xq, apart, acount);
+               head_dim, base, half_split, pos, kcache, vcache, xf, xq, apart, acount, pdl);
 }

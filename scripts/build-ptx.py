@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compiles kernels-ptx/*.cu to PTX with NVRTC 12.6 for compute_72 and compute_87.
+"""Compiles kernels-ptx/*.cu to PTX with NVRTC 12.6 for compute_72, compute_87 and compute_90.
 
     python3 scripts/build-ptx.py          # writes kernels-ptx/NAME.compute_XX.ptx
     python3 scripts/build-ptx.py --check  # fails if a committed .ptx differs from its source
@@ -9,6 +9,8 @@ is needed. The compute_72 PTX is for the AGX Xavier (JetPack 5, CUDA 11.4: PTX I
 NVRTC 12.6 writes `.version 8.5`, and these kernels use nothing newer than ISA 7.0
 (ld.acquire/st.release/__nanosleep need sm_70 and ISA 6.0-7.0), so the header is lowered to 7.4.
 The H200 run loads both files (docs/HIL.md); loading the lowered one on a real Xavier is untested.
+The compute_90 PTX (H100/H200) adds what only sm_90 has: programmatic dependent launch
+(`griddepcontrol`, decode.cu's `pdl_wait`); the others compile it out.
 """
 import ctypes
 import glob
@@ -16,7 +18,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARCHS = {"compute_72": "7.4", "compute_87": None}
+ARCHS = {"compute_72": "7.4", "compute_87": None, "compute_90": None}
 OPTIONS = ["--std=c++17", "-default-device"]
 
 

@@ -8,7 +8,9 @@
 use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::engine::ptx_for;
 use leanstream::backend::cuda::flags::Flags;
-use leanstream::backend::cuda::{probe, CudaEngine, CudaOptions, InBlockNorm, ProductKernels};
+use leanstream::backend::cuda::{
+    probe, CudaEngine, CudaOptions, DependentLaunch, InBlockNorm, ProductKernels,
+};
 use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
 use leanstream::engine::sample::argmax;
@@ -173,6 +175,13 @@ fn run_gpu(
             2
         } else {
             0
+        },
+        // And dependent launch (an sm_90 GPU; others run it off): early (the default) in the
+        // wide runs, late in the narrow discrete ones, off in the narrow unified ones.
+        dependent_launch: match (products, memory) {
+            (ProductKernels::Wide, _) => DependentLaunch::Early,
+            (_, MemoryModel::Unified) => DependentLaunch::Off,
+            _ => DependentLaunch::Late,
         },
         ..CudaOptions::default()
     };

@@ -8,7 +8,7 @@ pub mod plot;
 
 use crate::backend::cpu::matvec::{best_kernel, set_kernel};
 use crate::backend::cpu::Kernel;
-use crate::backend::cuda::{CudaOptions, InBlockNorm, ProductKernels};
+use crate::backend::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use crate::board::MemoryModel;
 use crate::engine::any::{AnyEngine, Backend};
 use crate::engine::sample::argmax;
@@ -33,6 +33,8 @@ pub struct Config {
     pub prefetch: bool,
     /// CUDA: `CudaOptions::attention_slice` (0: one block a head, the ablation).
     pub attention_slice: usize,
+    /// CUDA: `CudaOptions::dependent_launch` (Off and Late: the ablations).
+    pub dependent_launch: DependentLaunch,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -53,7 +55,7 @@ impl Config {
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
-                "{model} cuda {}{}{}{}{}{}",
+                "{model} cuda {}{}{}{}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
                 match self.products {
@@ -71,6 +73,11 @@ impl Config {
                     " no-split-attention"
                 } else {
                     ""
+                },
+                match self.dependent_launch {
+                    DependentLaunch::Early => "",
+                    DependentLaunch::Late => " pdl-late",
+                    DependentLaunch::Off => " no-pdl",
                 }
             ),
         }
@@ -191,6 +198,7 @@ pub fn run(
             in_block_norm: c.in_block_norm,
             prefetch: c.prefetch,
             attention_slice: c.attention_slice,
+            dependent_launch: c.dependent_launch,
             ..CudaOptions::default()
         };
         let mut row = Row {

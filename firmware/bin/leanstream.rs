@@ -1,7 +1,7 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
 use clap::{Args, Parser, Subcommand};
-use leanstream::backend::cuda::{CudaOptions, InBlockNorm, ProductKernels};
+use leanstream::backend::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
@@ -366,6 +366,13 @@ struct BenchArgs {
     /// CUDA: also time with each head's attention in one block at any context length.
     #[arg(long)]
     compare_no_split_attention: bool,
+    /// CUDA (sm_90): also time with every kernel launched after the one before has finished.
+    #[arg(long)]
+    compare_no_pdl: bool,
+    /// CUDA (sm_90): also time with each kernel launched only once the one before has
+    /// finished its product (it overlaps the tail only).
+    #[arg(long)]
+    compare_pdl_late: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1196,6 +1203,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 in_block_norm: InBlockNorm::Auto,
                 prefetch: true,
                 attention_slice: leanstream::backend::cuda::engine::ATTENTION_SLICE,
+                dependent_launch: DependentLaunch::Early,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1240,6 +1248,18 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                                 attention_slice: 0,
                                 ..base.clone()
                             });
+                        }
+                        for (asked, pdl) in [
+                            (a.compare_no_pdl, DependentLaunch::Off),
+                            (a.compare_pdl_late, DependentLaunch::Late),
+                        ] {
+                            if asked {
+                                configs.push(bench::Config {
+                                    memory,
+                                    dependent_launch: pdl,
+                                    ..base.clone()
+                                });
+                            }
                         }
                     }
                 }
@@ -1633,7 +1653,8 @@ fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
 
 /// `--long-context N --backend cuda`: the latency per token from position 0 to N on the GPU,
 /// each token's greedy pick made on the device, per 512-token window as the CPU's mode; with
-/// `--compare-no-split-attention`, also with each head's attention in one block.
+/// `--compare-no-split-attention`, also with each head's attention in one block, and with
+/// `--compare-no-pdl`, also without dependent launch.
 fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
     let n = a.long_context.unwrap_or_default();
     let (file, tok) = open_model(&a.model[0], a.tokenizer.as_deref())?;
@@ -1656,6 +1677,13 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
             ..base
         };
         configs.push(("one block a head", one));
+    }
+    if a.compare_no_pdl {
+        let off = CudaOptions {
+            dependent_launch: DependentLaunch::Off,
+            ..base
+        };
+        configs.push(("no dependent launch", off));
     }
     let (mut rows_json, mut rows_md, mut gpu) = (Vec::new(), Vec::new(), String::new());
     for (label, opts) in configs {

@@ -70,6 +70,9 @@ pub struct Gpu {
     pub sm_count: i32,
     /// Bytes of L2 cache.
     pub l2_bytes: i32,
+    /// Launch every kernel with programmatic stream serialization (sm_90): it may start while
+    /// the kernel before it still runs, and waits for it in-kernel (decode.cu's `pdl_wait`).
+    pub dependent_launch: bool,
 }
 
 // SAFETY: the context is made current by `bind` on any thread that uses the Gpu; the driver
@@ -132,6 +135,7 @@ impl Gpu {
                 driver_version,
                 sm_count,
                 l2_bytes,
+                dependent_launch: false,
             })
         }
     }
@@ -288,6 +292,9 @@ impl Gpu {
         args: &mut KernelArgs,
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
+        if self.dependent_launch {
+            return self.launch_dependent(f, grid, block, shared, &mut ptrs);
+        }
         // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
         // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
         // bytes; the kernel's signature is matched by the caller (firmware/backend/cuda/mod.rs).
@@ -307,6 +314,41 @@ impl Gpu {
                     ptrs.as_mut_ptr(),
                     std::ptr::null_mut(),
                 ),
+            )
+        }
+    }
+
+    /// `launch_shared` with the programmatic-stream-serialization attribute (`dependent_launch`).
+    fn launch_dependent(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        ptrs: &mut [*mut c_void; 32],
+    ) -> CudaResult<()> {
+        // SAFETY: the attribute union is plain data (zeroed, then its int member set).
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as `launch_shared`'s parameters; `config` and the attribute it points at live
+        // until the call returns (the driver copies them).
+        unsafe {
+            check(
+                "cuLaunchKernelEx",
+                sys::cuLaunchKernelEx(&config, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut()),
             )
         }
     }

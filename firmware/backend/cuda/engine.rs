@@ -41,6 +41,37 @@ pub struct CudaOptions {
     /// read by the whole GPU rather than a block per head; 0 = one block per head
     /// (`bench --compare-no-split-attention`).
     pub attention_slice: usize,
+    /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
+    /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
+    pub dependent_launch: DependentLaunch,
+}
+
+/// Programmatic dependent launch (sm_90): every kernel of a step is launched to start while
+/// the one before it still runs, does what needs only weights, and waits in-kernel for the
+/// one before to finish (decode.cu's `pdl_wait`). A step is a chain of ~5 kernels a layer,
+/// each waiting on the last; this hides the next kernel's launch and its first weight loads
+/// behind the previous one's tail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DependentLaunch {
+    /// Every kernel starts after the one before has finished (`bench --compare-no-pdl`).
+    Off,
+    /// The next kernel may launch as soon as all of this one's blocks run; each of its blocks
+    /// pulls its first weights into L2 while it waits (the default).
+    Early,
+    /// The next kernel may launch once each block of this one has finished its product, so
+    /// it overlaps only the tail (`bench --compare-pdl-late`).
+    Late,
+}
+
+impl DependentLaunch {
+    /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_EARLY, PDL_LATE).
+    fn kernel_mode(self) -> i32 {
+        match self {
+            DependentLaunch::Off => 0,
+            DependentLaunch::Early => 1,
+            DependentLaunch::Late => 2,
+        }
+    }
 }
 
 /// Where the residual's norm is made for the products that read it.
@@ -81,6 +112,7 @@ impl Default for CudaOptions {
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             attention_slice: ATTENTION_SLICE,
+            dependent_launch: DependentLaunch::Early,
         }
     }
 }
@@ -311,6 +343,8 @@ pub struct CudaEngine<'a> {
     in_block_norm: bool,
     /// `CudaOptions::prefetch`.
     prefetch: bool,
+    /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
+    pdl: i32,
     /// Most blocks a head's attention is split over, and `CudaOptions::attention_slice`.
     max_slices: usize,
     attention_slice: usize,
@@ -320,10 +354,15 @@ pub struct CudaEngine<'a> {
     pub gpu: Gpu,
 }
 
-/// The committed PTX for a GPU of compute capability `cc`: compute_87 for 8.0 and newer (the
-/// driver JIT-compiles it forward, e.g. for the H200's 9.0), compute_72 for Volta/Xavier.
+/// The committed PTX for a GPU of compute capability `cc`: compute_90 for 9.0 and newer (the
+/// H100/H200: it adds dependent launch), compute_87 for 8.x (the Orin; the driver JIT-compiles
+/// it for any 8.x), compute_72 for Volta/Xavier.
 pub fn ptx_for(module: &str, cc: (i32, i32)) -> Option<&'static str> {
-    let want = if cc.0 >= 8 { 87 } else { 72 };
+    let want = match cc.0 {
+        9.. => 90,
+        8 => 87,
+        _ => 72,
+    };
     super::PTX
         .iter()
         .find(|(m, arch, _)| *m == module && *arch == want)
@@ -354,7 +393,14 @@ impl<'a> CudaEngine<'a> {
         if opts.context > 0 {
             context = opts.context.min(context);
         }
-        let gpu = Gpu::open(0).map_err(EngineError::Gpu)?;
+        let mut gpu = Gpu::open(0).map_err(EngineError::Gpu)?;
+        // Dependent launch needs sm_90 (and the compute_90 PTX that `ptx_for` then picks).
+        let dependent_launch = if gpu.compute_capability.0 >= 9 {
+            opts.dependent_launch
+        } else {
+            DependentLaunch::Off
+        };
+        gpu.dependent_launch = dependent_launch != DependentLaunch::Off;
 
         // Plan the weight image (same code as the write pass, without writing).
         let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
@@ -657,6 +703,7 @@ impl<'a> CudaEngine<'a> {
             prefetch: opts.prefetch,
             max_slices,
             attention_slice: opts.attention_slice,
+            pdl: dependent_launch.kernel_mode(),
             device_state: None,
         };
         if opts.graph {
@@ -703,7 +750,8 @@ impl<'a> CudaEngine<'a> {
                 .ptr(first_norm)
                 .f32(h.norm_eps)
                 .ptr(a.xf)
-                .ptr(a.xq),
+                .ptr(a.xq)
+                .i32(self.pdl),
         )?;
 
         for (l, w) in self.layers.iter().enumerate() {
@@ -748,7 +796,8 @@ impl<'a> CudaEngine<'a> {
                     .ptr(a.apart)
                     .ptr(a.acount)
                     .i32(self.max_slices as i32)
-                    .i32(self.attention_slice as i32),
+                    .i32(self.attention_slice as i32)
+                    .i32(self.pdl),
             )?;
             // Added to the residual (whose norm is the FFN's input).
             self.matvec(
@@ -885,7 +934,8 @@ impl<'a> CudaEngine<'a> {
             .ptr(a.state)
             .ptr(self.host_tokens.dev)
             .ptr(a.x)
-            .ptr(norm.unwrap_or(0));
+            .ptr(norm.unwrap_or(0))
+            .i32(self.pdl);
         self.gpu.launch_shared(
             f,
             mv.grid as u32,

@@ -13,6 +13,6 @@ pub mod flags;
 pub mod weights;
 
 pub use driver::probe;
-pub use engine::{CudaEngine, CudaOptions, InBlockNorm, ProductKernels};
+pub use engine::{CudaEngine, CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 
 include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
