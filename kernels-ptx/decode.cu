@@ -99,11 +99,11 @@ __device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, 
 // nothing of the step (activations, counters, state, KV cache) before `pdl_wait`, which
 // returns once the kernel before has finished and its writes are visible. Only weights, which
 // never change, may be touched first. `pdl`: 0 = off (the launch did not ask; the wait
-// returns at once), 1 = early (let the next kernel launch as soon as all of this one's blocks
-// run, and pull this block's first weights into L2 while waiting), 2 = late (let the next one
-// launch once this block's product is done: its tail overlaps the next launch). Older
-// architectures compile neither instruction, and their host never asks.
-enum { PDL_OFF = 0, PDL_EARLY = 1, PDL_LATE = 2 };
+// returns at once); 1 = on: the next kernel may launch as soon as all of this one's blocks
+// run; 2 = on, and each product block also pulls its first weights into L2 while it waits (an
+// ablation: it helped the smallest model and slowed the big products, docs/HIL.md round 10).
+// Older architectures compile neither instruction, and their host never asks.
+enum { PDL_OFF = 0, PDL_ON = 1, PDL_PREFETCH = 2 };
 
 __device__ __forceinline__ void pdl_launch_next() {
 #if __CUDA_ARCH__ >= 900
@@ -119,7 +119,7 @@ __device__ __forceinline__ void pdl_wait() {
 
 // The start of a kernel that touches no weights before it waits.
 __device__ __forceinline__ void pdl_start(int pdl) {
-    if (pdl == PDL_EARLY) pdl_launch_next();
+    if (pdl != PDL_OFF) pdl_launch_next();
     pdl_wait();
 }
 
@@ -534,11 +534,12 @@ __device__ void matvec(MV_ARGS) {
     int rr[MV_R];
 #pragma unroll
     for (int k = 0; k < MV_R; k++) rr[k] = min(r0 + k, rows - 1);  // rows past the end: loads only
-    // Launched before the kernel before has finished (pdl): pull this thread's first round of
-    // weights (the loops' first `load`) into L2 while that one ends. The wait is in `prep`, or
-    // here without one; a preloading loop issues its first loads before it (`prep` after them).
-    if (pdl != PDL_OFF && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0)) {
-        if (pdl == PDL_EARLY) pdl_launch_next();
+    // Launched before the kernel before has finished (pdl): let the next one launch too, and
+    // with PDL_PREFETCH pull this thread's first round of weights (the loops' first `load`)
+    // into L2 while waiting. The wait is in `prep`, or here without one; a preloading loop
+    // issues its first loads (into registers) before it, `prep` after them.
+    if (pdl != PDL_OFF) pdl_launch_next();
+    if (pdl == PDL_PREFETCH && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0)) {
         int nu = TY == T_F16 ? cols / 8 : cols / 32;
         int ub = TY == T_Q8_0 ? 32 : 16;  // bytes of a unit's quants (f16: 8 halves)
 #pragma unroll
@@ -549,8 +550,6 @@ __device__ void matvec(MV_ARGS) {
                 prefetch_line(q + b * ub);
                 if (TY != T_F16) prefetch_line(d + b);
             }
-    } else if (pdl == PDL_EARLY) {
-        pdl_launch_next();
     }
     if (!PREP) pdl_wait();
     if (PREP && !preload) prep();
@@ -665,7 +664,6 @@ __device__ void matvec(MV_ARGS) {
         }
     }
 
-    if (pdl == PDL_LATE) pdl_launch_next();
     group_sums(s, tpr, red);
     float best_v = NEG_INF;
     int best_i = 0x7fffffff;
@@ -813,7 +811,6 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
         }
         m = mn;
     }
-    if (pdl == PDL_LATE) pdl_launch_next();
     if (lane == 0) {
         warp_m[warp] = m;
         warp_l[warp] = l;

@@ -176,12 +176,13 @@ fn run_gpu(
         } else {
             0
         },
-        // And dependent launch (an sm_90 GPU; others run it off): early (the default) in the
-        // wide runs, late in the narrow discrete ones, off in the narrow unified ones.
+        // And dependent launch (an sm_90 GPU; others run it off): on (the default) in the
+        // wide runs, with the weight prefetch in the narrow discrete ones, off in the narrow
+        // unified ones.
         dependent_launch: match (products, memory) {
-            (ProductKernels::Wide, _) => DependentLaunch::Early,
+            (ProductKernels::Wide, _) => DependentLaunch::On,
             (_, MemoryModel::Unified) => DependentLaunch::Off,
-            _ => DependentLaunch::Late,
+            _ => DependentLaunch::Prefetch,
         },
         ..CudaOptions::default()
     };

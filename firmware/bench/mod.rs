@@ -33,7 +33,7 @@ pub struct Config {
     pub prefetch: bool,
     /// CUDA: `CudaOptions::attention_slice` (0: one block a head, the ablation).
     pub attention_slice: usize,
-    /// CUDA: `CudaOptions::dependent_launch` (Off and Late: the ablations).
+    /// CUDA: `CudaOptions::dependent_launch` (Off and Prefetch: the ablations).
     pub dependent_launch: DependentLaunch,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
@@ -75,8 +75,8 @@ impl Config {
                     ""
                 },
                 match self.dependent_launch {
-                    DependentLaunch::Early => "",
-                    DependentLaunch::Late => " pdl-late",
+                    DependentLaunch::On => "",
+                    DependentLaunch::Prefetch => " pdl-prefetch",
                     DependentLaunch::Off => " no-pdl",
                 }
             ),

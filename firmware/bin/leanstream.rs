@@ -369,10 +369,10 @@ struct BenchArgs {
     /// CUDA (sm_90): also time with every kernel launched after the one before has finished.
     #[arg(long)]
     compare_no_pdl: bool,
-    /// CUDA (sm_90): also time with each kernel launched only once the one before has
-    /// finished its product (it overlaps the tail only).
+    /// CUDA (sm_90): also time with each product block pulling its first weights into L2
+    /// while it waits for the kernel before.
     #[arg(long)]
-    compare_pdl_late: bool,
+    compare_pdl_prefetch: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1203,7 +1203,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 in_block_norm: InBlockNorm::Auto,
                 prefetch: true,
                 attention_slice: leanstream::backend::cuda::engine::ATTENTION_SLICE,
-                dependent_launch: DependentLaunch::Early,
+                dependent_launch: DependentLaunch::On,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1251,7 +1251,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                         }
                         for (asked, pdl) in [
                             (a.compare_no_pdl, DependentLaunch::Off),
-                            (a.compare_pdl_late, DependentLaunch::Late),
+                            (a.compare_pdl_prefetch, DependentLaunch::Prefetch),
                         ] {
                             if asked {
                                 configs.push(bench::Config {

@@ -47,29 +47,28 @@ pub struct CudaOptions {
 }
 
 /// Programmatic dependent launch (sm_90): every kernel of a step is launched to start while
-/// the one before it still runs, does what needs only weights, and waits in-kernel for the
-/// one before to finish (decode.cu's `pdl_wait`). A step is a chain of ~5 kernels a layer,
-/// each waiting on the last; this hides the next kernel's launch and its first weight loads
-/// behind the previous one's tail.
+/// the one before it still runs, and waits in-kernel for it to finish (decode.cu's
+/// `pdl_wait`). A step is a chain of ~5 kernels a layer, each waiting on the last; this hides
+/// the next kernel's launch behind the previous one's end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DependentLaunch {
     /// Every kernel starts after the one before has finished (`bench --compare-no-pdl`).
     Off,
-    /// The next kernel may launch as soon as all of this one's blocks run; each of its blocks
-    /// pulls its first weights into L2 while it waits (the default).
-    Early,
-    /// The next kernel may launch once each block of this one has finished its product, so
-    /// it overlaps only the tail (`bench --compare-pdl-late`).
-    Late,
+    /// The next kernel may launch as soon as all of this one's blocks run (the default).
+    On,
+    /// `On`, and each product block pulls its first weights into L2 while it waits
+    /// (`bench --compare-pdl-prefetch`): faster at SmolLM2's shape, slower where products are
+    /// big (docs/HIL.md round 10).
+    Prefetch,
 }
 
 impl DependentLaunch {
-    /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_EARLY, PDL_LATE).
+    /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
     fn kernel_mode(self) -> i32 {
         match self {
             DependentLaunch::Off => 0,
-            DependentLaunch::Early => 1,
-            DependentLaunch::Late => 2,
+            DependentLaunch::On => 1,
+            DependentLaunch::Prefetch => 2,
         }
     }
 }
@@ -112,7 +111,7 @@ impl Default for CudaOptions {
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             attention_slice: ATTENTION_SLICE,
-            dependent_launch: DependentLaunch::Early,
+            dependent_launch: DependentLaunch::On,
         }
     }
 }
