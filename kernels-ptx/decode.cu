@@ -123,6 +123,7 @@ __device__ __forceinline__ void pdl_start(int pdl) {
     pdl_wait();
 }
 
+// Pulls the 128-byte line holding `p` into L2.
 __device__ __forceinline__ void prefetch_line(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
 }
@@ -882,7 +883,7 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
 // Pulls `lines` 128-byte lines from `pf` into L2, spread over `threads` threads of which this is
 // thread `i`.
 __device__ __forceinline__ void prefetch_l2(const u8* pf, int lines, int i, int threads) {
-    for (; i < lines; i += threads) asm volatile("prefetch.global.L2 [%0];" : : "l"(pf + (size_t)i * 128));
+    for (; i < lines; i += threads) prefetch_line(pf + (size_t)i * 128);
 }
 
 // The attention launch: `n_heads * slices` blocks attend, each a slice of a head's positions
