@@ -529,7 +529,9 @@ __device__ void matvec(MV_ARGS) {
         in_q = (const i8*)prep_smem;
     };
     constexpr bool PRELOAD = PREP && UN == 1;
-    bool preload = PRELOAD && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0);
+    // Rows in whole units (the loops below that load a round at a time).
+    bool units = TY != T_F32 && (TY != T_F16 || (cols & 7) == 0);
+    bool preload = PRELOAD && units;
     int t = threadIdx.x & (tpr - 1);
     int r0 = (blockIdx.x * (MV_THREADS / tpr) + threadIdx.x / tpr) * MV_R;
     int rr[MV_R];
@@ -540,7 +542,7 @@ __device__ void matvec(MV_ARGS) {
     // into L2 while waiting. The wait is in `prep`, or here without one; a preloading loop
     // issues its first loads (into registers) before it, `prep` after them.
     if (pdl != PDL_OFF) pdl_launch_next();
-    if (pdl == PDL_PREFETCH && TY != T_F32 && (TY != T_F16 || (cols & 7) == 0)) {
+    if (pdl == PDL_PREFETCH && units) {
         int nu = TY == T_F16 ? cols / 8 : cols / 32;
         int ub = TY == T_Q8_0 ? 32 : 16;  // bytes of a unit's quants (f16: 8 halves)
 #pragma unroll
@@ -736,7 +738,7 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
     // Threads 0..half rotate the q pairs, half..2*half the k pairs (as the CPU's rope). qkv was
-    // written by other blocks (in the persistent step, in this launch): read from L2.
+    // written by the kernel before, on other multiprocessors: read through L2 (__ldcg).
     for (int t = threadIdx.x; t < 2 * half; t += blockDim.x) {
         int i = t % half;
         const float* src = t < half ? qsrc : ksrc;

@@ -319,6 +319,8 @@ impl Gpu {
     }
 
     /// `launch_shared` with the programmatic-stream-serialization attribute (`dependent_launch`).
+    /// A path of its own: `cuLaunchKernelEx` came with CUDA 11.8, so the plain launch stays
+    /// `cuLaunchKernel`, which older drivers have too (JetPack 5 ships CUDA 11.4).
     fn launch_dependent(
         &self,
         f: Function,
