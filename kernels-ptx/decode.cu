@@ -709,6 +709,135 @@ MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE)
 MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
 MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 
+// Four int8 (one int) as exact floats without int-to-float conversions (I2F issues at a
+// quarter of the FMA rate on sm_80/sm_90, and the int8 cache's loop is mostly conversions):
+// each byte, biased to unsigned, becomes the low mantissa byte of 2^23 (one byte permute), and
+// 2^23 + 128 is subtracted.
+__device__ __forceinline__ float4 i8x4_to_f4(int w) {
+    u32 u = (u32)w ^ 0x80808080u;
+    const u32 two23 = 0x4B000000u;
+    const float bias = 8388736.0f;  // 2^23 + 128
+    return make_float4(__int_as_float(__byte_perm(u, two23, 0x7540)) - bias,
+                       __int_as_float(__byte_perm(u, two23, 0x7541)) - bias,
+                       __int_as_float(__byte_perm(u, two23, 0x7542)) - bias,
+                       __int_as_float(__byte_perm(u, two23, 0x7543)) - bias);
+}
+
+// The int8 cache's pass over positions [t_begin, t_end) (attend's I8 path): scores, online
+// softmax and weighted values, for this warp's positions, left in `wo` (head_dim floats) with
+// the warp's max `m` and sum `l`. A lane takes 16 values (one 16-byte load) of a row, so a
+// position takes L lanes (the power of two at or above head_dim / 16: 2, 4 or 8 for heads of
+// 32 to 128) and a warp works on P = 32 / L positions at once. A group of 32 values is two
+// lanes: its integer dot is summed over the pair and scaled once, as the CPU's attend_i8 does
+// per group. Each round loads two positions a lane before using either, so their loads are in
+// flight together; the warp finally merges its P position lanes.
+__device__ void attend_i8_loop(int t_begin, int t_end, int pos, int head_dim, int kv_dim,
+                               int n_kv_heads, int kvh, float scale, const i8* kcache,
+                               const i8* vcache, const float* kscales, const float* vscales,
+                               bool key_scaled, const float* qf, const i8* qq, const float* qd,
+                               const i8* kq, const float* kd, const i8* vq, const float* vd,
+                               float& m, float& l, float* wo) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int n16 = head_dim / 16, groups = head_dim / 32;
+    int L = n16 <= 2 ? 2 : n16 <= 4 ? 4 : 8, P = 32 / L, sub = lane / L, j = lane % L;
+    bool in = j < n16;
+    int g = j / 2;  // this lane's group of 32
+    int4 qi = in ? ((const int4*)qq)[j] : make_int4(0, 0, 0, 0);
+    float qs = in ? qd[g] : 0.0f;
+    float o[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = 0.0f;
+    // One position's row, as this lane's 16 keys and 16 values and their group's scales (all 0
+    // for a lane past the head).
+    struct Row {
+        int4 k, v;
+        float ks, vs;
+    };
+    auto load = [&](int t) {
+        Row w = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0), 0.0f, 0.0f};
+        if (!in) return w;
+        size_t row = (size_t)t * kv_dim + kvh * head_dim, srow = ((size_t)t * n_kv_heads + kvh) * groups;
+        bool mine = t == pos;  // p's row is in shared memory (this block quantized it)
+        w.k = mine ? ((const int4*)kq)[j] : __ldg((const int4*)(kcache + row) + j);
+        w.v = mine ? ((const int4*)vq)[j] : __ldg((const int4*)(vcache + row) + j);
+        w.ks = mine ? kd[g] : __ldg(kscales + srow + g);
+        w.vs = mine ? vd[g] : __ldg(vscales + srow + g);
+        return w;
+    };
+    // A position's score: each group's dot summed over its lane pair and scaled, then the
+    // groups summed over the position's lanes (every lane of them gets it).
+    auto score = [&](const Row& w) -> float {
+        float f;
+        if (key_scaled) {
+            const float4* q4 = (const float4*)qf + 4 * j;
+            int kw[4] = {w.k.x, w.k.y, w.k.z, w.k.w};
+            f = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float4 k = i8x4_to_f4(kw[c]), q = in ? q4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                f += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+            }
+            f += __shfl_xor_sync(0xffffffff, f, 1);
+            f = w.ks * f;
+        } else {
+            int d = __dp4a(w.k.x, qi.x, 0);
+            d = __dp4a(w.k.y, qi.y, d);
+            d = __dp4a(w.k.z, qi.z, d);
+            d = __dp4a(w.k.w, qi.w, d);
+            d += __shfl_xor_sync(0xffffffff, d, 1);
+            f = (qs * w.ks) * (float)d;
+        }
+        for (int x = 2; x < L; x <<= 1) f += __shfl_xor_sync(0xffffffff, f, x);
+        return f * scale;
+    };
+    // A round: positions base + sub and base + nw * P + sub (a uniform trip count for the warp).
+    for (int base = t_begin + warp * P; base < t_end; base += 2 * nw * P) {
+        int t0 = base + sub, t1 = base + nw * P + sub;
+        bool ok0 = t0 < t_end, ok1 = t1 < t_end;
+        Row w0 = load(ok0 ? t0 : t_begin), w1 = load(ok1 ? t1 : t_begin);
+        // Every lane scores (the sums shuffle across the warp); a clamped one counts nothing.
+        float s0 = score(w0), s1 = score(w1);
+        s0 = ok0 ? s0 : NEG_INF;
+        s1 = ok1 ? s1 : NEG_INF;
+        float mn = fmaxf(m, fmaxf(s0, s1));
+        if (mn == NEG_INF) continue;  // this lane's positions are past the end (so were all before)
+        float c = expf(m - mn);
+        float p0 = ok0 ? expf(s0 - mn) : 0.0f, p1 = ok1 ? expf(s1 - mn) : 0.0f;
+        l = l * c + p0 + p1;
+        float x0 = p0 * w0.vs, x1 = p1 * w1.vs;
+        int va[4] = {w0.v.x, w0.v.y, w0.v.z, w0.v.w}, vb[4] = {w1.v.x, w1.v.y, w1.v.z, w1.v.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float4 a = i8x4_to_f4(va[q]), b = i8x4_to_f4(vb[q]);
+            o[4 * q + 0] = o[4 * q + 0] * c + x0 * a.x + x1 * b.x;
+            o[4 * q + 1] = o[4 * q + 1] * c + x0 * a.y + x1 * b.y;
+            o[4 * q + 2] = o[4 * q + 2] * c + x0 * a.z + x1 * b.z;
+            o[4 * q + 3] = o[4 * q + 3] * c + x0 * a.w + x1 * b.w;
+        }
+        m = mn;
+    }
+    // A warp that had no position (a short context leaves many idle) skips the merge: the
+    // join passes over it (its m stays -inf).
+    if (__all_sync(0xffffffff, m == NEG_INF)) return;
+    // Merge the warp's P position lanes (lanes j, j + L, ...): all of them end with the merge.
+    for (int x = L; x < 32; x <<= 1) {
+        float m2 = __shfl_xor_sync(0xffffffff, m, x), l2 = __shfl_xor_sync(0xffffffff, l, x);
+        float mn = fmaxf(m, m2);
+        float c1 = mn == NEG_INF ? 0.0f : expf(m - mn), c2 = mn == NEG_INF ? 0.0f : expf(m2 - mn);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float o2 = __shfl_xor_sync(0xffffffff, o[i], x);
+            o[i] = o[i] * c1 + o2 * c2;
+        }
+        l = l * c1 + l2 * c2;
+        m = mn;
+    }
+    if (sub == 0 && in)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            ((float4*)wo)[4 * j + q] = make_float4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+}
+
 // Attention of query head `h` at position p = state[1] over positions [t_begin, t_end) of
 // 0..=p, by one block of up to 32 warps: rotary embedding of its q and of its kv head's k (in
 // qkv = [q | k | v]); the head's first block in the first head of each kv group stores k and v
@@ -722,11 +851,25 @@ MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
 // `apart`, and the head's last slice to finish (`acount`) joins the slices in order. The output
 // is the wo product's input: xf[h * head_dim ..], and with xq its int8 blocks (head_dim % 32 ==
 // 0: blocks of 32 do not cross heads). head_dim: a multiple of 4, at most 256.
+//
+// With I8 the cache is int8 (w8a8, w4a8; as the CPU's kv::KvCache in its token-major layout):
+// row t of a layer is kv_dim int8 values at kcache + t * kv_dim, and one float scale per kv
+// head and group of 32 at kscales + (t * n_kv_heads + kvh) * groups (quantize_head: d =
+// amax / 127, round half away). Every block quantizes k and v of p itself (in shared memory,
+// the same bits as the stored row), so it attends over exactly what the CPU does. Keys may be
+// divided per channel by `key_scale` (kv::key_scales_from_bias, models with a K bias); the
+// query is then multiplied by it and stays float, else it is quantized per group too and a
+// group's q.k is one integer dot (dp4a), scaled once. See `attend_i8_loop`.
+template <bool I8>
 __device__ void attend(int h, int slice, int slices, const float* qkv, int n_heads,
                        int n_kv_heads, int head_dim, float base, int half_split, int pos,
-                       float* kcache, float* vcache, float* xf, i8* xq, float* apart,
+                       float* kcache, float* vcache, float* kscales, float* vscales,
+                       bool key_scaled, float fk, float* xf, i8* xq, float* apart,
                        unsigned* acount, int pdl) {
     __shared__ __align__(16) float qh[256], kh[256], vh[256];
+    // The int8 path's query, key and value of p (int8, and their group scales).
+    __shared__ __align__(16) i8 qq[256], kq[256], vq[256];
+    __shared__ float qd[8], kd[8], vd[8];
     __shared__ __align__(16) float warp_o[32][256];
     __shared__ float warp_m[32], warp_l[32];
     __shared__ int last;
@@ -753,76 +896,116 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
     }
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vh[i] = __ldcg(vsrc + i);
     __syncthreads();
-    float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
-    float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
-    if (h % group == 0 && slice == 0)
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-            krow[i] = kh[i];
-            vrow[i] = vh[i];
-        }
-
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int groups = head_dim / 32;
+    if (I8) {
+        // One warp a group: k (over its key scale, `fk`, this thread's channel's) and v of
+        // p, and q (times the key scale, or quantized). 3 * groups <= 12 warps of the 32.
+        if (warp < 3 * groups) {
+            int g = warp % groups, what = warp / groups, i = g * 32 + lane;
+            if (what == 2 && key_scaled) {
+                qh[i] = qh[i] * fk;
+            } else {
+                float x = what == 0 ? (key_scaled ? kh[i] / fk : kh[i]) : what == 1 ? vh[i] : qh[i];
+                float amax = warp_max(fabsf(x));
+                float d = amax / 127.0f;
+                float id = d != 0.0f ? 1.0f / d : 0.0f;
+                i8* dst = what == 0 ? kq : what == 1 ? vq : qq;
+                dst[i] = (i8)(int)roundf(x * id);
+                if (lane == 0) (what == 0 ? kd : what == 1 ? vd : qd)[g] = d;
+            }
+        }
+        __syncthreads();
+        if (h % group == 0 && slice == 0) {
+            size_t row = (size_t)pos * kv_dim + kvh * head_dim;
+            size_t srow = ((size_t)pos * n_kv_heads + kvh) * groups;
+            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+                ((i8*)kcache)[row + i] = kq[i];
+                ((i8*)vcache)[row + i] = vq[i];
+            }
+            for (int i = threadIdx.x; i < groups; i += blockDim.x) {
+                kscales[srow + i] = kd[i];
+                vscales[srow + i] = vd[i];
+            }
+        }
+    } else {
+        float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
+        float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
+        if (h % group == 0 && slice == 0)
+            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+                krow[i] = kh[i];
+                vrow[i] = vh[i];
+            }
+    }
+
     int n4 = head_dim / 4;  // float4s per row; lane takes j = lane and lane + 32
     float scale = 1.0f / sqrtf((float)head_dim);
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 qv[2], o[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int j = lane + 32 * r;
-        qv[r] = j < n4 ? ((const float4*)qh)[j] : zero;
-        o[r] = zero;
-    }
-    // Row t of the kv head's keys or values as float4s: the cache, or for t = pos the shared copy.
-    auto row4 = [&](const float* cache, const float* mine, int t) -> const float4* {
-        return t == pos ? (const float4*)mine
-                        : (const float4*)(cache + (size_t)t * kv_dim + kvh * head_dim);
-    };
     float m = NEG_INF, l = 0.0f;
-    for (int t0 = t_begin + warp; t0 < t_end; t0 += 2 * nw) {
-        int t1 = t0 + nw;
-        bool two = t1 < t_end;
-        const float4 *k0 = row4(kcache, kh, t0), *v0 = row4(vcache, vh, t0);
-        const float4 *k1 = row4(kcache, kh, two ? t1 : t0), *v1 = row4(vcache, vh, two ? t1 : t0);
-        float4 ka[2], va[2], kb[2], vb[2];
+    if (I8) {
+        attend_i8_loop(t_begin, t_end, pos, head_dim, kv_dim, n_kv_heads, kvh, scale,
+                       (const i8*)kcache, (const i8*)vcache, kscales, vscales, key_scaled,
+                       qh, qq, qd, kq, kd, vq, vd, m, l, warp_o[warp]);
+    } else {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int j = lane + 32 * r;
-            bool in = j < n4;
-            ka[r] = in ? k0[j] : zero;
-            va[r] = in ? v0[j] : zero;
-            kb[r] = in ? k1[j] : zero;
-            vb[r] = in ? v1[j] : zero;
+            qv[r] = j < n4 ? ((const float4*)qh)[j] : zero;
+            o[r] = zero;
         }
-        float s0 = 0.0f, s1 = 0.0f;
+        // Row t of the kv head's keys or values as float4s: the cache, or for t = pos the shared copy.
+        auto row4 = [&](const float* cache, const float* mine, int t) -> const float4* {
+            return t == pos ? (const float4*)mine
+                            : (const float4*)(cache + (size_t)t * kv_dim + kvh * head_dim);
+        };
+        for (int t0 = t_begin + warp; t0 < t_end; t0 += 2 * nw) {
+            int t1 = t0 + nw;
+            bool two = t1 < t_end;
+            const float4 *k0 = row4(kcache, kh, t0), *v0 = row4(vcache, vh, t0);
+            const float4 *k1 = row4(kcache, kh, two ? t1 : t0), *v1 = row4(vcache, vh, two ? t1 : t0);
+            float4 ka[2], va[2], kb[2], vb[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            s0 += qv[r].x * ka[r].x + qv[r].y * ka[r].y + qv[r].z * ka[r].z + qv[r].w * ka[r].w;
-            s1 += qv[r].x * kb[r].x + qv[r].y * kb[r].y + qv[r].z * kb[r].z + qv[r].w * kb[r].w;
-        }
-        s0 = warp_sum(s0) * scale;
-        s1 = two ? warp_sum(s1) * scale : NEG_INF;
-        float mn = fmaxf(m, fmaxf(s0, s1));
-        float c = expf(m - mn);  // 0 on the first round (m = -inf, mn finite)
-        float p0 = expf(s0 - mn), p1 = two ? expf(s1 - mn) : 0.0f;
-        l = l * c + p0 + p1;
+            for (int r = 0; r < 2; r++) {
+                int j = lane + 32 * r;
+                bool in = j < n4;
+                ka[r] = in ? k0[j] : zero;
+                va[r] = in ? v0[j] : zero;
+                kb[r] = in ? k1[j] : zero;
+                vb[r] = in ? v1[j] : zero;
+            }
+            float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            o[r].x = o[r].x * c + p0 * va[r].x + p1 * vb[r].x;
-            o[r].y = o[r].y * c + p0 * va[r].y + p1 * vb[r].y;
-            o[r].z = o[r].z * c + p0 * va[r].z + p1 * vb[r].z;
-            o[r].w = o[r].w * c + p0 * va[r].w + p1 * vb[r].w;
+            for (int r = 0; r < 2; r++) {
+                s0 += qv[r].x * ka[r].x + qv[r].y * ka[r].y + qv[r].z * ka[r].z + qv[r].w * ka[r].w;
+                s1 += qv[r].x * kb[r].x + qv[r].y * kb[r].y + qv[r].z * kb[r].z + qv[r].w * kb[r].w;
+            }
+            s0 = warp_sum(s0) * scale;
+            s1 = two ? warp_sum(s1) * scale : NEG_INF;
+            float mn = fmaxf(m, fmaxf(s0, s1));
+            float c = expf(m - mn);  // 0 on the first round (m = -inf, mn finite)
+            float p0 = expf(s0 - mn), p1 = two ? expf(s1 - mn) : 0.0f;
+            l = l * c + p0 + p1;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                o[r].x = o[r].x * c + p0 * va[r].x + p1 * vb[r].x;
+                o[r].y = o[r].y * c + p0 * va[r].y + p1 * vb[r].y;
+                o[r].z = o[r].z * c + p0 * va[r].z + p1 * vb[r].z;
+                o[r].w = o[r].w * c + p0 * va[r].w + p1 * vb[r].w;
+            }
+            m = mn;
         }
-        m = mn;
     }
     if (lane == 0) {
         warp_m[warp] = m;
         warp_l[warp] = l;
     }
+    if (!I8)  // (the int8 loop wrote its warp's part itself)
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int j = lane + 32 * r;
-        if (j < n4) ((float4*)warp_o[warp])[j] = o[r];
-    }
+        for (int r = 0; r < 2; r++) {
+            int j = lane + 32 * r;
+            if (j < n4) ((float4*)warp_o[warp])[j] = o[r];
+        }
     __syncthreads();
     // Join the warps: each output element rescales every warp's part to the block's max.
     float* part = apart + (size_t)(h * slices + slice) * (head_dim + 2);
@@ -893,13 +1076,23 @@ __device__ __forceinline__ void prefetch_l2(const u8* pf, int lines, int i, int 
 // (0: never split), up to `max_slices`: one block a head would read a long context's keys and
 // values with a few multiprocessors while the rest idle. Blocks past those do no attention:
 // they pull `pf_lines` 128-byte lines from `pf` (the next products' weights) into L2 while the
-// heads run, and the memory would otherwise idle. `att` is unused (kept for the launch's
-// argument list).
-extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
-                                     float base, int half_split, const int* state, float* kcache,
-                                     float* vcache, int ctx, float* att, float* xf, i8* xq,
-                                     const u8* pf, int pf_lines, float* apart, unsigned* acount,
-                                     int max_slices, int slice_positions, int pdl) {
+// heads run, and the memory would otherwise idle.
+template <bool I8>
+__device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
+                                 float base, int half_split, const int* state, float* kcache,
+                                 float* vcache, float* kscales, float* vscales,
+                                 const float* key_scale, float* xf, i8* xq, const u8* pf,
+                                 int pf_lines, float* apart, unsigned* acount, int max_slices,
+                                 int slice_positions, int pdl) {
+    // The int8 cache's key channel scale that this thread's warp quantizes with (attend: warp
+    // w takes channel (w % groups) * 32 + lane). It is written at boot, so it is loaded before
+    // the wait for the kernel before, off the step's chain of latencies.
+    float fk = 1.0f;
+    int w = threadIdx.x >> 5, groups = head_dim / 32;
+    if (I8 && key_scale && w < 3 * groups) {
+        int kvh = (blockIdx.x % n_heads) / (n_heads / n_kv_heads);
+        fk = __ldg(key_scale + kvh * head_dim + (w % groups) * 32 + (threadIdx.x & 31));
+    }
     pdl_start(pdl);
     int pos = state[1];
     int slices = slice_positions > 0 ? (pos + slice_positions) / slice_positions : 1;
@@ -910,6 +1103,24 @@ extern "C" __global__ void __launch_bounds__(1024) attention(const float* qkv, i
                     (gridDim.x - items) * blockDim.x);
         return;
     }
-    attend(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
-               head_dim, base, half_split, pos, kcache, vcache, xf, xq, apart, acount, pdl);
+    attend<I8>(blockIdx.x % n_heads, blockIdx.x / n_heads, slices, qkv, n_heads, n_kv_heads,
+               head_dim, base, half_split, pos, kcache, vcache, kscales, vscales,
+               key_scale != nullptr, fk, xf, xq, apart, acount, pdl);
+}
+
+// The float cache (`kscales`, `vscales`, `key_scale` unused) and the int8 cache (`kcache`,
+// `vcache` hold int8; see `attend`). engine.rs finds them by these names.
+#define ATTENTION_ARGS                                                                          \
+    const float *qkv, int n_heads, int n_kv_heads, int head_dim, float base, int half_split,  \
+        const int *state, float *kcache, float *vcache, float *kscales, float *vscales,       \
+        const float *key_scale, float *xf, i8 *xq, const u8 *pf, int pf_lines, float *apart,  \
+        unsigned *acount, int max_slices, int slice_positions, int pdl
+#define ATTENTION_PASS                                                                          \
+    qkv, n_heads, n_kv_heads, head_dim, base, half_split, state, kcache, vcache, kscales,     \
+        vscales, key_scale, xf, xq, pf, pf_lines, apart, acount, max_slices, slice_positions, pdl
+extern "C" __global__ void __launch_bounds__(1024) attention(ATTENTION_ARGS) {
+    attention_launch<false>(ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(1024) attention_i8(ATTENTION_ARGS) {
+    attention_launch<true>(ATTENTION_PASS);
 }

@@ -127,8 +127,12 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
     let opts = EngineOptions {
         context: 256,
         precision,
-        // As the GPU's (f32 at every precision).
-        f32_kv: true,
+        // Its KV cache as the GPU keeps it: int8 at w8a8 and w4a8 where the head allows.
+        f32_kv: !leanstream::backend::cuda::engine::int8_kv(
+            precision,
+            false,
+            file.hyper().unwrap().head_dim,
+        ),
         ..EngineOptions::default()
     };
     let mut cpu = Engine::boot(&mut arenas, file, opts).unwrap();
@@ -145,9 +149,9 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
     (logits, tokens)
 }
 
-/// Logits of the prompt, the 64 greedy tokens after it, and whether any product quantized its
-/// input to int8.
-type GpuRun = (Vec<Vec<f32>>, Vec<u32>, bool);
+/// Logits of the prompt, the 64 greedy tokens after it, whether any product quantized its
+/// input to int8, and whether the KV cache was int8.
+type GpuRun = (Vec<Vec<f32>>, Vec<u32>, bool, bool);
 
 fn run_gpu(
     file: &ModelFile,
@@ -197,13 +201,13 @@ fn run_gpu(
         tokens.push(tok);
         tok = gpu.forward_greedy(tok, prompt.len() + i);
     }
-    Ok((logits, tokens, gpu.int8_activations))
+    Ok((logits, tokens, gpu.int8_activations, gpu.int8_kv))
 }
 
 /// For every parity model in both memory models, with every product kernel narrow and then
 /// every one wide (the default mixes the two by size; the wide runs also split each head's
 /// attention over blocks), at each precision against the CPU
-/// backend at the same precision (its KV cache in f32, as the GPU's):
+/// backend at the same precision (the KV cache int8 on both at w8a8 and w4a8, else f32):
 /// - where every kernel is float (f16; native on a float file): logits within 1e-2 (relative,
 ///   L2) and the same 64 greedy tokens;
 /// - where both backends quantize activations to int8 (native on a quantized file, w8a8, w4a8:
@@ -246,20 +250,29 @@ fn cuda_matches_cpu_logits_and_greedy_tokens() {
             for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
                 for products in [ProductKernels::Narrow, ProductKernels::Wide] {
                     let what = format!("{name} {memory:?} {products:?} {precision}");
-                    let (g, t, int8) = match run_gpu(&file, memory, products, precision, &prompt) {
-                        Ok(r) => r,
-                        // A model the GPU cannot run at a low-bit precision says why at boot.
-                        Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
-                            eprintln!("skipped: parity {what}: {why}");
-                            continue;
-                        }
-                        Err(e) => panic!("{what}: boot failed: {e}"),
-                    };
+                    let (g, t, int8, int8_kv) =
+                        match run_gpu(&file, memory, products, precision, &prompt) {
+                            Ok(r) => r,
+                            // A model the GPU cannot run at a low-bit precision says why at boot.
+                            Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
+                                eprintln!("skipped: parity {what}: {why}");
+                                continue;
+                            }
+                            Err(e) => panic!("{what}: boot failed: {e}"),
+                        };
+                    // The int8 cache wherever w8a8/w4a8 and the head allow one.
+                    let head_dim = file.hyper().unwrap().head_dim;
+                    assert_eq!(
+                        int8_kv,
+                        precision.int8_kv() && head_dim.is_multiple_of(32) && head_dim <= 128,
+                        "{what}: KV cache precision"
+                    );
                     let e = worst(&g, &cpu);
                     let tol = if int8 { 5e-2 } else { 1e-2 };
                     eprintln!(
-                        "parity {what}{}: max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
+                        "parity {what}{}{}: max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
                         if int8 { " (int8 activations)" } else { "" },
+                        if int8_kv { " (int8 KV)" } else { "" },
                         prompt.len(),
                         agree(&t, &cpu_tokens)
                     );

@@ -35,6 +35,8 @@ pub struct Config {
     pub attention_slice: usize,
     /// CUDA: `CudaOptions::dependent_launch` (Off and Prefetch: the ablations).
     pub dependent_launch: DependentLaunch,
+    /// CUDA: `CudaOptions::f32_kv` (true at w8a8/w4a8: the ablation of the int8 cache).
+    pub f32_kv: bool,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: crate::quant::Precision,
@@ -55,7 +57,7 @@ impl Config {
         match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
             Backend::Cuda => format!(
-                "{model} cuda {}{}{}{}{}{}{}",
+                "{model} cuda {}{}{}{}{}{}{}{}",
                 memory_name(self.memory),
                 if self.graph { "" } else { " no-graph" },
                 match self.products {
@@ -69,16 +71,17 @@ impl Config {
                     InBlockNorm::Never => " norm-tail",
                 },
                 if self.prefetch { "" } else { " no-prefetch" },
-                if self.attention_slice == 0 {
-                    " no-split-attention"
-                } else {
-                    ""
+                match self.attention_slice {
+                    0 => " no-split-attention".to_string(),
+                    crate::backend::cuda::engine::ATTENTION_SLICE => String::new(),
+                    n => format!(" split-every-{n}"),
                 },
                 match self.dependent_launch {
                     DependentLaunch::On => "",
                     DependentLaunch::Prefetch => " pdl-prefetch",
                     DependentLaunch::Off => " no-pdl",
-                }
+                },
+                if self.f32_kv { " f32-kv" } else { "" },
             ),
         }
     }
@@ -199,6 +202,7 @@ pub fn run(
             prefetch: c.prefetch,
             attention_slice: c.attention_slice,
             dependent_launch: c.dependent_launch,
+            f32_kv: c.f32_kv,
             ..CudaOptions::default()
         };
         let mut row = Row {
@@ -221,12 +225,17 @@ pub fn run(
             // Check against the CPU backend on the same prompt before timing anything.
             // The first 16 prompt tokens (the CPU reference of a large model is slow).
             let check = &prompt[..prompt.len().min(16)];
-            let cpu_logits = |kernel: Kernel, classic: bool| -> Result<Vec<f32>, String> {
+            let gpu_int8_kv = g.int8_kv;
+            let cpu_logits = |kernel: Kernel,
+                              classic: bool,
+                              precision: crate::quant::Precision|
+             -> Result<Vec<f32>, String> {
                 let mut cpu_arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-                // The GPU's KV cache is f32 at every precision; so is the reference's.
+                // The reference keeps its KV cache as the GPU does (int8 or f32).
                 let reference = EngineOptions {
-                    f32_kv: true,
+                    f32_kv: !gpu_int8_kv,
                     native_classic: classic,
+                    precision,
                     ..opts.clone()
                 };
                 let mut cpu = Engine::boot(&mut cpu_arenas, &file, reference)
@@ -239,7 +248,7 @@ pub fn run(
                 set_kernel(best_kernel());
                 Ok(last)
             };
-            let want = cpu_logits(best_kernel(), false)?;
+            let want = cpu_logits(best_kernel(), false, c.precision)?;
             let mut got = &mut [][..];
             for (pos, &t) in check.iter().enumerate() {
                 got = g.forward(t, pos);
@@ -267,14 +276,19 @@ pub fn run(
             // against the integer ones native runs Q8_0/Q4_0 in (those are exact across
             // instruction sets, so for them only the second one moves).
             let mut tol = if g.int8_activations { 5e-2 } else { 1e-2 };
-            // (At w8a8/w4a8 the CPU's kernels are exact across instruction sets: no floor to
-            // measure there, and the gate stays 5e-2.)
-            if g.int8_activations
-                && c.precision == crate::quant::Precision::Native
-                && best_kernel() != Kernel::Scalar
-            {
-                let scalar = rel_err(&cpu_logits(Kernel::Scalar, false)?, &want);
-                let classic = rel_err(&cpu_logits(best_kernel(), true)?, &want);
+            // At w8a8/w4a8 the CPU's kernels are exact across instruction sets, so the floor
+            // is the model's own: the same two float-order changes at native precision on the
+            // same file (for a Q8_0 file at w8a8, the very weights w8a8 runs).
+            if g.int8_activations && best_kernel() != Kernel::Scalar {
+                let native = crate::quant::Precision::Native;
+                let base = if c.precision == native {
+                    None
+                } else {
+                    Some(cpu_logits(best_kernel(), false, native)?)
+                };
+                let reference = base.as_deref().unwrap_or(&want);
+                let scalar = rel_err(&cpu_logits(Kernel::Scalar, false, native)?, reference);
+                let classic = rel_err(&cpu_logits(best_kernel(), true, native)?, reference);
                 let floor = scalar.max(classic);
                 log(&format!(
                     "{}: cpu scalar vs simd rel err {scalar:.2e}, classic vs integer kernels {classic:.2e} (this model's noise floor)",

@@ -366,6 +366,10 @@ struct BenchArgs {
     /// CUDA: also time with each head's attention in one block at any context length.
     #[arg(long)]
     compare_no_split_attention: bool,
+    /// CUDA: also time with each head's attention split over one more block every N
+    /// positions (the default is every 256).
+    #[arg(long, value_name = "N")]
+    compare_attention_slice: Option<usize>,
     /// CUDA (sm_90): also time with every kernel launched after the one before has finished.
     #[arg(long)]
     compare_no_pdl: bool,
@@ -373,6 +377,10 @@ struct BenchArgs {
     /// while it waits for the kernel before.
     #[arg(long)]
     compare_pdl_prefetch: bool,
+    /// CUDA at w8a8/w4a8: also time with the KV cache in f32 (the ablation of the int8 cache;
+    /// with --long-context too).
+    #[arg(long)]
+    compare_f32_kv: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -1204,6 +1212,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 prefetch: true,
                 attention_slice: leanstream::backend::cuda::engine::ATTENTION_SLICE,
                 dependent_launch: DependentLaunch::On,
+                f32_kv: false,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
@@ -1249,6 +1258,13 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                                 ..base.clone()
                             });
                         }
+                        if let Some(n) = a.compare_attention_slice {
+                            configs.push(bench::Config {
+                                memory,
+                                attention_slice: n,
+                                ..base.clone()
+                            });
+                        }
                         for (asked, pdl) in [
                             (a.compare_no_pdl, DependentLaunch::Off),
                             (a.compare_pdl_prefetch, DependentLaunch::Prefetch),
@@ -1260,6 +1276,13 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                                     ..base.clone()
                                 });
                             }
+                        }
+                        if a.compare_f32_kv {
+                            configs.push(bench::Config {
+                                memory,
+                                f32_kv: true,
+                                ..base.clone()
+                            });
                         }
                     }
                 }
@@ -1685,6 +1708,13 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         };
         configs.push(("no dependent launch", off));
     }
+    if a.compare_f32_kv {
+        let f32_kv = CudaOptions {
+            f32_kv: true,
+            ..base
+        };
+        configs.push(("f32 KV cache", f32_kv));
+    }
     let (mut rows_json, mut rows_md, mut gpu) = (Vec::new(), Vec::new(), String::new());
     for (label, opts) in configs {
         let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
@@ -1694,8 +1724,10 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         let step = |e: &mut leanstream::backend::cuda::CudaEngine, t: u32, p: usize| {
             e.forward_greedy(t, p)
         };
-        let f32_kv = |_: &leanstream::backend::cuda::CudaEngine| "f32 token-major".to_string();
-        let (json, md) = long_context(&mut engine, step, &prompt, n, label, f32_kv)?;
+        let kv = |e: &leanstream::backend::cuda::CudaEngine| {
+            format!("{} token-major", if e.int8_kv { "int8" } else { "f32" })
+        };
+        let (json, md) = long_context(&mut engine, step, &prompt, n, label, kv)?;
         rows_json.push(json);
         rows_md.push(md);
     }

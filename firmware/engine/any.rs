@@ -66,6 +66,7 @@ impl<'a> AnyEngine<'a> {
                 let cuda = CudaOptions {
                     context: cpu.context,
                     precision: cpu.precision,
+                    f32_kv: cpu.f32_kv || cuda.f32_kv,
                     ..cuda
                 };
                 AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?)
@@ -102,7 +103,10 @@ impl<'a> AnyEngine<'a> {
                 },
                 match e.precision {
                     crate::quant::Precision::Native => String::new(),
-                    p => format!(", {p} weights, KV cache f32"),
+                    p => format!(
+                        ", {p} weights, KV cache {}",
+                        if e.int8_kv { "int8" } else { "f32" }
+                    ),
                 }
             ),
         }

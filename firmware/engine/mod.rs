@@ -97,8 +97,8 @@ pub struct EngineOptions {
     pub packing: Packing,
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
-    /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference the CUDA backend (whose cache
-    /// is f32 at every precision) is checked against.
+    /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference a CUDA configuration with an
+    /// f32 cache is checked against (`cuda::engine::int8_kv` says when the GPU's is int8).
     pub f32_kv: bool,
     /// At `native`, keep Q8_0 and Q4_0 matrices in the classic GGML kernels instead of
     /// importing them into w8/w4: the same values, a row's blocks summed in another order. The

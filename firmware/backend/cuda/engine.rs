@@ -26,8 +26,15 @@ pub struct CudaOptions {
     pub graph: bool,
     /// What the matrices become at load, as the CPU's `--precision` (weights/image docs in
     /// weights.rs): `native` keeps the file's types, `f16` converts all, `w8a8`/`w4a8` requantize
-    /// each to GGML Q8_0/Q4_0 by role. The KV cache is f32 at every precision here.
+    /// each to GGML Q8_0/Q4_0 by role. At w8a8 and w4a8 the KV cache is int8 too (as the CPU's,
+    /// `f32_kv`).
     pub precision: Precision,
+    /// Keep the KV cache f32 at w8a8 and w4a8 (`bench --compare-f32-kv`). Otherwise those
+    /// precisions store int8 keys and values with a scale per group of 32, in the CPU's
+    /// format and arithmetic (kv/mod.rs, token-major), where `int8_kv` allows (heads of whole
+    /// groups of 32, at most 128 wide). The int8 cache is a quarter of the bytes: 4x the
+    /// context in the same KV arena, and a quarter of the reads where bandwidth decides.
+    pub f32_kv: bool,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
@@ -107,6 +114,7 @@ impl Default for CudaOptions {
             context: 0,
             graph: true,
             precision: Precision::Native,
+            f32_kv: false,
             products: ProductKernels::Auto,
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
@@ -132,6 +140,17 @@ struct Mat {
 /// [gate|up]); one entry when their types match and they were stacked at load.
 type MatGroup = heapless::Vec<(Mat, usize), 3>;
 
+/// The KV cache on the device: `[layer][position][kv_dim]` keys and values, f32 or int8; for
+/// int8, a scale per (layer, position, kv head, group of 32) each, and, for a model with a K
+/// bias, the keys' channel scales (`kv::key_scales_from_bias`, n_layers x kv_dim).
+struct GpuKv {
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    k_scales: Option<DeviceBuffer>,
+    v_scales: Option<DeviceBuffer>,
+    key_scale: Option<DeviceBuffer>,
+}
+
 struct GpuLayer {
     attn_norm: u64,
     qkv: MatGroup,
@@ -147,6 +166,7 @@ struct GpuLayer {
 
 struct Kernels {
     embed: Function,
+    /// Attention over the f32 cache, or over the int8 one (`attention_i8`).
     attention: Function,
     /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
     /// the same two preparing their own normed input (`_prep`, see `in_block_norm`).
@@ -181,7 +201,6 @@ struct Activations {
     /// [gate | up] of the FFN.
     gu: u64,
     logits: u64,
-    att: u64,
     /// [token, position] of the step.
     state: u64,
     /// The next product's input, prepared once by the kernel before it: floats (`xf`), and
@@ -267,6 +286,42 @@ struct MvConfig {
 /// products (most of a small model's step) stay narrow: there a step is a chain of short
 /// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
 /// layers, any model's logits) go wide, where bandwidth decides.
+/// The int8 cache's key channel scales of a model with a K bias, n_layers x kv_dim, made as
+/// the CPU boot makes them (`kv::key_scales_from_bias`), so both divide the same keys.
+fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
+    let kv_dim = h.n_kv_heads * h.head_dim;
+    let half = h.head_dim / 2;
+    let mut out = vec![0f32; h.n_layers * kv_dim];
+    let mut bias = vec![0f32; kv_dim];
+    for (l, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+        let t = model.tensor(&format!("blk.{l}.attn_k.bias"))?;
+        crate::model::ggml::dequantize_row(t.ty, t.data, &mut bias);
+        crate::kv::key_scales_from_bias(
+            &bias,
+            h.head_dim,
+            |i| match h.rope_style {
+                RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
+                RopeStyle::HalfSplit => (i, i + half),
+            },
+            o,
+        );
+    }
+    Ok(out)
+}
+
+/// The widest head the int8 cache's attention takes (decode.cu's `attend_i8_loop`: one int of
+/// four values a lane, one warp across the head). Wider heads keep the f32 cache.
+pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
+
+/// Whether the GPU keeps its KV cache in int8: at w8a8 and w4a8 (unless `f32_kv`), as the
+/// CPU does, where a head is whole groups of 32 and at most `INT8_KV_MAX_HEAD_DIM` wide.
+pub fn int8_kv(precision: Precision, f32_kv: bool, head_dim: usize) -> bool {
+    precision.int8_kv()
+        && !f32_kv
+        && head_dim.is_multiple_of(32)
+        && head_dim <= INT8_KV_MAX_HEAD_DIM
+}
+
 fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> MvConfig {
     let units = match m.ty {
         GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
@@ -324,8 +379,9 @@ pub struct CudaEngine<'a> {
     output_norm: u64,
     layers: Vec<GpuLayer>,
     a: Activations,
-    kcache: DeviceBuffer,
-    vcache: DeviceBuffer,
+    kv: GpuKv,
+    /// The KV cache holds int8 (`CudaOptions::f32_kv`).
+    pub int8_kv: bool,
     /// Where the argmax kernel also writes each step's token (indexed by position), for the
     /// host to read without a copy.
     host_tokens: MappedHost,
@@ -470,13 +526,30 @@ impl<'a> CudaEngine<'a> {
             arenas.dense.len() + arenas.ffn.len(),
             "the GPU weight image (dense and FFN budgets together)",
         )?;
-        let kv_bytes = h.n_layers * context * kv_dim * 4;
+        let int8_kv = int8_kv(opts.precision, opts.f32_kv, h.head_dim);
+        let groups = h.head_dim / 32;
+        let (kv_bytes, kv_scale_bytes) = if int8_kv {
+            (
+                h.n_layers * context * kv_dim,
+                h.n_layers * context * h.n_kv_heads * groups * 4,
+            )
+        } else {
+            (h.n_layers * context * kv_dim * 4, 0)
+        };
+        let key_scale_bytes = if int8_kv && h.qkv_bias {
+            h.n_layers * kv_dim * 4
+        } else {
+            0
+        };
         let mut kv = Plan::default();
-        kv.add_bytes(2 * kv_bytes);
+        kv.add_bytes(2 * (kv_bytes + kv_scale_bytes) + key_scale_bytes);
         kv.check(
             ArenaKind::Kv,
             arenas.kv.len(),
-            &format!("the f32 KV cache for {context} tokens"),
+            &format!(
+                "the {} KV cache for {context} tokens",
+                if int8_kv { "int8" } else { "f32" }
+            ),
         )?;
         let mut host = Plan::default();
         host.add::<f32>(h.vocab_size);
@@ -487,7 +560,8 @@ impl<'a> CudaEngine<'a> {
             "the host logits and sampler buffer",
         )?;
         let (free, _) = gpu.memory().map_err(cuda)?;
-        let device_need = 2 * kv_bytes
+        let device_need = 2 * (kv_bytes + kv_scale_bytes)
+            + key_scale_bytes
             + if opts.memory == MemoryModel::Unified {
                 0
             } else {
@@ -584,7 +658,7 @@ impl<'a> CudaEngine<'a> {
         };
         let k = Kernels {
             embed: f("embed")?,
-            attention: f("attention")?,
+            attention: f(if int8_kv { "attention_i8" } else { "attention" })?,
             matvec: [
                 kernels_of(GpuType::F32)?,
                 kernels_of(GpuType::F16)?,
@@ -622,7 +696,6 @@ impl<'a> CudaEngine<'a> {
             (q_dim + 2 * kv_dim) * 4,                      // qkv
             2 * h.hidden_dim * 4,                          // gu
             h.vocab_size * 4,                              // logits
-            h.n_heads * context * 4,                       // att
             8,                                             // state
             widest * 4,                                    // xf
             widest + 8 * widest.div_ceil(32),              // xq: int8, then f32 scales and i32 sums
@@ -636,13 +709,13 @@ impl<'a> CudaEngine<'a> {
         ];
         let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
         let buf = gpu.alloc(total).map_err(cuda)?;
-        let mut ptrs = [0u64; 15];
+        let mut ptrs = [0u64; 14];
         let mut off = 0u64;
         for (p, s) in ptrs.iter_mut().zip(sizes) {
             *p = buf.ptr + off;
             off += s.next_multiple_of(256) as u64;
         }
-        let [x, qkv, gu, logits, att, state, xf, xq, counter, part, swiglu_tiles, hf, hq, apart, acount] =
+        let [x, qkv, gu, logits, state, xf, xq, counter, part, swiglu_tiles, hf, hq, apart, acount] =
             ptrs;
         let a = Activations {
             _buf: buf,
@@ -650,7 +723,6 @@ impl<'a> CudaEngine<'a> {
             qkv,
             gu,
             logits,
-            att,
             state,
             xf,
             xq: if int8_activations { xq } else { 0 },
@@ -662,8 +734,25 @@ impl<'a> CudaEngine<'a> {
             apart,
             acount,
         };
-        let kcache = gpu.alloc(kv_bytes).map_err(cuda)?;
-        let vcache = gpu.alloc(kv_bytes).map_err(cuda)?;
+        let scales = |n: usize| -> Result<Option<DeviceBuffer>, EngineError> {
+            Ok(if n > 0 {
+                Some(gpu.alloc(n).map_err(cuda)?)
+            } else {
+                None
+            })
+        };
+        let kv = GpuKv {
+            k: gpu.alloc(kv_bytes).map_err(cuda)?,
+            v: gpu.alloc(kv_bytes).map_err(cuda)?,
+            k_scales: scales(kv_scale_bytes)?,
+            v_scales: scales(kv_scale_bytes)?,
+            key_scale: scales(key_scale_bytes)?,
+        };
+        if let Some(buf) = &kv.key_scale {
+            let f = key_scales(model, &h)?;
+            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+            gpu.upload(buf.ptr, &bytes).map_err(cuda)?;
+        }
         let host_tokens = gpu.alloc_mapped(4 * context).map_err(cuda)?;
 
         let mut c = arenas.scratch.carver();
@@ -686,8 +775,8 @@ impl<'a> CudaEngine<'a> {
             output_norm: at(output_norm_off),
             layers,
             a,
-            kcache,
-            vcache,
+            kv,
+            int8_kv,
             host_tokens,
             step: Box::new([0, 0]),
             logits_host,
@@ -754,8 +843,17 @@ impl<'a> CudaEngine<'a> {
         )?;
 
         for (l, w) in self.layers.iter().enumerate() {
-            let kc = self.kcache.ptr + (l * ctx * kv_dim * 4) as u64;
-            let vc = self.vcache.ptr + (l * ctx * kv_dim * 4) as u64;
+            // Layer l's part of the cache (and of its scales: int8).
+            let value_bytes = if self.int8_kv { 1 } else { 4 };
+            let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+            let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+            let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
+                b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
+            };
+            let per_layer_scales = ctx * h.n_kv_heads * (head_dim / 32);
+            let ks = scales_at(&self.kv.k_scales, per_layer_scales);
+            let vs = scales_at(&self.kv.v_scales, per_layer_scales);
+            let key_scale = scales_at(&self.kv.key_scale, kv_dim);
             // Attention: q, k, v of the normed input.
             for &(m, off) in &w.qkv {
                 let bias = if w.qkv_bias != 0 {
@@ -786,8 +884,9 @@ impl<'a> CudaEngine<'a> {
                     .ptr(a.state)
                     .ptr(kc)
                     .ptr(vc)
-                    .i32(ctx as i32)
-                    .ptr(a.att)
+                    .ptr(ks)
+                    .ptr(vs)
+                    .ptr(key_scale)
                     .ptr(a.xf)
                     .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
                     .ptr(pf_from)
