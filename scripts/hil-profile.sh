@@ -45,6 +45,18 @@ for r in pick:
           f"{r['launch__grid_size']:>5} {num(r, 'sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f}")
 EOF
 done
+# PROFILE_DETAIL=1: Nsight Compute's full sections (throughput, memory, warp stalls, occupancy)
+# for layer 1's five kernels of each model, for why a kernel takes what it takes.
+if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
+  for f in $syn/$shape*.gguf; do
+    name=$(basename "$f" .gguf)
+    "$ncu" --kernel-name regex:'embed|matvec|attention' --launch-skip $(( 2 * per_step + 6 )) --launch-count 5 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats --section SchedulerStats \
+      $h/leanstream generate --model "$f" --backend cuda --memory discrete --no-graph \
+      --precision ${PROFILE_PRECISION:-native} --prompt "" --max-tokens 4 > "$res/detail-$name.txt" 2>&1
+  done
+fi
 if [ "${PROFILE_BENCH:-1}" = 1 ]; then
   echo "== the same models timed with the graph (bench)"
   $h/leanstream bench --model "$(ls $syn/$shape*.gguf | tr '\n' ',' | sed 's/,$//')" --backend cuda --memory discrete \

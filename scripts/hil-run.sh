@@ -13,7 +13,8 @@
 #   discrete CUDA configuration (default --compare-graph --compare-narrow --compare-norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
 #   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix, HIL_UNIFIED_COMPARE
 #   the ablations beside them (default none);
-#   HIL_BENCH_TIMEOUT (240 s) bounds each bench.
+#   HIL_BENCH_TIMEOUT (240 s) bounds each bench; HIL_KV=1 adds the int8 KV cache against the
+#   f32 one (below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
@@ -66,10 +67,27 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
     run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(list $um)" --backend cuda,cpu --memory unified ${HIL_UNIFIED_COMPARE:-}
     [ "${HIL_W4A8:-1}" = 1 ] && run_bench unified-w4a8 ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(q4 $um)" --backend cuda --memory unified --precision w4a8
   fi
+  # HIL_KV=1: the int8 KV cache of w8a8/w4a8 against the f32 one (--compare-f32-kv), at
+  # short context on every q8_0 (w8a8) and q4_0 (w4a8) file, and from position 0 to
+  # HIL_KV_LONG (8192) on the HIL_KV_LONG_MODELS (default the 1.5B shape's q8_0 file) at w8a8;
+  # HIL_KV_COMPARE adds ablations to the short-context runs.
+  if [ "${HIL_KV:-0}" = 1 ]; then
+    q8() { ls $syn/$1*-q8_0.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
+    run_bench kv-w8a8 ${HIL_GEN:-128} --model "$(q8 '')" --backend cuda --memory discrete --precision w8a8 --compare-f32-kv ${HIL_KV_COMPARE:-}
+    run_bench kv-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8 --compare-f32-kv ${HIL_KV_COMPARE:-}
+    for f in ${HIL_KV_LONG_MODELS:-$syn/qwen2.5-1.5b-q8_0.gguf}; do
+      n=$(basename "$f" .gguf)
+      echo "== long context $n w8a8"
+      timeout ${HIL_BENCH_TIMEOUT:-240} $h/leanstream bench --model "$f" --backend cuda --memory discrete --precision w8a8 \
+        --long-context ${HIL_KV_LONG:-8192} --compare-f32-kv --json "$res/long-$n.json" --markdown "$res/long-$n.md" 2>&1 \
+        | tee "$res/long-$n.txt"
+      bench_rc=$(( bench_rc | ${PIPESTATUS[0]} ))
+    done
+  fi
 fi
 
 echo "== summary"
 [ -f "$res/tests.txt" ] && grep -E "^test .*(ok|FAILED)$|^parity|^flags" "$res/tests.txt"
-for f in "$res"/bench-*.md; do [ -f "$f" ] && { echo "-- $(basename "$f")"; cat "$f"; }; done
+for f in "$res"/bench-*.md "$res"/long-*.md; do [ -f "$f" ] && { echo "-- $(basename "$f")"; cat "$f"; }; done
 echo "tests rc=$tests_rc bench rc=$bench_rc"
 exit $(( tests_rc | bench_rc ))
