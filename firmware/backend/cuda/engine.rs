@@ -1244,6 +1244,19 @@ mod tests {
         assert_eq!(max_slices(132, 12, 0), 1);
     }
 
+    /// The int8 cache where the CPU keeps one and the kernel takes the head (16 values a
+    /// lane, at most 8 lanes): SmolLM2 and Qwen2.5 (heads of 64 and 128) at w8a8/w4a8; f32
+    /// for f16/native, `f32_kv`, stories260K's heads of 8 and heads of 256.
+    #[test]
+    fn kv_cache_is_int8_at_w8a8_and_w4a8_where_the_head_allows() {
+        for p in [Precision::W8a8, Precision::W4a8] {
+            assert!(int8_kv(p, false, 64) && int8_kv(p, false, 128) && int8_kv(p, false, 32));
+            assert!(!int8_kv(p, true, 64), "f32_kv keeps f32");
+            assert!(!int8_kv(p, false, 8) && !int8_kv(p, false, 48) && !int8_kv(p, false, 256));
+        }
+        assert!(!int8_kv(Precision::Native, false, 64) && !int8_kv(Precision::F16, false, 64));
+    }
+
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
     /// otherwise; every launch covers each row in whole rounds and every row of the matrix.
     #[test]
