@@ -79,13 +79,20 @@ __device__ float block_max(float v, float* shared32) {
     return warp_max(v);
 }
 
-// Quantizes the value each lane of a full warp holds as one block of 32 (lane = position),
-// exactly as the CPU's quantize_q8.
-__device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, int* qsum) {
+// The value each lane of a full warp holds, quantized as one block of 32 (lane = position),
+// exactly as the CPU's quantize_q8 and kv::quantize_head: this lane's int8, the block's scale
+// in `d`.
+__device__ __forceinline__ int quant32(float v, float& d) {
     float amax = warp_max(fabsf(v));
-    float d = amax / 127.0f;
+    d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q = (int)roundf(v * id);
+    return (int)roundf(v * id);
+}
+
+// `quant32` into block `blk` of an activation's int8 blocks, with the block's integer sum.
+__device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, int* qsum) {
+    float d;
+    int q = quant32(v, d);
     qs[blk * 32 + (threadIdx.x & 31)] = (i8)q;
     int s = warp_isum(q);
     if ((threadIdx.x & 31) == 0) {
@@ -907,11 +914,9 @@ __device__ void attend(int h, int slice, int slices, const float* qkv, int n_hea
                 qh[i] = qh[i] * fk;
             } else {
                 float x = what == 0 ? (key_scaled ? kh[i] / fk : kh[i]) : what == 1 ? vh[i] : qh[i];
-                float amax = warp_max(fabsf(x));
-                float d = amax / 127.0f;
-                float id = d != 0.0f ? 1.0f / d : 0.0f;
+                float d;
                 i8* dst = what == 0 ? kq : what == 1 ? vq : qq;
-                dst[i] = (i8)(int)roundf(x * id);
+                dst[i] = (i8)quant32(x, d);
                 if (lane == 0) (what == 0 ? kd : what == 1 ? vd : qd)[g] = d;
             }
         }

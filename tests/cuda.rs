@@ -264,7 +264,9 @@ fn cuda_matches_cpu_logits_and_greedy_tokens() {
                     let head_dim = file.hyper().unwrap().head_dim;
                     assert_eq!(
                         int8_kv,
-                        precision.int8_kv() && head_dim.is_multiple_of(32) && head_dim <= 128,
+                        precision.int8_kv()
+                            && head_dim.is_multiple_of(32)
+                            && head_dim <= leanstream::backend::cuda::engine::INT8_KV_MAX_HEAD_DIM,
                         "{what}: KV cache precision"
                     );
                     let e = worst(&g, &cpu);

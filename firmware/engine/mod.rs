@@ -691,10 +691,7 @@ impl<'a> Engine<'a> {
                 crate::kv::key_scales_from_bias(
                     bias,
                     h.head_dim,
-                    |i| match h.rope_style {
-                        RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
-                        RopeStyle::HalfSplit => (i, i + half),
-                    },
+                    |i| h.rope_style.pair(i, half),
                     out,
                 );
             }
@@ -1195,10 +1192,7 @@ pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
     for head in x.chunks_exact_mut(2 * half) {
         for i in 0..half {
             let (sin, cos) = (sin[i], cos[i]);
-            let (a, b) = match style {
-                RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
-                RopeStyle::HalfSplit => (i, i + half),
-            };
+            let (a, b) = style.pair(i, half);
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
             head[b] = x0 * sin + x1 * cos;

@@ -39,6 +39,17 @@ pub enum RopeStyle {
     HalfSplit,
 }
 
+impl RopeStyle {
+    /// The two channels of a head that rotary pair `i` turns (`half` = head_dim / 2).
+    #[inline(always)]
+    pub fn pair(self, i: usize, half: usize) -> (usize, usize) {
+        match self {
+            RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
+            RopeStyle::HalfSplit => (i, i + half),
+        }
+    }
+}
+
 /// Model hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Hyper {

@@ -278,14 +278,6 @@ struct MvConfig {
     grid: usize,
 }
 
-/// The launch of a product over `m` on a GPU of `sm_count` multiprocessors. A row is `units`
-/// units (a block of 32 for the integer types, 16 bytes of an f16 row, 4 floats of f32). Narrow:
-/// about one unit per thread, threads per row a power of two in 8..=256. Wide: MV_WIDE units per
-/// thread, a quarter of the threads per row, so four times the bytes in flight per thread and
-/// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
-/// products (most of a small model's step) stay narrow: there a step is a chain of short
-/// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
-/// layers, any model's logits) go wide, where bandwidth decides.
 /// The int8 cache's key channel scales of a model with a K bias, n_layers x kv_dim, made as
 /// the CPU boot makes them (`kv::key_scales_from_bias`), so both divide the same keys.
 fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
@@ -296,21 +288,13 @@ fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
     for (l, o) in out.chunks_exact_mut(kv_dim).enumerate() {
         let t = model.tensor(&format!("blk.{l}.attn_k.bias"))?;
         crate::model::ggml::dequantize_row(t.ty, t.data, &mut bias);
-        crate::kv::key_scales_from_bias(
-            &bias,
-            h.head_dim,
-            |i| match h.rope_style {
-                RopeStyle::AdjacentPairs => (2 * i, 2 * i + 1),
-                RopeStyle::HalfSplit => (i, i + half),
-            },
-            o,
-        );
+        crate::kv::key_scales_from_bias(&bias, h.head_dim, |i| h.rope_style.pair(i, half), o);
     }
     Ok(out)
 }
 
-/// The widest head the int8 cache's attention takes (decode.cu's `attend_i8_loop`: one int of
-/// four values a lane, one warp across the head). Wider heads keep the f32 cache.
+/// The widest head the int8 cache's attention takes (decode.cu's `attend_i8_loop`: 16 values
+/// a lane, at most 8 lanes a position). Wider heads keep the f32 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
 /// Whether the GPU keeps its KV cache in int8: at w8a8 and w4a8 (unless `f32_kv`), as the
@@ -322,6 +306,14 @@ pub fn int8_kv(precision: Precision, f32_kv: bool, head_dim: usize) -> bool {
         && head_dim <= INT8_KV_MAX_HEAD_DIM
 }
 
+/// The launch of a product over `m` on a GPU of `sm_count` multiprocessors. A row is `units`
+/// units (a block of 32 for the integer types, 16 bytes of an f16 row, 4 floats of f32). Narrow:
+/// about one unit per thread, threads per row a power of two in 8..=256. Wide: MV_WIDE units per
+/// thread, a quarter of the threads per row, so four times the bytes in flight per thread and
+/// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
+/// products (most of a small model's step) stay narrow: there a step is a chain of short
+/// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
+/// layers, any model's logits) go wide, where bandwidth decides.
 fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> MvConfig {
     let units = match m.ty {
         GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
