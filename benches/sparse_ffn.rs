@@ -4,11 +4,13 @@
 //! `cargo bench --bench sparse_ffn [-- FILTER]`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use leanstream::backend::cpu::sparse_ffn::SparseFfn;
 use leanstream::backend::cpu::{matvec, matvec_many, ActScratch, Matrix, WorkerPool};
 use leanstream::boot::{Arena, ArenaKind};
 use leanstream::model::ggml::GgmlType;
 use leanstream::model::TensorRef;
-use leanstream::sparsity::{silu, BundleDown, Bundles, FfnMode, FfnOptions, Score, SparseFfn};
+use leanstream::ops::silu;
+use leanstream::sparsity::{BundleDown, Bundles, FfnMode, FfnOptions, Score};
 use std::time::Duration;
 
 const LAYERS: usize = 24;

@@ -1,23 +1,24 @@
 //! LeanStream: a fixed-memory LLM inference engine for NVIDIA Jetson boards.
 //!
-//! One subsystem per folder:
-//! - `board`: the board's build-time consts (from `board-configs/*.toml`, made by `build.rs`).
-//! - `boot`: the arenas allocated once at boot, and the check that a model fits them.
-//! - `model`: file formats (GGUF, llama2.c checkpoints) and GGML tensor types.
-//! - `tokenizer`: byte-level BPE, SentencePiece-style BPE, llama2.c vocabularies, chat templates.
-//! - `backend`: compute kernels: `cpu` (matrix-vector products, worker pool) and `cuda`
-//!   (kernels from the committed PTX in kernels-ptx/, CUDA graphs, mapped-memory flags).
-//! - `bench`: `leanstream bench`, configurations side by side, JSON / Markdown / PNG.
-//! - `engine`: the forward pass, KV cache and sampling.
-//! - `serve`: the daemon: OpenAI-compatible HTTP/1.1 protocol layer, client slots, request
-//!   queue and engine thread (`serve/server.rs`), metrics.
-//! - `sys`: OS glue for the daemon (systemd notify, signals, the Unix socket, logging).
-//! - `client`: the CLI's HTTP/1.1 client for the daemon's Unix socket.
-//! - `quant`: low-bit weight formats (w8, w4 and its packings), requantization, integer kernels.
-//! - `kv`: the KV cache as a chain of append-only segments, each with its own layout, and the
-//!   cost model that picks the layout of new tokens.
-//! - `sparsity`: neuron bundles and the sparse FFN, calibrated thresholds, activation traces.
-//! - `tables`: versioned, checksummed postcard files made offline (thresholds, cost models).
+//! One subsystem per folder, in layers (docs/ARCHITECTURE.md; `tests/layers.rs` checks that
+//! each imports only from its own layer or below, without cycles):
+//!
+//! 1. `board` (the board's build-time consts, from `board-configs/*.toml` by `build.rs`),
+//!    `sys` (OS glue: systemd notify, signals, the Unix socket, logging).
+//! 2. `boot`: the arenas allocated once at boot, and the check that a model fits them.
+//! 3. `model` (GGUF, llama2.c, GGML types), `tables` (versioned, checksummed postcard files),
+//!    `tokenizer` (BPE, SentencePiece, llama2.c vocabularies, chat templates), `load`.
+//! 4. `ops`: rmsnorm, softmax, silu, rope, one copy each.
+//! 5. `quant` (low-bit weight formats, weight views), `kv` (the KV cache's append-only
+//!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds).
+//! 6. `backend`: kernels: `cpu` (kernel choice, matrix-vector products, integer low-bit
+//!    kernels, the sparse FFN, worker pool) and `cuda` (driver, weight images, PTX, flags).
+//! 7. `engine`: the `Decoder` trait, the CPU and CUDA decoders, generation, sampling,
+//!    perplexity.
+//! 8. `serve`: the daemon: OpenAI-compatible HTTP/1.1, client slots, queue, engine thread.
+//!
+//! Tools above them: `bench` (`leanstream bench`), `offline` (calibration, traces), `client`
+//! (the CLI's client for the daemon's socket).
 
 pub mod backend;
 pub mod bench;
@@ -28,6 +29,8 @@ pub mod engine;
 pub mod kv;
 pub mod load;
 pub mod model;
+pub mod offline;
+pub mod ops;
 pub mod quant;
 pub mod serve;
 pub mod sparsity;

@@ -2,7 +2,7 @@
 // Engine::forward runs them on the CPU. Compiled by scripts/build-ptx.py with NVRTC 12.6 for
 // compute_72, compute_87 and compute_90; the PTX is committed and embedded by build.rs.
 //
-// Conventions (firmware/backend/cuda/engine.rs builds the arguments):
+// Conventions (firmware/engine/cuda.rs builds the arguments):
 // - `state` is two ints in device memory: state[0] = the token to embed, state[1] = its
 //   position. The step's last kernel (the logits product) writes the next greedy token and
 //   advances the position, so a CUDA graph of one step can be replayed without the host

@@ -8,12 +8,12 @@ mod common;
 
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
+use leanstream::engine::tap::TapOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
+use leanstream::offline::calibrate::calibrate;
 use leanstream::quant::{Packing, Precision};
-use leanstream::sparsity::thresholds::calibrate;
-use leanstream::sparsity::trace::TapOptions;
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use std::path::Path;
 

@@ -4,14 +4,16 @@
 
 mod common;
 
+use leanstream::backend::cpu::sparse_ffn::{ffn_subset, partials_len};
 use leanstream::engine::perplexity::perplexity;
+use leanstream::engine::tap::TapOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
-use leanstream::sparsity::bundle::partials_len;
-use leanstream::sparsity::thresholds::{calibrate, ThresholdTable};
-use leanstream::sparsity::trace::{TapOptions, TraceMeta, TraceReader, TraceWriter};
+use leanstream::offline::calibrate::calibrate;
+use leanstream::offline::trace::{TraceMeta, TraceReader, TraceWriter};
+use leanstream::sparsity::thresholds::ThresholdTable;
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -268,7 +270,8 @@ fn smollm2_bundles_equal_dense_restricted() {
         }
         let (mut g, mut h, mut out) = (vec![0f32; n], vec![0f32; n], vec![0f32; dim]);
         let mut partials = vec![0f32; partials_len(n, dim)];
-        b.ffn_subset(
+        ffn_subset(
+            &b,
             &pool,
             &x,
             &set,
@@ -280,7 +283,8 @@ fn smollm2_bundles_equal_dense_restricted() {
         );
         let mut out_rev = vec![0f32; dim];
         set.reverse();
-        b.ffn_subset(
+        ffn_subset(
+            &b,
             &pool,
             &x,
             &set,

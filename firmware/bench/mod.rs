@@ -8,9 +8,9 @@ pub mod plot;
 
 use crate::backend::cpu::matvec::{best_kernel, set_kernel};
 use crate::backend::cpu::Kernel;
-use crate::backend::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use crate::board::MemoryModel;
 use crate::engine::any::{AnyEngine, Backend};
+use crate::engine::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use crate::engine::sample::argmax;
 use crate::engine::{Arenas, Decoder, Engine, EngineOptions};
 use crate::load::open_model;
@@ -73,7 +73,7 @@ impl Config {
                 if self.prefetch { "" } else { " no-prefetch" },
                 match self.attention_slice {
                     0 => " no-split-attention".to_string(),
-                    crate::backend::cuda::engine::ATTENTION_SLICE => String::new(),
+                    crate::engine::cuda::ATTENTION_SLICE => String::new(),
                     n => format!(" split-every-{n}"),
                 },
                 match self.dependent_launch {

@@ -1,19 +1,19 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
 use clap::{Args, Parser, Subcommand};
-use leanstream::backend::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
+use leanstream::engine::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
+use leanstream::engine::tap::TapOptions;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ModelFile;
 use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::cli::SparsityArgs;
 use leanstream::sparsity::thresholds::{default_path, ThresholdTable};
-use leanstream::sparsity::trace::TapOptions;
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
 use leanstream::tokenizer::Tokenizer;
@@ -171,9 +171,9 @@ struct LowBitArgs {
 impl LowBitArgs {
     /// Sets the kernel switches (ablations) these options name.
     fn set_kernels(&self) {
-        leanstream::quant::cpu::set_deferred_dequant(!self.no_deferred_dequant);
-        leanstream::quant::cpu::set_vnni(!self.no_vnni);
-        leanstream::quant::cpu::set_avx512(!self.no_avx512);
+        leanstream::backend::cpu::lowbit::set_deferred_dequant(!self.no_deferred_dequant);
+        leanstream::backend::cpu::lowbit::set_vnni(!self.no_vnni);
+        leanstream::backend::cpu::lowbit::set_avx512(!self.no_avx512);
     }
 }
 
@@ -856,7 +856,7 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
     let started = Instant::now();
     let ctx = a.text.ctx;
     // Two passes: thresholds, then the dropped-neuron means under them.
-    let (hist, levels) = leanstream::sparsity::thresholds::calibrate(
+    let (hist, levels) = leanstream::offline::calibrate::calibrate(
         &mut engine,
         &tokens,
         ctx,
@@ -913,7 +913,7 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
 }
 
 fn cmd_trace(a: TraceArgs) -> Result<(), String> {
-    use leanstream::sparsity::trace::{TraceMeta, TraceWriter};
+    use leanstream::offline::trace::{TraceMeta, TraceWriter};
     let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
     leanstream::sparsity::check_sparsity(a.sparsity)?;
     if a.stages == 0 {
@@ -982,7 +982,7 @@ fn cmd_trace(a: TraceArgs) -> Result<(), String> {
 }
 
 fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
-    use leanstream::sparsity::trace::TraceReader;
+    use leanstream::offline::trace::TraceReader;
     let file = ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
     let trace = TraceReader::open(&a.trace)?;
     let id = format!("{:016x}", leanstream::tables::model_identity(&file));
@@ -1006,7 +1006,7 @@ fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let total = (trace.layers - 1) * trace.tokens;
     let started = Instant::now();
-    let json = leanstream::sparsity::stats::trace_stats(
+    let json = leanstream::offline::trace_stats::trace_stats(
         &trace,
         &file,
         &table,
@@ -1210,7 +1210,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 products: ProductKernels::Auto,
                 in_block_norm: InBlockNorm::Auto,
                 prefetch: true,
-                attention_slice: leanstream::backend::cuda::engine::ATTENTION_SLICE,
+                attention_slice: leanstream::engine::cuda::ATTENTION_SLICE,
                 dependent_launch: DependentLaunch::On,
                 f32_kv: false,
                 threads,
@@ -1641,7 +1641,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
             ));
         }
     }
-    leanstream::quant::cpu::set_deferred_dequant(true);
+    leanstream::backend::cpu::lowbit::set_deferred_dequant(true);
     let header = if a.long_context.is_some() {
         long_context_header("KV segments")
     } else {
@@ -1718,13 +1718,12 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
     let (mut rows_json, mut rows_md, mut gpu) = (Vec::new(), Vec::new(), String::new());
     for (label, opts) in configs {
         let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-        let mut engine = leanstream::backend::cuda::CudaEngine::boot(&mut arenas, &file, opts)
+        let mut engine = leanstream::engine::cuda::CudaEngine::boot(&mut arenas, &file, opts)
             .map_err(|e| format!("{label}: {e}"))?;
         gpu = engine.gpu.name.clone();
-        let step = |e: &mut leanstream::backend::cuda::CudaEngine, t: u32, p: usize| {
-            e.forward_greedy(t, p)
-        };
-        let kv = |e: &leanstream::backend::cuda::CudaEngine| {
+        let step =
+            |e: &mut leanstream::engine::cuda::CudaEngine, t: u32, p: usize| e.forward_greedy(t, p);
+        let kv = |e: &leanstream::engine::cuda::CudaEngine| {
             format!("{} token-major", if e.int8_kv { "int8" } else { "f32" })
         };
         let (json, md) = long_context(&mut engine, step, &prompt, n, label, kv)?;

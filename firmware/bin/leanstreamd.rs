@@ -2,9 +2,9 @@
 //! OpenAI-compatible HTTP over a Unix socket until SIGTERM or SIGINT.
 
 use clap::Parser;
-use leanstream::backend::cuda::CudaOptions;
 use leanstream::board;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
+use leanstream::engine::cuda::CudaOptions;
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, EngineOptions};

@@ -1,7 +1,7 @@
 //! The engine of the backend chosen at boot (`--backend cpu|cuda`), for the CLI and the daemon.
 
+use super::cuda::{CudaEngine, CudaOptions};
 use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
-use crate::backend::cuda::{CudaEngine, CudaOptions};
 use crate::board::MemoryModel;
 use crate::model::ModelFile;
 

@@ -2,10 +2,13 @@
 //! of a llama-family decoder (llama, qwen2), readable top to bottom in `Engine::forward`.
 
 pub mod any;
+pub mod cuda;
 pub mod generate;
 pub mod perplexity;
 pub mod sample;
+pub mod tap;
 
+use crate::backend::cpu::sparse_ffn::SparseFfn;
 use crate::backend::cpu::{
     for_each_row, matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool,
 };
@@ -13,11 +16,12 @@ use crate::board::PREFILL_BATCH;
 use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
 use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
-use crate::model::{FormatError, Hyper, ModelFile, RopeStyle, TensorRef};
+use crate::model::{FormatError, Hyper, ModelFile, TensorRef};
+use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
 use crate::quant::{ConversionReport, Packing, Precision, Role, Target};
-use crate::sparsity::trace::{Tap, TapOptions};
-use crate::sparsity::{Bundles, FfnMode, FfnOptions, SparseFfn, SparsityError};
+use crate::sparsity::{Bundles, FfnMode, FfnOptions, SparsityError};
 use std::fmt;
+use tap::{Tap, TapOptions};
 
 /// Why an engine could not boot.
 #[derive(Debug)]
@@ -98,7 +102,7 @@ pub struct EngineOptions {
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
     /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference a CUDA configuration with an
-    /// f32 cache is checked against (`cuda::engine::int8_kv` says when the GPU's is int8).
+    /// f32 cache is checked against (`engine::cuda::int8_kv` says when the GPU's is int8).
     pub f32_kv: bool,
     /// At `native`, keep Q8_0 and Q4_0 matrices in the classic GGML kernels instead of
     /// importing them into w8/w4: the same values, a row's blocks summed in another order. The
@@ -238,7 +242,7 @@ pub struct Engine<'a> {
 }
 
 /// What generation, perplexity and the daemon need from a backend: one token in, logits out.
-/// `Engine` (CPU) and `backend::cuda::CudaEngine` implement it.
+/// `Engine` (CPU) and `cuda::CudaEngine` implement it.
 pub trait Decoder {
     fn hyper(&self) -> &Hyper;
     /// Tokens the KV cache holds.
@@ -382,11 +386,12 @@ impl<'a> Engine<'a> {
         let emb = Role::EmbedOrOutput;
         // Each layer matrix's role, by its full name (the first and last layer keep more bits).
         let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
-        // An int8 KV cache needs whole groups of 32 per head; otherwise it stays f32.
-        let int8_kv = opts.precision.int8_kv()
-            && !opts.f32_kv
-            && h.head_dim % 32 == 0
-            && h.head_dim <= crate::kv::MAX_HEAD_DIM;
+        let int8_kv = crate::kv::int8_kv(
+            opts.precision,
+            opts.f32_kv,
+            h.head_dim,
+            crate::kv::MAX_HEAD_DIM,
+        );
         let shape = Shape {
             n_layers: h.n_layers,
             kv_heads: h.n_kv_heads,
@@ -683,6 +688,7 @@ impl<'a> Engine<'a> {
         };
         s.att.fill(0.0);
         let mut kv = KvCache::new(shape, store, opts.kv_policy);
+        kv.set_avx2(crate::backend::cpu::matvec::kernel() == crate::backend::cpu::Kernel::Avx2);
         if scale_keys {
             let scales = c.take::<f32>(h.n_layers * kv_dim)?;
             let half = h.head_dim / 2;
@@ -1142,60 +1148,5 @@ impl<'a> Disjoint<'a> {
     unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
         assert!(start + len <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
-    }
-}
-
-pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (ss + eps).sqrt();
-    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
-        *o = xi * inv * wi;
-    }
-}
-
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= sum;
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// Rotary position embedding's cos and sin of pair `i` at `pos`, computed once per token for
-/// every layer and head (they depend on the position only).
-pub fn rope_angles(cos: &mut [f32], sin: &mut [f32], head_dim: usize, pos: usize, base: f32) {
-    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
-        let freq = base.powf(-((2 * i) as f32) / head_dim as f32);
-        (*s, *c) = (pos as f32 * freq).sin_cos();
-    }
-}
-
-/// Rotary position embedding over every head in `x` (heads of `2 * cos.len()` values), by the
-/// angles of [`rope_angles`]. Llama-style GGUF and llama2.c rotate adjacent pairs (2i, 2i+1);
-/// qwen2 (NEOX) rotates (i, i + head_dim/2).
-pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
-    let half = cos.len();
-    for head in x.chunks_exact_mut(2 * half) {
-        for i in 0..half {
-            let (sin, cos) = (sin[i], cos[i]);
-            let (a, b) = style.pair(i, half);
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
     }
 }

@@ -20,15 +20,31 @@
 
 pub mod calibrate;
 
-use crate::engine::softmax;
+use crate::ops::softmax;
 use serde::{Deserialize, Serialize};
 
 /// Most segments a chain holds (the paper sees at most 5 in 10K-token runs).
 pub const MAX_SEGMENTS: usize = 8;
 /// Tokens per tile of a `HeadTiles` segment.
 pub const TILE: usize = 64;
-/// Widest head the int8 cache handles.
+/// Widest head the int8 cache handles on the CPU.
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// Whether a KV cache is int8 (the one rule, for both backends): at the int8 precisions
+/// (w8a8, w4a8) unless `f32_kv`, where a head is whole groups of 32 and at most
+/// `max_head_dim` wide (what the backend's attention takes: [`MAX_HEAD_DIM`] on the CPU,
+/// `engine::cuda::INT8_KV_MAX_HEAD_DIM` on the GPU). Otherwise the cache stays f32.
+pub fn int8_kv(
+    precision: crate::quant::Precision,
+    f32_kv: bool,
+    head_dim: usize,
+    max_head_dim: usize,
+) -> bool {
+    precision.int8_kv()
+        && !f32_kv
+        && head_dim.is_multiple_of(GROUP)
+        && head_dim <= max_head_dim.min(MAX_HEAD_DIM)
+}
 const GROUP: usize = 32;
 
 /// The table kind and format version of a calibrated cost model (`leanstream calibrate-kv`).
@@ -244,6 +260,23 @@ pub struct KvCache<'a> {
     /// multiplies queries by it, so q.k is unchanged while outlier channels stop swamping their
     /// group's scale (see [`key_scales_from_bias`]).
     key_scale: Option<&'a [f32]>,
+    /// Whether `attend` runs its AVX2 build: the engine's kernel choice, made once at boot and
+    /// set with [`KvCache::set_avx2`], which keeps it false where the CPU lacks the features.
+    avx2: bool,
+}
+
+/// True where this CPU has what `attend_avx2` is compiled for (AVX2, FMA, F16C).
+pub fn cpu_has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 impl<'a> KvCache<'a> {
@@ -275,7 +308,14 @@ impl<'a> KvCache<'a> {
             policy,
             streak: 0,
             key_scale: None,
+            avx2: false,
         }
+    }
+
+    /// Lets `attend` run its AVX2 build (bit-identical to the portable one, faster) when `want`
+    /// and the CPU has the features; the engine passes its kernel choice.
+    pub fn set_avx2(&mut self, want: bool) {
+        self.avx2 = want && cpu_has_avx2();
     }
 
     pub fn precision(&self) -> KvPrecision {
@@ -452,8 +492,8 @@ impl<'a> KvCache<'a> {
         out: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if crate::backend::cpu::matvec::kernel() == crate::backend::cpu::Kernel::Avx2 {
-            // SAFETY: the Avx2 kernel is chosen only where the CPU has AVX2, FMA and F16C.
+        if self.avx2 {
+            // SAFETY: `set_avx2` sets the flag only where the CPU has AVX2, FMA and F16C.
             return unsafe { self.attend_avx2(l, kv_head, q, pos, att, out) };
         }
         self.attend_any(l, kv_head, q, pos, att, out)

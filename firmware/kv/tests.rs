@@ -191,7 +191,7 @@ fn int8_attention_is_close_to_f32() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_attention_equals_baseline_exactly() {
-    if crate::backend::cpu::matvec::best_kernel() != crate::backend::cpu::Kernel::Avx2 {
+    if !cpu_has_avx2() {
         eprintln!("skipped: this CPU has no AVX2");
         return;
     }
@@ -212,7 +212,7 @@ fn avx2_attention_equals_baseline_exactly() {
                 let (mut a1, mut a2) = (vec![0f32; pos + 1], vec![0f32; pos + 1]);
                 let (mut o1, mut o2) = (vec![0f32; s.head_dim], vec![0f32; s.head_dim]);
                 c.attend_any(l, h, &q, pos, &mut a1, &mut o1);
-                // SAFETY: best_kernel() found AVX2, FMA and F16C.
+                // SAFETY: cpu_has_avx2() found AVX2, FMA and F16C.
                 unsafe { c.attend_avx2(l, h, &q, pos, &mut a2, &mut o2) };
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&o1), bits(&o2), "pos {pos} layer {l} head {h}");
@@ -316,4 +316,19 @@ fn kvcost_table_round_trips_and_refuses_damage() {
     bad[n - 3] ^= 0x40;
     let e = crate::tables::decode::<CostModel>(&bad, TABLE_KIND, TABLE_VERSION, 9).unwrap_err();
     assert!(e.to_string().contains("damaged"), "{e}");
+}
+
+/// One int8-KV rule for both backends: whole groups of 32 per head, at most the backend's
+/// widest head, only at the int8 precisions, never with `f32_kv`.
+#[test]
+fn int8_kv_rule() {
+    use crate::quant::Precision;
+    for p in [Precision::W8a8, Precision::W4a8] {
+        assert!(int8_kv(p, false, 64, MAX_HEAD_DIM) && int8_kv(p, false, 256, MAX_HEAD_DIM));
+        assert!(!int8_kv(p, false, 256, 128) && int8_kv(p, false, 128, 128));
+        assert!(!int8_kv(p, true, 64, MAX_HEAD_DIM));
+        assert!(!int8_kv(p, false, 48, MAX_HEAD_DIM) && !int8_kv(p, false, 512, 1024));
+    }
+    assert!(!int8_kv(Precision::Native, false, 64, MAX_HEAD_DIM));
+    assert!(!int8_kv(Precision::F16, false, 64, MAX_HEAD_DIM));
 }

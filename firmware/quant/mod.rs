@@ -31,7 +31,7 @@
 //!   `32 * row_bytes` bytes, so bands sit where 32 rows of the other packings would. The same
 //!   property serves the CPU: one 32-byte load is word `k` of eight rows, a 32-bit lane each,
 //!   so the x86 kernels take eight rows' group dots at once with no horizontal add, about
-//!   twice the speed of the others (`cpu::x86::chunk_swizzled`). That makes it the default.
+//!   twice the speed of the others (`backend::cpu::lowbit::x86::chunk_swizzled`). That makes it the default.
 //!
 //! All three packings hold the same values; the kernels unpack each group to the same 32 int8
 //! weights (`q - 8`), take the same exact int32 dot with the int8 activations, and scale it in
@@ -52,8 +52,8 @@
 //! ffn_down, attn_v and the end layers at more bits; see `Role::Sensitive`), with int8 KV. A matrix whose rows are not whole groups of 32 stays in its
 //! own type (said in the conversion report).
 
-pub mod cpu;
 pub mod flash;
+pub mod view;
 
 use crate::model::ggml::{dequantize_row, f16_to_f32, f32_to_f16, quantize_row_q8_0, GgmlType};
 use crate::model::TensorRef;
@@ -126,7 +126,7 @@ impl fmt::Display for Precision {
 
 /// Where the nibbles of a w4 group sit (see the module docs). The default is swizzled: its
 /// tiles put word k of 32 rows side by side, which the x86 kernels read eight rows per
-/// register (`cpu::x86::chunk_swizzled`), about twice as fast as the other packings.
+/// register (`backend::cpu::lowbit::x86::chunk_swizzled`), about twice as fast as the other packings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Packing {
     Contiguous,

@@ -249,7 +249,8 @@ fn integer_kernels_match_scalar_reference_exactly() {
                 .map(|r| {
                     let mut acc = 0f32;
                     for (g, &dxg) in dx.iter().enumerate() {
-                        let i = cpu::group_dot_scalar(f, &data, rb, r, g, &qs);
+                        let i =
+                            crate::backend::cpu::lowbit::group_dot_scalar(f, &data, rb, r, g, &qs);
                         let s = match f {
                             QFormat::W8 => r * rb + g * 34,
                             QFormat::W4(p) => w4_offsets(p, cols, r, g).0,

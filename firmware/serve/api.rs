@@ -871,6 +871,20 @@ pub fn write_health(out: &mut impl Write, model: &str) -> fmt::Result {
     out.write_char('}')
 }
 
+/// An error response: `e` as OpenAI's JSON error shape ([`write_error`]) in its HTTP response.
+/// `scratch` holds the body while its length is taken; [`ERROR_BODY_MAX`] bytes always
+/// suffice.
+pub fn write_error_response<W: embedded_io::Write>(
+    w: &mut W,
+    e: &ApiError,
+    scratch: &mut [u8],
+) -> Result<(), W::Error> {
+    let mut body = super::FixedBuf::new(scratch);
+    let _ = write_error(&mut body, e);
+    let len = body.len();
+    super::http::write_error_body(w, e.status, e.allow, &scratch[..len])
+}
+
 /// OpenAI's error shape:
 /// `{"error":{"message":"...","type":"invalid_request_error","param":"max_tokens","code":null}}`.
 pub fn write_error(out: &mut impl Write, e: &ApiError) -> fmt::Result {

@@ -1,7 +1,7 @@
 //! HTTP/1.1 request heads, routing, and responses, over byte buffers.
 //!
 //! Statuses for bad requests (each an [`HttpError`], answered with an OpenAI-shaped JSON error
-//! body by [`write_error`]):
+//! body by `api::write_error_response`):
 //!
 //! | condition                                                   | status |
 //! |-------------------------------------------------------------|--------|
@@ -17,7 +17,6 @@
 //! Every response says `Connection: close`: one request per connection. `Head::keep_alive`
 //! reports what the client asked for, for the server to use if that ever changes.
 
-use super::api::ApiError;
 use super::FixedBuf;
 use embedded_io::Write;
 
@@ -389,27 +388,25 @@ pub fn write_json<W: Write>(w: &mut W, status: u16, body: &[u8]) -> Result<(), W
     write_response(w, status, JSON, body)
 }
 
-/// An error response: `err` as OpenAI's JSON error shape, with `Allow` for a 405 and
-/// `Retry-After` for a 503. `scratch` holds the body while its length is taken;
-/// [`super::api::ERROR_BODY_MAX`] bytes always suffice.
-pub fn write_error<W: Write>(
+/// An error response whose JSON body is already rendered (`api::write_error_response` renders
+/// OpenAI's error shape): `Allow` for a 405 and `Retry-After` for a 503.
+pub fn write_error_body<W: Write>(
     w: &mut W,
-    err: &ApiError,
-    scratch: &mut [u8],
+    status: u16,
+    allow: Option<&'static str>,
+    body: &[u8],
 ) -> Result<(), W::Error> {
-    let mut body = FixedBuf::new(scratch);
-    let _ = super::api::write_error(&mut body, err);
     write_head(
         w,
         &ResponseHead {
-            status: err.status,
+            status,
             content_type: JSON,
             content_length: Some(body.len()),
-            allow: err.allow,
-            retry_after: (err.status == 503).then_some(RETRY_AFTER_SECS),
+            allow,
+            retry_after: (status == 503).then_some(RETRY_AFTER_SECS),
         },
     )?;
-    w.write_all(body.as_bytes())
+    w.write_all(body)
 }
 
 /// `100 Continue`, for a head with `expect_continue`, before reading its body.
@@ -448,6 +445,7 @@ pub fn write_sse_done<W: Write>(w: &mut W) -> Result<(), W::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::api::ApiError;
     use crate::serve::json;
 
     const LIMIT: usize = 1024;
@@ -671,7 +669,7 @@ mod tests {
 
     fn error_response(e: ApiError) -> std::string::String {
         let mut scratch = [0u8; crate::serve::api::ERROR_BODY_MAX];
-        written(|w| write_error(w, &e, &mut scratch))
+        written(|w| crate::serve::api::write_error_response(w, &e, &mut scratch))
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! The flow the server follows for one connection (all buffers fixed, sized from the board):
 //!
 //! 1. Read into the request buffer (`board::MAX_REQUEST_BYTES`) until [`http::parse_head`]
-//!    returns `Some(head)`; on `Err(e)` answer `e.status()` via [`http::write_error`].
+//!    returns `Some(head)`; on `Err(e)` answer `e.status()` via [`api::write_error_response`].
 //! 2. `http::route(head.method, head.path(buf))`; if `head.expect_continue`, write
 //!    [`http::write_continue`]; read until `head.head_len + head.content_length` bytes are in.
 //! 3. `api::parse_completion(body, text)` / `api::parse_chat(body, text)` with a text buffer at

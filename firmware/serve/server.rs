@@ -147,7 +147,7 @@ fn unix_now() -> u64 {
 /// Writes an error response and counts it; a client that is gone is not an error of ours.
 fn answer_error(stream: &mut UnixStream, e: &ApiError) {
     let mut scratch = [0u8; api::ERROR_BODY_MAX];
-    let _ = http::write_error(&mut StdWriter(&mut *stream), e, &mut scratch);
+    let _ = api::write_error_response(&mut StdWriter(&mut *stream), e, &mut scratch);
     METRICS.record_status(e.status);
     linger(stream);
 }

@@ -18,11 +18,10 @@
 
 pub mod bundle;
 pub mod cli;
-pub mod stats;
 pub mod thresholds;
-pub mod trace;
+pub mod tiles;
 
-pub use bundle::{Bundles, SparseFfn};
+pub use bundle::Bundles;
 pub use thresholds::{DroppedMean, ThresholdLevel, ThresholdTable};
 
 use std::fmt;
@@ -197,11 +196,6 @@ impl fmt::Display for SparsityError {
 }
 
 impl std::error::Error for SparsityError {}
-
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
 
 #[cfg(test)]
 mod tests {

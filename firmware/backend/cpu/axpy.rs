@@ -11,25 +11,11 @@ use super::matvec::{kernel, Kernel, Rows};
 use super::pool::WorkerPool;
 use super::{prefetch_gathered, sum_partials, OutPtr};
 use crate::model::ggml::{dequantize_row, GgmlType, QK};
+use crate::sparsity::bundle::column_type_supported;
 
 /// Adds `h * row` to `out` for `out.len()` values (a whole number of 32-value groups) of one
 /// row whose bytes start at `src`. Unsafe: the kernel's CPU features must be present.
 type AxpyFn = unsafe fn(ty: GgmlType, src: &[u8], h: f32, out: &mut [f32]);
-
-/// Whether bundles may store down columns in `ty` (a column of `n` values in whole 32-groups).
-pub fn axpy_supported(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-    )
-}
 
 fn axpy_fn(ty: GgmlType, k: Kernel) -> AxpyFn {
     #[cfg(target_arch = "x86_64")]
@@ -91,7 +77,11 @@ pub fn axpy_rows_with(
     partials: &mut [f32],
     out: &mut [f32],
 ) {
-    assert!(axpy_supported(w.ty), "no axpy kernel for {}", w.ty.name());
+    assert!(
+        column_type_supported(w.ty),
+        "no axpy kernel for {}",
+        w.ty.name()
+    );
     let cols = w.cols;
     assert_eq!(
         out.len(),

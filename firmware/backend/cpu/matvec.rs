@@ -12,235 +12,13 @@
 //!
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
+pub use super::kernel::{best_kernel, kernel, kernel_supported, set_kernel, Kernel, MAX_INPUTS};
+use super::kernel::{Act, QChunkFn, QChunkManyFn, LANES};
 use super::pool::WorkerPool;
 use super::{prefetch_gathered, OutPtr};
 use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
+pub use crate::quant::view::{Matrix, Rows, Tile};
 use crate::quant::{Packing, QFormat};
-use std::sync::atomic::{AtomicU8, Ordering};
-
-/// A row-major weight matrix in its GGML type: each of `rows` rows holds `cols` values in
-/// `ty.row_bytes(cols)` bytes.
-#[derive(Clone, Copy, Debug)]
-pub struct Matrix<'a> {
-    /// The GGML type of the bytes, or (with `q` set) the type with the same values.
-    pub ty: GgmlType,
-    /// Set for the low-bit formats of `crate::quant` (w8, w4 in a packing), which run the
-    /// integer kernels of `crate::quant::cpu`.
-    pub q: Option<QFormat>,
-    pub rows: usize,
-    pub cols: usize,
-    pub data: &'a [u8],
-}
-
-impl Matrix<'_> {
-    /// Bytes per row. Panics when `cols` is not a whole number of blocks or `data` is short.
-    pub fn row_bytes(&self) -> usize {
-        let rb = self.ty.row_bytes(self.cols).unwrap_or_else(|| {
-            panic!(
-                "{} row of {} values is not whole blocks",
-                self.ty.name(),
-                self.cols
-            )
-        });
-        assert!(
-            self.data.len() >= rb * self.rows,
-            "{} matrix {}x{}: {} bytes, need {}",
-            self.ty.name(),
-            self.rows,
-            self.cols,
-            self.data.len(),
-            rb * self.rows
-        );
-        rb
-    }
-
-    /// Row `r` as f32 (an embedding lookup), in whatever layout the matrix is stored: its
-    /// GGML type's blocks, or a low-bit format of `crate::quant` (w4 packings reorder the
-    /// nibbles, and a swizzled band stores 32 rows together).
-    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        assert!(r < self.rows, "row {r} of {}", self.rows);
-        match self.q {
-            Some(f) => crate::quant::dequantize_q_row(f, self.data, self.cols, r, out),
-            None => {
-                let rb = self.row_bytes();
-                dequantize_row(self.ty, &self.data[r * rb..][..rb], out)
-            }
-        }
-    }
-}
-
-/// Rows of a GGML-typed matrix that need not be adjacent: row `r` is the `ty.row_bytes(cols)`
-/// bytes at `data[offset(r)..]`, rows `stride` apart within a tile of `tile.rows` rows and
-/// tiles `tile.bytes` apart. A [`Matrix`] is the case `stride == row_bytes`, one tile; neuron
-/// bundles (gate rows, up rows and down columns of 32 neurons stored together) are another.
-#[derive(Clone, Copy, Debug)]
-pub struct Rows<'a> {
-    pub ty: GgmlType,
-    /// As in [`Matrix`]: a low-bit format of `crate::quant` (then `stride` is the row's bytes).
-    pub q: Option<QFormat>,
-    pub rows: usize,
-    pub cols: usize,
-    pub stride: usize,
-    pub tile: Tile,
-    pub data: &'a [u8],
-}
-
-/// How rows are grouped: `1 << shift` rows per tile (a power of two, so that finding a row's
-/// tile is a shift, not a division), `bytes` from one tile's start to the next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tile {
-    pub shift: u32,
-    pub bytes: usize,
-}
-
-impl Tile {
-    /// All rows in one tile (a plain strided matrix).
-    pub const NONE: Tile = Tile {
-        shift: usize::BITS - 1,
-        bytes: 0,
-    };
-
-    /// Rows per tile.
-    pub fn rows(&self) -> usize {
-        1 << self.shift
-    }
-
-    /// Where row `r` starts, for rows `stride` apart within a tile.
-    #[inline]
-    pub fn offset(&self, r: usize, stride: usize) -> usize {
-        (r >> self.shift) * self.bytes + (r & (self.rows() - 1)) * stride
-    }
-}
-
-impl<'a> Rows<'a> {
-    /// Where row `r` starts in `data`.
-    #[inline]
-    pub fn offset(&self, r: usize) -> usize {
-        self.tile.offset(r, self.stride)
-    }
-
-    /// Bytes per row. Panics when `cols` is not whole blocks, `stride` is shorter than a row,
-    /// or `data` does not reach the last row's end.
-    pub fn row_bytes(&self) -> usize {
-        let rb = self.ty.row_bytes(self.cols).unwrap_or_else(|| {
-            panic!(
-                "{} row of {} values is not whole blocks",
-                self.ty.name(),
-                self.cols
-            )
-        });
-        assert!(
-            self.stride >= rb,
-            "stride {} < row of {rb} bytes",
-            self.stride
-        );
-        let need = if self.rows == 0 {
-            0
-        } else {
-            self.offset(self.rows - 1) + rb
-        };
-        assert!(
-            self.data.len() >= need,
-            "{} rows {}x{} (stride {}): {} bytes, need {need}",
-            self.ty.name(),
-            self.rows,
-            self.cols,
-            self.stride,
-            self.data.len()
-        );
-        rb
-    }
-
-    /// Row `r`'s bytes.
-    pub fn row(&self, r: usize) -> &'a [u8] {
-        let rb = self.ty.row_bytes(self.cols).expect("whole blocks");
-        &self.data[self.offset(r)..][..rb]
-    }
-}
-
-impl<'a> From<&Matrix<'a>> for Rows<'a> {
-    fn from(m: &Matrix<'a>) -> Rows<'a> {
-        Rows {
-            ty: m.ty,
-            q: m.q,
-            rows: m.rows,
-            cols: m.cols,
-            stride: m.ty.row_bytes(m.cols).unwrap_or(0),
-            tile: Tile::NONE,
-            data: m.data,
-        }
-    }
-}
-
-/// Which implementation the kernels use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    Scalar,
-    /// x86_64 AVX2 + FMA + F16C.
-    Avx2,
-    /// aarch64 NEON (classic quant types; the others run the scalar code).
-    Neon,
-}
-
-const K_UNSET: u8 = 0;
-static KERNEL: AtomicU8 = AtomicU8::new(K_UNSET);
-
-fn encode(k: Kernel) -> u8 {
-    match k {
-        Kernel::Scalar => 1,
-        Kernel::Avx2 => 2,
-        Kernel::Neon => 3,
-    }
-}
-
-/// The fastest kernel this CPU supports.
-pub fn best_kernel() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return Kernel::Avx2;
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            return Kernel::Neon;
-        }
-    }
-    Kernel::Scalar
-}
-
-/// Whether this CPU can run `k`.
-pub fn kernel_supported(k: Kernel) -> bool {
-    k == Kernel::Scalar || k == best_kernel()
-}
-
-/// The kernel `matvec` uses: the one set with [`set_kernel`], else [`best_kernel`] (detected
-/// once).
-pub fn kernel() -> Kernel {
-    match KERNEL.load(Ordering::Relaxed) {
-        1 => Kernel::Scalar,
-        2 => Kernel::Avx2,
-        3 => Kernel::Neon,
-        _ => {
-            let k = best_kernel();
-            KERNEL.store(encode(k), Ordering::Relaxed);
-            k
-        }
-    }
-}
-
-/// Forces the kernel `matvec` uses. Panics if this CPU cannot run it.
-pub fn set_kernel(k: Kernel) {
-    assert!(
-        kernel_supported(k),
-        "{k:?} kernels are not supported on this CPU"
-    );
-    KERNEL.store(encode(k), Ordering::Relaxed);
-}
 
 /// Scratch for the int8-quantized input vector, allocated once for the widest input.
 pub struct ActScratch {
@@ -315,7 +93,7 @@ impl ActScratch {
             &mut self.gs[..nb],
         );
         if permuted {
-            crate::quant::cpu::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
+            crate::backend::cpu::lowbit::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
         }
     }
 
@@ -333,45 +111,6 @@ impl ActScratch {
         }
     }
 }
-
-/// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
-/// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
-#[derive(Clone, Copy)]
-pub(crate) struct Act<'a> {
-    pub(crate) x: &'a [f32],
-    pub(crate) qs: &'a [i8],
-    /// `qs` permuted per group for the lane-interleaved w4 packings (empty when unused); only
-    /// the AVX2 w4 kernels read it.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) qp: &'a [i8],
-    pub(crate) d: &'a [f32],
-    pub(crate) s: &'a [f32],
-    /// Minus the sums of `qs` in runs of four (`LANES` per block): the start of the x86
-    /// kernels' unsigned dots, `sum (w + k) * y - k * sum y` (see `lane_sums`).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) ls: &'a [i32],
-    /// Minus the sum of each block of `qs` (the x86 eight-row kernels' start, per group).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) gs: &'a [i32],
-}
-
-impl<'a> Act<'a> {
-    /// The input alone, for kernels that read floats (no int8 blocks).
-    fn plain(x: &'a [f32]) -> Act<'a> {
-        Act {
-            x,
-            qs: &[],
-            qp: &[],
-            d: &[],
-            s: &[],
-            ls: &[],
-            gs: &[],
-        }
-    }
-}
-
-/// 32-bit lanes of a block's dot product in a 256-bit register: four bytes each.
-pub(crate) const LANES: usize = 8;
 
 /// `ls[8b + j] = -(qs[32b + 4j] + ... + qs[32b + 4j + 3])`, and `gs[b]` = minus block b's sum.
 /// With these the x86 kernels dot signed weights `w` as unsigned `u = w + k` (k = 8 for 4-bit, 16 for 5-bit, 128 for 8-bit
@@ -443,9 +182,6 @@ pub fn matvec_with(
 
 /// Most matrices one `matvec_many` call takes.
 pub const MAX_JOBS: usize = 8;
-
-/// Most inputs one `matmul_many` call takes: the board's prefill batch.
-pub const MAX_INPUTS: usize = crate::board::PREFILL_BATCH;
 
 /// `matvec_many` with the kernel chosen by the caller (panics if unsupported here).
 pub fn matvec_many_with(
@@ -794,8 +530,8 @@ fn rows_many_with(
                 Some(f) => {
                     assert_eq!(w.stride, row_bytes, "low-bit rows must be adjacent");
                     PartFn::Low(
-                        crate::quant::cpu::chunk_fn(f, k),
-                        crate::quant::cpu::chunk_many_fn(f, k),
+                        crate::backend::cpu::lowbit::chunk_fn(f, k),
+                        crate::backend::cpu::lowbit::chunk_many_fn(f, k),
                     )
                 }
                 None => PartFn::Ggml(chunk_fn(w.ty, k), many_fn(w.ty, k)),
@@ -872,23 +608,6 @@ struct Part<'a> {
 /// `i * stride`). Unsafe: the kernel's CPU features must be present, and `act` must cover the
 /// rows' columns.
 type ChunkFn = unsafe fn(data: &[u8], row_bytes: usize, stride: usize, act: &Act, out: &mut [f32]);
-
-/// The low-bit kernels' chunk function (`crate::quant::cpu`): `out.len()` adjacent rows of
-/// `row_bytes` in `data`. Unsafe: the kernel's CPU features must be present, and `act` must
-/// cover the rows' columns.
-pub(crate) type QChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
-
-/// The low-bit kernels' many-input chunk function: `rows` adjacent rows against every input of
-/// `acts`, input `t`'s row `r` into `out[t * out_stride + r]`. Unsafe: as `QChunkFn`, and `out`
-/// must be valid for every index written.
-pub(crate) type QChunkManyFn = unsafe fn(
-    data: &[u8],
-    row_bytes: usize,
-    acts: &[Act],
-    out: *mut f32,
-    out_stride: usize,
-    rows: usize,
-);
 
 /// `ChunkFn` for several inputs: input `t`'s result for row `r` (of `rows`, `stride` apart) goes
 /// to `out[t * out_stride + r]`. Unsafe: as `ChunkFn`, and `out` must be valid for every index
@@ -1144,13 +863,13 @@ mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
-    use crate::quant::cpu::vnni_form;
-    use crate::quant::cpu::x86::{
+    use crate::backend::cpu::lowbit::vnni_form;
+    use crate::backend::cpu::lowbit::x86::{
         dpbusd, offset_start, offset_unsigned, VNNI_EVEX, VNNI_NONE, VNNI_VEX,
     };
     use std::arch::x86_64::*;
 
-    /// `f::<V>` for the VNNI form `V` this CPU has (`quant::cpu::vnni_form`).
+    /// `f::<V>` for the VNNI form `V` this CPU has (`backend::cpu::lowbit::vnni_form`).
     macro_rules! by_vnni {
         ($f:ident) => {
             match vnni_form() {
@@ -1249,7 +968,7 @@ mod x86 {
         macro_rules! forms {
             ($f:ident) => {{
                 let mut v: Vec<(&'static str, ChunkFn)> = vec![("avx2", $f::<VNNI_NONE>)];
-                match crate::quant::cpu::x86::vnni() {
+                match crate::backend::cpu::lowbit::x86::vnni() {
                     VNNI_VEX => v.push(("avx-vnni", $f::<VNNI_VEX>)),
                     VNNI_EVEX => v.push(("avx512-vnni", $f::<VNNI_EVEX>)),
                     _ => {}
@@ -1795,8 +1514,9 @@ mod x86 {
 // vmull_s8 + vpadalq_s16 (baseline NEON); `vdotq_s32` would be faster on cores with dotprod.
 
 #[cfg(target_arch = "aarch64")]
-pub(crate) mod neon {
+mod neon {
     use super::*;
+    use crate::backend::cpu::kernel::neon::mul_acc;
     use std::arch::aarch64::*;
 
     pub(super) fn chunk_fn(ty: GgmlType) -> Option<ChunkFn> {
@@ -1806,15 +1526,6 @@ pub(crate) mod neon {
             GgmlType::Q8_0 => chunk::<34, 2, false, false>,
             _ => return None,
         })
-    }
-
-    /// Sum of the products of 16 signed bytes, as 4 lanes of i32 added to `acc`.
-    #[inline]
-    #[target_feature(enable = "neon")]
-    pub(crate) unsafe fn mul_acc(acc: int32x4_t, w: int8x16_t, y: int8x16_t) -> int32x4_t {
-        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(y));
-        let hi = vmull_s8(vget_high_s8(w), vget_high_s8(y));
-        vpadalq_s16(vpadalq_s16(acc, lo), hi)
     }
 
     /// Blocks of `BYTES` with the f16 scale at 0, quants at `QS`; `MIN`: f16 min at 2 (Q4_1);

@@ -3,8 +3,11 @@
 
 pub mod axpy;
 pub mod down_tiles;
+pub mod kernel;
+pub mod lowbit;
 pub mod matvec;
 pub mod pool;
+pub mod sparse_ffn;
 
 pub use matvec::{matmul_many, matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
 pub use pool::WorkerPool;

@@ -4,15 +4,29 @@
 //!
 //! - `driver`: the checked driver calls (memory, modules, launches, graphs, events).
 //! - `weights`: GGUF tensors repacked into the kernels' layout (same values).
-//! - `engine`: `CudaEngine`, the forward pass as one CUDA graph per token.
+//! - `ptx_for`: the committed PTX module for a GPU's compute capability.
+//!
+//! The CUDA decoder that drives these kernels is `crate::engine::cuda` (the engine layer).
 //! - `flags`: 32-bit flags in mapped host memory shared by CPU threads and running kernels.
 
 pub mod driver;
-pub mod engine;
 pub mod flags;
 pub mod weights;
 
 pub use driver::probe;
-pub use engine::{CudaEngine, CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 
 include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
+
+/// The committed PTX for a GPU of compute capability `cc`: compute_90 for 9.0 and newer (the
+/// H100/H200: it adds dependent launch), compute_87 for 8.x (the Orin; the driver JIT-compiles
+/// it for any 8.x), compute_72 for Volta/Xavier.
+pub fn ptx_for(module: &str, cc: (i32, i32)) -> Option<&'static str> {
+    let want = match cc.0 {
+        9.. => 90,
+        8 => 87,
+        _ => 72,
+    };
+    PTX.iter()
+        .find(|(m, arch, _)| *m == module && *arch == want)
+        .map(|(_, _, text)| *text)
+}

@@ -396,7 +396,7 @@ fn avx2_quantizer_equals_scalar() {
         let (mut ls, mut gs) = (vec![0i32; nb * LANES], vec![0i32; nb]);
         lane_sums(&qs, &mut ls, &mut gs);
         let mut qp = vec![0i8; cols];
-        crate::quant::cpu::permute_act(&qs, &mut qp);
+        crate::backend::cpu::lowbit::permute_act(&qs, &mut qp);
         assert_eq!(fast.qs, qs, "case {case}");
         assert_eq!(fast.qp, qp, "case {case}");
         assert_eq!(fast.d, d, "case {case}");

@@ -15,13 +15,13 @@
 //!   = recall of the true top 10% by the guessed top 10%, `importance` = sum of |h| over the
 //!   guess / sum over A.
 
-use super::thresholds::ThresholdTable;
 use super::trace::TraceReader;
-use super::{silu, Score};
 use crate::backend::cpu::{matvec_many, ActScratch, Matrix, WorkerPool};
-use crate::engine::rmsnorm;
 use crate::model::ggml::dequantize_row;
 use crate::model::ModelFile;
+use crate::ops::{rmsnorm, silu};
+use crate::sparsity::thresholds::ThresholdTable;
+use crate::sparsity::Score;
 
 fn fmt_vec(v: &[f64]) -> String {
     let s: Vec<String> = v.iter().map(|x| format!("{x:.6}")).collect();

@@ -1,4 +1,4 @@
-//! Integer-native CPU kernels for w8 and w4 matrices (formats in `super`): each group of 32
+//! Integer-native CPU kernels for w8 and w4 matrices (formats in `crate::quant`): each group of 32
 //! weights is unpacked to int8 and dotted with the int8 activations into an exact int32
 //! (int8 x int8 -> int32), and only then dequantized, once per group, in an f32 epilogue that is
 //! the same in every kernel: `acc += (d_w * d_x) * (i as f32)`, groups in order, no fused
@@ -16,10 +16,9 @@
 //! NEON kernels are built and tested here under qemu (`scripts/test-aarch64.sh`); the VNNI ones
 //! where the CPU has it (the GPU machine's Xeon; the developer VM has none).
 
-use super::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
-use crate::backend::cpu::matvec::{Act, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn};
-use crate::backend::cpu::Kernel;
+use super::kernel::{Act, Kernel, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn};
 use crate::model::ggml::f16_to_f32;
+use crate::quant::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Register byte `i` of an unpacked lane-interleaved group holds element `PERM[i]`: the low
@@ -260,7 +259,7 @@ unsafe fn scalar_chunk<const F: u8>(data: &[u8], row_bytes: usize, a: &Act, out:
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::*;
-    use crate::backend::cpu::matvec::MAX_INPUTS;
+    use crate::backend::cpu::kernel::MAX_INPUTS;
     use std::arch::x86_64::*;
 
     /// The group's 32 int8 weights in register order (natural for w8 and contiguous, `PERM` for
@@ -1180,7 +1179,7 @@ pub(crate) mod x86 {
 mod neon {
     use super::*;
     // Baseline NEON's widening multiply and pairwise add, shared with the classic kernels.
-    use crate::backend::cpu::matvec::neon::mul_acc;
+    use crate::backend::cpu::kernel::neon::mul_acc;
     use std::arch::aarch64::*;
 
     /// Whether this core has `sdot` (checked once by the standard library, cached).

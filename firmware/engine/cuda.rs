@@ -4,13 +4,14 @@
 //! advances them, so a step is one graph launch: launch overhead, which rules small models, is
 //! paid once per token instead of once per kernel.
 
-use super::driver::{
+use super::{Arenas, Decoder, EngineError};
+use crate::backend::cuda::driver::{
     CudaError, CudaResult, DeviceBuffer, Function, Gpu, Graph, KernelArgs, MappedHost, Module,
 };
-use super::weights::{GpuType, ImageWriter, MatLayout, SWIGLU_TILE};
+use crate::backend::cuda::ptx_for;
+use crate::backend::cuda::weights::{GpuType, ImageWriter, MatLayout, SWIGLU_TILE};
 use crate::board::MemoryModel;
 use crate::boot::{ArenaKind, Plan};
-use crate::engine::{Arenas, Decoder, EngineError};
 use crate::model::{Hyper, ModelFile, RopeStyle};
 use crate::quant::{Precision, Role};
 
@@ -297,13 +298,10 @@ fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
 /// a lane, at most 8 lanes a position). Wider heads keep the f32 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
-/// Whether the GPU keeps its KV cache in int8: at w8a8 and w4a8 (unless `f32_kv`), as the
-/// CPU does, where a head is whole groups of 32 and at most `INT8_KV_MAX_HEAD_DIM` wide.
+/// Whether the GPU keeps its KV cache in int8: `kv::int8_kv`, the CPU's rule, with the GPU's
+/// widest head.
 pub fn int8_kv(precision: Precision, f32_kv: bool, head_dim: usize) -> bool {
-    precision.int8_kv()
-        && !f32_kv
-        && head_dim.is_multiple_of(32)
-        && head_dim <= INT8_KV_MAX_HEAD_DIM
+    crate::kv::int8_kv(precision, f32_kv, head_dim, INT8_KV_MAX_HEAD_DIM)
 }
 
 /// The launch of a product over `m` on a GPU of `sm_count` multiprocessors. A row is `units`
@@ -399,21 +397,6 @@ pub struct CudaEngine<'a> {
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
     pub gpu: Gpu,
-}
-
-/// The committed PTX for a GPU of compute capability `cc`: compute_90 for 9.0 and newer (the
-/// H100/H200: it adds dependent launch), compute_87 for 8.x (the Orin; the driver JIT-compiles
-/// it for any 8.x), compute_72 for Volta/Xavier.
-pub fn ptx_for(module: &str, cc: (i32, i32)) -> Option<&'static str> {
-    let want = match cc.0 {
-        9.. => 90,
-        8 => 87,
-        _ => 72,
-    };
-    super::PTX
-        .iter()
-        .find(|(m, arch, _)| *m == module && *arch == want)
-        .map(|(_, _, text)| *text)
 }
 
 fn cuda(e: CudaError) -> EngineError {

@@ -1,0 +1,150 @@
+//! The CPU kernels' shared vocabulary: which implementation runs ([`Kernel`], detected once,
+//! forced by tests and ablations), the input as the kernels see it ([`Act`]), and the chunk
+//! function types of the low-bit kernels. It sits below both the dispatcher (`matvec`) and the
+//! kernels (`lowbit`), so neither imports the other's internals.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Which implementation the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+    /// aarch64 NEON (classic quant types; the others run the scalar code).
+    Neon,
+}
+
+const K_UNSET: u8 = 0;
+static KERNEL: AtomicU8 = AtomicU8::new(K_UNSET);
+
+fn encode(k: Kernel) -> u8 {
+    match k {
+        Kernel::Scalar => 1,
+        Kernel::Avx2 => 2,
+        Kernel::Neon => 3,
+    }
+}
+
+/// The fastest kernel this CPU supports.
+pub fn best_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Kernel::Avx2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Kernel::Neon;
+        }
+    }
+    Kernel::Scalar
+}
+
+/// Whether this CPU can run `k`.
+pub fn kernel_supported(k: Kernel) -> bool {
+    k == Kernel::Scalar || k == best_kernel()
+}
+
+/// The kernel `matvec` uses: the one set with [`set_kernel`], else [`best_kernel`] (detected
+/// once).
+pub fn kernel() -> Kernel {
+    match KERNEL.load(Ordering::Relaxed) {
+        1 => Kernel::Scalar,
+        2 => Kernel::Avx2,
+        3 => Kernel::Neon,
+        _ => {
+            let k = best_kernel();
+            KERNEL.store(encode(k), Ordering::Relaxed);
+            k
+        }
+    }
+}
+
+/// Forces the kernel `matvec` uses. Panics if this CPU cannot run it.
+pub fn set_kernel(k: Kernel) {
+    assert!(
+        kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
+    KERNEL.store(encode(k), Ordering::Relaxed);
+}
+
+/// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
+/// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
+#[derive(Clone, Copy)]
+pub(crate) struct Act<'a> {
+    pub(crate) x: &'a [f32],
+    pub(crate) qs: &'a [i8],
+    /// `qs` permuted per group for the lane-interleaved w4 packings (empty when unused); only
+    /// the AVX2 w4 kernels read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) qp: &'a [i8],
+    pub(crate) d: &'a [f32],
+    pub(crate) s: &'a [f32],
+    /// Minus the sums of `qs` in runs of four (`LANES` per block): the start of the x86
+    /// kernels' unsigned dots, `sum (w + k) * y - k * sum y` (see `lane_sums`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) ls: &'a [i32],
+    /// Minus the sum of each block of `qs` (the x86 eight-row kernels' start, per group).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) gs: &'a [i32],
+}
+
+impl<'a> Act<'a> {
+    /// The input alone, for kernels that read floats (no int8 blocks).
+    pub(crate) fn plain(x: &'a [f32]) -> Act<'a> {
+        Act {
+            x,
+            qs: &[],
+            qp: &[],
+            d: &[],
+            s: &[],
+            ls: &[],
+            gs: &[],
+        }
+    }
+}
+
+/// 32-bit lanes of a block's dot product in a 256-bit register: four bytes each.
+pub(crate) const LANES: usize = 8;
+
+/// Most inputs one `matmul_many` call takes: the board's prefill batch.
+pub const MAX_INPUTS: usize = crate::board::PREFILL_BATCH;
+
+/// The low-bit kernels' chunk function (`crate::backend::cpu::lowbit`): `out.len()` adjacent rows of
+/// `row_bytes` in `data`. Unsafe: the kernel's CPU features must be present, and `act` must
+/// cover the rows' columns.
+pub(crate) type QChunkFn = unsafe fn(data: &[u8], row_bytes: usize, act: &Act, out: &mut [f32]);
+
+/// The low-bit kernels' many-input chunk function: `rows` adjacent rows against every input of
+/// `acts`, input `t`'s row `r` into `out[t * out_stride + r]`. Unsafe: as `QChunkFn`, and `out`
+/// must be valid for every index written.
+pub(crate) type QChunkManyFn = unsafe fn(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+);
+
+/// aarch64 NEON helpers shared by the classic (`matvec`) and low-bit (`lowbit`) kernels.
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon {
+    use std::arch::aarch64::*;
+
+    /// Sum of the products of 16 signed bytes, as 4 lanes of i32 added to `acc`.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn mul_acc(acc: int32x4_t, w: int8x16_t, y: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(y));
+        let hi = vmull_s8(vget_high_s8(w), vget_high_s8(y));
+        vpadalq_s16(vpadalq_s16(acc, lo), hi)
+    }
+}

@@ -1,0 +1,10 @@
+//! Offline tools: what `leanstream` runs on a workstation to make the tables and reports the
+//! daemon loads or the team reads, never on the serving path (`leanstreamd` uses none of it).
+//!
+//! - [`calibrate`]: activation thresholds and dropped-neuron means for target sparsities.
+//! - [`trace`]: the activation trace file (safetensors) and its reader.
+//! - [`trace_stats`]: a trace's statistics for the sparsity report.
+
+pub mod calibrate;
+pub mod trace;
+pub mod trace_stats;
