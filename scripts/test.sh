@@ -15,6 +15,8 @@ python3 -m pip install --quiet openai httpx "nvidia-cuda-nvrtc-cu12==12.6.*"
 python3 scripts/build-ptx.py --check
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
+# A CPU-only build (no `cuda` feature, no cudarc) must build and lint too.
+cargo clippy --all-targets --no-default-features -- -D warnings
 cargo test -- --show-output
 # The same kernels built for the Jetson's aarch64 CPU and run under qemu (NEON against scalar).
 scripts/test-aarch64.sh

@@ -209,7 +209,7 @@ fn model_that_does_not_fit_is_refused_with_bytes() {
 /// and the daemon. (On the GPU machine this case cannot happen; the test says so.)
 #[test]
 fn cuda_backend_without_a_gpu_is_one_clear_sentence() {
-    if leanstream::backend::cuda::probe().is_ok() {
+    if leanstream::engine::any::probe_cuda().is_ok() {
         eprintln!("skipped: this machine has a CUDA GPU (the refusal is for machines without)");
         return;
     }

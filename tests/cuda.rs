@@ -5,15 +5,16 @@
 //! Parity models: every file named in $LEANSTREAM_HIL_MODELS (comma-separated paths; a
 //! llama2.c checkpoint needs no tokenizer here), in both memory models.
 
+#![cfg(feature = "cuda")]
+
 use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::flags::Flags;
 use leanstream::backend::cuda::probe;
 use leanstream::backend::cuda::ptx_for;
 use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
-use leanstream::engine::cuda::{
-    CudaEngine, CudaOptions, DependentLaunch, InBlockNorm, ProductKernels,
-};
+use leanstream::engine::cuda::CudaEngine;
+use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use leanstream::engine::sample::argmax;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use leanstream::model::ModelFile;
@@ -129,7 +130,7 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
         context: 256,
         precision,
         // Its KV cache as the GPU keeps it: int8 at w8a8 and w4a8 where the head allows.
-        f32_kv: !leanstream::engine::cuda::int8_kv(
+        f32_kv: !leanstream::engine::cuda_options::int8_kv(
             precision,
             false,
             file.hyper().unwrap().head_dim,
@@ -267,7 +268,7 @@ fn cuda_matches_cpu_logits_and_greedy_tokens() {
                         int8_kv,
                         precision.int8_kv()
                             && head_dim.is_multiple_of(32)
-                            && head_dim <= leanstream::engine::cuda::INT8_KV_MAX_HEAD_DIM,
+                            && head_dim <= leanstream::engine::cuda_options::INT8_KV_MAX_HEAD_DIM,
                         "{what}: KV cache precision"
                     );
                     let e = worst(&g, &cpu);

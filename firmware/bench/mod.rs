@@ -6,13 +6,18 @@
 
 pub mod plot;
 
+#[cfg(feature = "cuda")]
 use crate::backend::cpu::matvec::{best_kernel, set_kernel};
+#[cfg(feature = "cuda")]
 use crate::backend::cpu::Kernel;
 use crate::board::MemoryModel;
 use crate::engine::any::{AnyEngine, Backend};
-use crate::engine::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use crate::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+#[cfg(feature = "cuda")]
 use crate::engine::sample::argmax;
-use crate::engine::{Arenas, Decoder, Engine, EngineOptions};
+#[cfg(feature = "cuda")]
+use crate::engine::Engine;
+use crate::engine::{Arenas, Decoder, EngineOptions};
 use crate::load::open_model;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -73,7 +78,7 @@ impl Config {
                 if self.prefetch { "" } else { " no-prefetch" },
                 match self.attention_slice {
                     0 => " no-split-attention".to_string(),
-                    crate::engine::cuda::ATTENTION_SLICE => String::new(),
+                    crate::engine::cuda_options::ATTENTION_SLICE => String::new(),
                     n => format!(" split-every-{n}"),
                 },
                 match self.dependent_launch {
@@ -134,6 +139,7 @@ const SEED_TEXT: &str = "The quick brown fox jumps over the lazy dog. Once upon 
 
 /// The highest gate for a configuration with int8 activations: a broken kernel's logits are off
 /// by ~1 relative to the CPU's; a model whose own noise floor reaches half of this cannot tell.
+#[cfg(feature = "cuda")]
 const MAX_INT8_GATE: f64 = 0.25;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -221,6 +227,7 @@ pub fn run(
         let mut engine = AnyEngine::boot(&mut arenas, &file, c.backend, opts.clone(), cuda)
             .map_err(|e| format!("{}: {e}", c.label()))?;
         row.detail = engine.describe();
+        #[cfg(feature = "cuda")]
         if let AnyEngine::Cuda(g) = &mut engine {
             // Check against the CPU backend on the same prompt before timing anything.
             // The first 16 prompt tokens (the CPU reference of a large model is slow).
@@ -312,6 +319,7 @@ pub fn run(
             row.weight_bytes_per_token = Some(g.weight_bytes_per_token);
         }
         let (p, d) = time(engine.decoder(), &prompt, s);
+        #[cfg(feature = "cuda")]
         if let AnyEngine::Cuda(g) = &mut engine {
             let mut out = vec![0u32; s.gen_tokens];
             let mut runs = Vec::new();
@@ -340,8 +348,15 @@ pub fn run(
     Ok(rows)
 }
 
+/// Device-to-device copy bandwidth in GB/s: none without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub fn copy_bandwidth_gbps() -> Result<f64, String> {
+    Err(crate::engine::any::NO_CUDA.into())
+}
+
 /// Device-to-device copy bandwidth in GB/s (bytes read + written per second), the yardstick
 /// for the memory-bandwidth bound.
+#[cfg(feature = "cuda")]
 pub fn copy_bandwidth_gbps() -> Result<f64, String> {
     let gpu = crate::backend::cuda::driver::Gpu::open(0)?;
     let bytes = 1usize << 30;

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
-use leanstream::engine::cuda::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
@@ -572,6 +572,7 @@ fn boot_with<'a>(
         match &e {
             AnyEngine::Cpu(cpu) => eprintln!("{}", precision_line(cpu, low)),
             // The GPU image's types follow the same roles (README, The CUDA backend).
+            #[cfg(feature = "cuda")]
             AnyEngine::Cuda(c) => eprintln!(
                 "precision {}: {} | {}",
                 low.precision,
@@ -740,7 +741,7 @@ fn cmd_perplexity(a: PerplexityArgs) -> Result<(), String> {
             true,
         )?;
         for c in mine {
-            if let AnyEngine::Cpu(e) = &mut engine {
+            if let Some(e) = engine.cpu() {
                 e.set_ffn(c).map_err(|e| e.to_string())?;
                 e.take_ffn_counts();
             }
@@ -750,10 +751,7 @@ fn cmd_perplexity(a: PerplexityArgs) -> Result<(), String> {
                 eprintln!("{label}: window {}: ppl {p:.4}", w + 1);
             })?;
             let secs = started.elapsed().as_secs_f64();
-            let counts = match &mut engine {
-                AnyEngine::Cpu(e) => e.take_ffn_counts(),
-                AnyEngine::Cuda(_) => None,
-            };
+            let counts = engine.cpu().and_then(|e| e.take_ffn_counts());
             let measured = match counts {
                 Some((kept, seen)) if seen > 0 => 1.0 - kept as f64 / seen as f64,
                 _ => 0.0,
@@ -1210,7 +1208,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 products: ProductKernels::Auto,
                 in_block_norm: InBlockNorm::Auto,
                 prefetch: true,
-                attention_slice: leanstream::engine::cuda::ATTENTION_SLICE,
+                attention_slice: leanstream::engine::cuda_options::ATTENTION_SLICE,
                 dependent_launch: DependentLaunch::On,
                 f32_kv: false,
                 threads,
@@ -1295,7 +1293,7 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
         reps: a.reps,
     };
     let copy_gbps = if configs.iter().any(|c| c.backend == Backend::Cuda) {
-        leanstream::backend::cuda::probe()?;
+        leanstream::engine::any::probe_cuda()?;
         let bw = bench::copy_bandwidth_gbps()?;
         eprintln!("device-to-device copy: {bw:.0} GB/s");
         Some(bw)
@@ -1678,6 +1676,12 @@ fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
 /// each token's greedy pick made on the device, per 512-token window as the CPU's mode; with
 /// `--compare-no-split-attention`, also with each head's attention in one block, and with
 /// `--compare-no-pdl`, also without dependent launch.
+#[cfg(not(feature = "cuda"))]
+fn cmd_bench_long_cuda(_: BenchArgs) -> Result<(), String> {
+    Err(leanstream::engine::any::NO_CUDA.into())
+}
+
+#[cfg(feature = "cuda")]
 fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
     let n = a.long_context.unwrap_or_default();
     let (file, tok) = open_model(&a.model[0], a.tokenizer.as_deref())?;

@@ -4,7 +4,7 @@
 use clap::Parser;
 use leanstream::board;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
-use leanstream::engine::cuda::CudaOptions;
+use leanstream::engine::cuda_options::CudaOptions;
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::{Arenas, EngineOptions};

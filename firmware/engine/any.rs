@@ -1,9 +1,28 @@
 //! The engine of the backend chosen at boot (`--backend cpu|cuda`), for the CLI and the daemon.
 
-use super::cuda::{CudaEngine, CudaOptions};
+#[cfg(feature = "cuda")]
+use super::cuda::CudaEngine;
+use super::cuda_options::CudaOptions;
 use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use crate::board::MemoryModel;
 use crate::model::ModelFile;
+
+/// What `--backend cuda` answers in a build without the `cuda` feature.
+pub const NO_CUDA: &str =
+    "this build has no CUDA backend (built without the `cuda` feature; the default build has it)";
+
+/// Whether this machine can run the CUDA backend: a GPU and its driver, in a build with the
+/// `cuda` feature; otherwise one sentence why not.
+pub fn probe_cuda() -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::backend::cuda::probe()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(NO_CUDA.into())
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -40,6 +59,7 @@ pub fn parse_memory(s: &str) -> Result<MemoryModel, String> {
 #[allow(clippy::large_enum_variant)]
 pub enum AnyEngine<'a> {
     Cpu(Engine<'a>),
+    #[cfg(feature = "cuda")]
     Cuda(CudaEngine<'a>),
 }
 
@@ -62,21 +82,49 @@ impl<'a> AnyEngine<'a> {
                         "the sparse FFN runs on the CPU backend only for now".into(),
                     ));
                 }
-                crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
                 let cuda = CudaOptions {
                     context: cpu.context,
                     precision: cpu.precision,
                     f32_kv: cpu.f32_kv || cuda.f32_kv,
                     ..cuda
                 };
-                AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?)
+                Self::boot_cuda(arenas, model, cuda)?
             }
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn boot_cuda(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        cuda: CudaOptions,
+    ) -> Result<AnyEngine<'a>, EngineError> {
+        crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
+        Ok(AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn boot_cuda(
+        _: &'a mut Arenas,
+        _: &ModelFile,
+        _: CudaOptions,
+    ) -> Result<AnyEngine<'a>, EngineError> {
+        Err(EngineError::Gpu(NO_CUDA.into()))
+    }
+
+    /// The CPU engine, when that is the backend (the sparse FFN's settings and counters).
+    pub fn cpu(&mut self) -> Option<&mut Engine<'a>> {
+        match self {
+            AnyEngine::Cpu(e) => Some(e),
+            #[cfg(feature = "cuda")]
+            AnyEngine::Cuda(_) => None,
+        }
     }
 
     pub fn decoder(&mut self) -> &mut (dyn Decoder + Send) {
         match self {
             AnyEngine::Cpu(e) => e,
+            #[cfg(feature = "cuda")]
             AnyEngine::Cuda(e) => e,
         }
     }
@@ -84,6 +132,7 @@ impl<'a> AnyEngine<'a> {
     pub fn take_sample_buffer(&mut self) -> Option<&'a mut [u32]> {
         match self {
             AnyEngine::Cpu(e) => e.take_sample_buffer(),
+            #[cfg(feature = "cuda")]
             AnyEngine::Cuda(e) => e.take_sample_buffer(),
         }
     }
@@ -92,6 +141,7 @@ impl<'a> AnyEngine<'a> {
     pub fn describe(&self) -> String {
         match self {
             AnyEngine::Cpu(e) => format!("cpu, {} threads", e.threads()),
+            #[cfg(feature = "cuda")]
             AnyEngine::Cuda(e) => format!(
                 "cuda {} (sm_{}{}), {} memory{}",
                 e.gpu.name,

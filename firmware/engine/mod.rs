@@ -2,7 +2,9 @@
 //! of a llama-family decoder (llama, qwen2), readable top to bottom in `Engine::forward`.
 
 pub mod any;
+#[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod cuda_options;
 pub mod generate;
 pub mod perplexity;
 pub mod sample;

@@ -1,0 +1,129 @@
+//! The CUDA decoder's choices, made at boot ([`CudaOptions`]), and the rules both backends and
+//! the tools need without a GPU: which KV cache the GPU keeps, how attention is split. Kept
+//! apart from `engine::cuda` so that a build without the `cuda` feature still parses and
+//! reports them.
+
+use crate::board::MemoryModel;
+use crate::quant::Precision;
+
+/// Choices made at boot.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaOptions {
+    /// Where the weights live: `Unified` = pinned, device-mapped host memory read by the GPU
+    /// directly (a Jetson); `Discrete` = device memory.
+    pub memory: MemoryModel,
+    /// Context length; 0 = the smaller of the board's and the model's.
+    pub context: usize,
+    /// Replay one captured CUDA graph per token (true) or launch every kernel (false).
+    pub graph: bool,
+    /// What the matrices become at load, as the CPU's `--precision` (weights/image docs in
+    /// weights.rs): `native` keeps the file's types, `f16` converts all, `w8a8`/`w4a8` requantize
+    /// each to GGML Q8_0/Q4_0 by role. At w8a8 and w4a8 the KV cache is int8 too (as the CPU's,
+    /// `f32_kv`).
+    pub precision: Precision,
+    /// Keep the KV cache f32 at w8a8 and w4a8 (`bench --compare-f32-kv`). Otherwise those
+    /// precisions store int8 keys and values with a scale per group of 32, in the CPU's
+    /// format and arithmetic (kv/mod.rs, token-major), where `int8_kv` allows (heads of whole
+    /// groups of 32, at most 128 wide). The int8 cache is a quarter of the bytes: 4x the
+    /// context in the same KV arena, and a quarter of the reads where bandwidth decides.
+    pub f32_kv: bool,
+    /// Which product kernels run (`mv_config`).
+    pub products: ProductKernels,
+    /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
+    pub in_block_norm: InBlockNorm,
+    /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
+    /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
+    /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
+    pub prefetch: bool,
+    /// A head's attention is split over one more block for every this many positions (up to
+    /// `max_slices`), and the blocks' parts joined, so a long context's keys and values are
+    /// read by the whole GPU rather than a block per head; 0 = one block per head
+    /// (`bench --compare-no-split-attention`).
+    pub attention_slice: usize,
+    /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
+    /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
+    pub dependent_launch: DependentLaunch,
+}
+
+/// Programmatic dependent launch (sm_90): every kernel of a step is launched to start while
+/// the one before it still runs, and waits in-kernel for it to finish (decode.cu's
+/// `pdl_wait`). A step is a chain of ~5 kernels a layer, each waiting on the last; this hides
+/// the next kernel's launch behind the previous one's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DependentLaunch {
+    /// Every kernel starts after the one before has finished (`bench --compare-no-pdl`).
+    Off,
+    /// The next kernel may launch as soon as all of this one's blocks run (the default).
+    On,
+    /// `On`, and each product block pulls its first weights into L2 while it waits
+    /// (`bench --compare-pdl-prefetch`): faster at SmolLM2's shape, slower where products are
+    /// big (docs/HIL.md round 10).
+    Prefetch,
+}
+
+/// Where the residual's norm is made for the products that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InBlockNorm {
+    /// In each block of those products up to `IN_BLOCK_NORM_MAX_DIM`, by the tail above (the
+    /// default).
+    Auto,
+    /// In each block at any size (`bench --compare-norm-in-block`).
+    Always,
+    /// By the tail of the product before, at any size (`bench --compare-norm-tail`).
+    Never,
+}
+
+/// Which product kernels a step runs (decode.cu's narrow and `_wide` kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductKernels {
+    /// Wide for the big products, narrow for the rest (the default).
+    Auto,
+    /// Every product narrow: the ablation of the wide kernels (`bench --compare-narrow`).
+    Narrow,
+    /// Every product wide that has a wide kernel: lets the parity tests check the wide kernels
+    /// on models too small to choose them.
+    Wide,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            memory: match crate::board::MEMORY_MODEL {
+                MemoryModel::Unified => MemoryModel::Unified,
+                _ => MemoryModel::Discrete,
+            },
+            context: 0,
+            graph: true,
+            precision: Precision::Native,
+            f32_kv: false,
+            products: ProductKernels::Auto,
+            in_block_norm: InBlockNorm::Auto,
+            prefetch: true,
+            attention_slice: ATTENTION_SLICE,
+            dependent_launch: DependentLaunch::On,
+        }
+    }
+}
+
+/// Positions a slice of a head's attention starts at (`CudaOptions::attention_slice`): four
+/// rounds of the kernel's 32 warps, two positions each, so a slice's block is kept busy and
+/// short contexts (most of a chat) stay one block a head.
+pub const ATTENTION_SLICE: usize = 256;
+
+/// The widest residual whose norm the products make in each block rather than in the tail of
+/// the product before. Each block then reads and norms `dim` values before its first weight
+/// load: that beats the tail while blocks are few and rows short, and loses once they are many
+/// (H200, same run, in-block against tail: +8-10% at dim 576, +5-9% at 896, -1..+4% at 1536,
+/// -6..-15% at 4096; docs/HIL.md). Also bounds the block's copy of the input in shared memory
+/// (1536 floats: 6 KiB).
+pub const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
+
+/// The widest head the int8 cache's attention takes (decode.cu's `attend_i8_loop`: 16 values
+/// a lane, at most 8 lanes a position). Wider heads keep the f32 cache.
+pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
+
+/// Whether the GPU keeps its KV cache in int8: `kv::int8_kv`, the CPU's rule, with the GPU's
+/// widest head.
+pub fn int8_kv(precision: Precision, f32_kv: bool, head_dim: usize) -> bool {
+    crate::kv::int8_kv(precision, f32_kv, head_dim, INT8_KV_MAX_HEAD_DIM)
+}
