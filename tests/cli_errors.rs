@@ -4,7 +4,7 @@
 
 mod common;
 
-use leanstream::boot::{Arena, ArenaKind, BootError};
+use leanstream::boot::{ArenaKind, BootError};
 use leanstream::engine::{Arenas, Engine, EngineError, EngineOptions};
 use leanstream::model::ModelFile;
 use std::process::Command;
@@ -154,16 +154,7 @@ fn model_that_does_not_fit_is_refused_with_bytes() {
     };
     let file = ModelFile::open(&model).unwrap();
     // A board with a 16 MiB dense-weight budget cannot hold SmolLM2's ~30 MB of embeddings.
-    let mut arenas = Arenas {
-        dense: Arena::map(ArenaKind::DenseWeights, 16 << 20).unwrap(),
-        ffn: Arena::map(ArenaKind::FfnCache, ArenaKind::FfnCache.board_budget()).unwrap(),
-        kv: Arena::map(ArenaKind::Kv, ArenaKind::Kv.board_budget()).unwrap(),
-        scratch: Arena::map(
-            ArenaKind::ActivationScratch,
-            ArenaKind::ActivationScratch.board_budget(),
-        )
-        .unwrap(),
-    };
+    let mut arenas = Arenas::with_budget(ArenaKind::DenseWeights, 16 << 20).unwrap();
     match Engine::boot(&mut arenas, &file, EngineOptions::default()) {
         Err(EngineError::Boot(
             e @ BootError::DoesNotFit {
@@ -185,20 +176,7 @@ fn model_that_does_not_fit_is_refused_with_bytes() {
         Ok(_) => panic!("a 16 MiB budget must not hold SmolLM2"),
     }
     // The KV cache is checked too: 1 MiB cannot hold 4096 tokens of 30 layers.
-    let mut arenas = Arenas {
-        dense: Arena::map(
-            ArenaKind::DenseWeights,
-            ArenaKind::DenseWeights.board_budget(),
-        )
-        .unwrap(),
-        ffn: Arena::map(ArenaKind::FfnCache, ArenaKind::FfnCache.board_budget()).unwrap(),
-        kv: Arena::map(ArenaKind::Kv, 1 << 20).unwrap(),
-        scratch: Arena::map(
-            ArenaKind::ActivationScratch,
-            ArenaKind::ActivationScratch.board_budget(),
-        )
-        .unwrap(),
-    };
+    let mut arenas = Arenas::with_budget(ArenaKind::Kv, 1 << 20).unwrap();
     let err = Engine::boot(&mut arenas, &file, EngineOptions::default())
         .err()
         .expect("refused");

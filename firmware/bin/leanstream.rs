@@ -1,5 +1,7 @@
 //! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
 
+mod cmd_board;
+
 use clap::{Args, Parser, Subcommand};
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
@@ -41,6 +43,9 @@ enum Command {
     Perplexity(PerplexityArgs),
     /// Architecture, shapes, tensor types and bytes per part of a model file.
     Inspect { path: PathBuf },
+    /// Every byte the daemon owns on this image's board (budgets, owners, limits); with
+    /// --model, what the model needs of each arena at each precision and whether it boots.
+    Board(cmd_board::BoardArgs),
     /// Prefill and decode speed; writes JSON and a Markdown table.
     Bench(BenchArgs),
     /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
@@ -457,6 +462,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd_generate(a),
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
+        Command::Board(a) => cmd_board::run(a),
         Command::Bench(a) => cmd_bench(a),
         Command::Flash(a) => cmd_flash(a),
         Command::CalibrateKv(a) => cmd_calibrate_kv(a),

@@ -122,6 +122,16 @@ fn run(args: Args) -> Result<(), String> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string());
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+    // The I/O lanes' staging buffers and flags are owned from boot and must never be paged
+    // out. Where the limit forbids locking them the daemon still serves (nothing streams yet),
+    // and says so.
+    if let Err(leanstream::boot::BootError::Lock { bytes, source, .. }) = arenas.lock_io() {
+        log_warn!(
+            "the I/O arenas are not locked in memory ({} bytes, errno {}): raise RLIMIT_MEMLOCK (LimitMEMLOCK= in the unit)",
+            bytes,
+            source.raw_os_error().unwrap_or(0) as i64
+        );
+    }
     let mut opts = EngineOptions {
         ffn: args.sparsity.single(&args.model, &file)?,
         ..Default::default()

@@ -4,6 +4,11 @@
 //! One anonymous mapping per arena (pages are only backed once touched, so a budget larger than
 //! the model costs address space, not memory). Boot carves each arena into typed slices; nothing
 //! is allocated from them afterwards, so the hot paths never touch the heap.
+//!
+//! Each `[budget]` of the board config has one owner ([`ArenaKind::owner`]): the engine carves
+//! the dense weights, FFN cache, KV cache and activation scratch ([`Arenas`]); the I/O lanes the
+//! staging buffers and the flags (mapped here, carved by the SSD-streaming runtime); the server
+//! the request buffers.
 
 use crate::board;
 use memmap2::MmapMut;
@@ -19,15 +24,32 @@ pub enum ArenaKind {
     FfnCache,
     Kv,
     ActivationScratch,
+    IoStaging,
+    Flags,
+    RequestBuffers,
 }
 
 impl ArenaKind {
+    /// Every budget of the board config, in its order.
+    pub const ALL: [ArenaKind; 7] = [
+        ArenaKind::DenseWeights,
+        ArenaKind::FfnCache,
+        ArenaKind::Kv,
+        ArenaKind::ActivationScratch,
+        ArenaKind::IoStaging,
+        ArenaKind::Flags,
+        ArenaKind::RequestBuffers,
+    ];
+
     pub fn field(self) -> &'static str {
         match self {
             ArenaKind::DenseWeights => "budget.dense_weights",
             ArenaKind::FfnCache => "budget.ffn_cache",
             ArenaKind::Kv => "budget.kv",
             ArenaKind::ActivationScratch => "budget.activation_scratch",
+            ArenaKind::IoStaging => "budget.io_staging",
+            ArenaKind::Flags => "budget.flags",
+            ArenaKind::RequestBuffers => "budget.request_buffers",
         }
     }
 
@@ -38,6 +60,28 @@ impl ArenaKind {
             ArenaKind::FfnCache => board::FFN_CACHE_BYTES,
             ArenaKind::Kv => board::KV_BYTES,
             ArenaKind::ActivationScratch => board::ACTIVATION_SCRATCH_BYTES,
+            ArenaKind::IoStaging => board::IO_STAGING_BYTES,
+            ArenaKind::Flags => board::FLAGS_BYTES,
+            ArenaKind::RequestBuffers => board::REQUEST_BUFFERS_BYTES,
+        }
+    }
+
+    /// Who carves this arena, and what it holds.
+    pub fn owner(self) -> &'static str {
+        match self {
+            ArenaKind::DenseWeights => {
+                "engine: embeddings, attention, norms, output head (resident after boot)"
+            }
+            ArenaKind::FfnCache => "engine: the FFN weights or neuron bundles",
+            ArenaKind::Kv => "engine: the KV cache",
+            ArenaKind::ActivationScratch => {
+                "engine: activations, logits, sampler, sparse-FFN and tap buffers"
+            }
+            ArenaKind::IoStaging => {
+                "I/O lanes: O_DIRECT read buffers (page-aligned, locked in memory by the daemon)"
+            }
+            ArenaKind::Flags => "I/O lanes and kernels: per-block arrival and completion flags",
+            ArenaKind::RequestBuffers => "server: per-client request, text and output buffers",
         }
     }
 }
@@ -58,6 +102,12 @@ pub enum BootError {
         bytes: usize,
         source: std::io::Error,
     },
+    /// The operating system would not lock the arena in memory.
+    Lock {
+        arena: ArenaKind,
+        bytes: usize,
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for BootError {
@@ -74,6 +124,11 @@ impl fmt::Display for BootError {
             BootError::Map { arena, bytes, source } => {
                 write!(f, "cannot map {} ({bytes} bytes): {source}", arena.field())
             }
+            BootError::Lock { arena, bytes, source } => write!(
+                f,
+                "cannot lock {} ({bytes} bytes) in memory: {source} (raise RLIMIT_MEMLOCK: `ulimit -l`, or LimitMEMLOCK= in the unit)",
+                arena.field()
+            ),
         }
     }
 }
@@ -109,6 +164,51 @@ impl Plan {
             });
         }
         Ok(())
+    }
+}
+
+/// The arenas boot maps from the board's budgets: the engine's four, and the I/O lanes' two
+/// (mapped and, in the daemon, locked now, so their memory is owned from boot; the SSD-streaming
+/// runtime carves them). The server maps its request buffers itself
+/// (`ArenaKind::RequestBuffers`), sized by its client slots.
+pub struct Arenas {
+    pub dense: Arena,
+    pub ffn: Arena,
+    pub kv: Arena,
+    pub scratch: Arena,
+    pub io_staging: Arena,
+    pub flags: Arena,
+}
+
+impl Arenas {
+    /// Maps every arena at the size the board budgets (pages are backed only once touched).
+    pub fn from_board() -> Result<Arenas, BootError> {
+        Self::with_budget(
+            ArenaKind::DenseWeights,
+            ArenaKind::DenseWeights.board_budget(),
+        )
+    }
+
+    /// As [`from_board`](Self::from_board), with `kind` mapped at `bytes` (at most its budget):
+    /// a smaller board, for tests of the refusals.
+    pub fn with_budget(kind: ArenaKind, bytes: usize) -> Result<Arenas, BootError> {
+        let map = |k: ArenaKind| Arena::map(k, if k == kind { bytes } else { k.board_budget() });
+        Ok(Arenas {
+            dense: map(ArenaKind::DenseWeights)?,
+            ffn: map(ArenaKind::FfnCache)?,
+            kv: map(ArenaKind::Kv)?,
+            scratch: map(ArenaKind::ActivationScratch)?,
+            io_staging: map(ArenaKind::IoStaging)?,
+            flags: map(ArenaKind::Flags)?,
+        })
+    }
+
+    /// Locks the I/O staging and flag arenas in memory (`mlock`): the pages O_DIRECT reads
+    /// land in, and that a GPU reads flags from, must never be paged out. The daemon calls it;
+    /// the CLI's short runs need not.
+    pub fn lock_io(&mut self) -> Result<(), BootError> {
+        self.io_staging.lock()?;
+        self.flags.lock()
     }
 }
 
@@ -152,6 +252,22 @@ impl Arena {
 
     pub fn kind(&self) -> ArenaKind {
         self.kind
+    }
+
+    /// Locks the whole mapping in memory (`mlock`): its pages are faulted in now and never
+    /// swapped out.
+    pub fn lock(&mut self) -> Result<(), BootError> {
+        self.map.lock().map_err(|source| BootError::Lock {
+            arena: self.kind,
+            bytes: self.map.len(),
+            source,
+        })
+    }
+
+    /// The mapping's start: page-aligned, so every carve of a multiple of the I/O block size
+    /// starts on a block boundary (O_DIRECT).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.map.as_ptr()
     }
 
     pub fn len(&self) -> usize {
@@ -259,6 +375,27 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("budget.dense_weights"), "{msg}");
+    }
+
+    #[test]
+    fn every_budget_has_an_owner_and_io_arenas_are_page_aligned() {
+        for k in ArenaKind::ALL {
+            assert!(k.field().starts_with("budget.") && !k.owner().is_empty());
+        }
+        let mut a = Arenas::from_board().unwrap();
+        assert_eq!(a.io_staging.len(), board::IO_STAGING_BYTES);
+        assert_eq!(a.io_staging.as_ptr() as usize % board::IO_BLOCK_ALIGN, 0);
+        assert_eq!(a.flags.as_ptr() as usize % 4096, 0);
+        // Root (CI) may lock them; elsewhere the refusal names the limit to raise.
+        if let Err(e) = a.lock_io() {
+            assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
+        }
+        let small = Arenas::with_budget(ArenaKind::Kv, 1 << 20).unwrap();
+        assert_eq!(small.kv.len(), 1 << 20);
+        assert_eq!(
+            small.dense.len(),
+            board::DENSE_WEIGHTS_BYTES.div_ceil(4096) * 4096
+        );
     }
 
     #[test]

@@ -15,7 +15,8 @@ use crate::backend::cpu::{
     for_each_row, matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool,
 };
 use crate::board::PREFILL_BATCH;
-use crate::boot::{Arena, ArenaKind, BootError, Carver, Plan};
+pub use crate::boot::Arenas;
+use crate::boot::{ArenaKind, BootError, Carver, Plan};
 use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
 use crate::model::{FormatError, Hyper, ModelFile, TensorRef};
@@ -64,29 +65,63 @@ impl From<BootError> for EngineError {
     }
 }
 
-/// The arenas an engine lives in, mapped at their board budgets before the model is read.
-pub struct Arenas {
-    pub dense: Arena,
-    pub ffn: Arena,
-    pub kv: Arena,
-    pub scratch: Arena,
+/// What booting a model takes of each engine arena (`Engine::plan`): the board config's
+/// budgets are checked against it before anything is placed.
+#[derive(Clone, Debug)]
+pub struct BootPlan {
+    /// Tokens of context the KV cache is planned for.
+    pub context: usize,
+    /// Whether the KV cache is int8 (`kv::int8_kv`).
+    pub int8_kv: bool,
+    pub dense: Plan,
+    pub ffn: Plan,
+    pub kv: Plan,
+    pub scratch: Plan,
 }
 
-impl Arenas {
-    /// Maps every arena at the size the board budgets (pages are backed only once touched).
-    pub fn from_board() -> Result<Arenas, BootError> {
-        Ok(Arenas {
-            dense: Arena::map(
+impl BootPlan {
+    /// Each part: its arena, its bytes, and what it holds.
+    pub fn parts(&self) -> [(ArenaKind, usize, String); 4] {
+        [
+            (
                 ArenaKind::DenseWeights,
-                ArenaKind::DenseWeights.board_budget(),
-            )?,
-            ffn: Arena::map(ArenaKind::FfnCache, ArenaKind::FfnCache.board_budget())?,
-            kv: Arena::map(ArenaKind::Kv, ArenaKind::Kv.board_budget())?,
-            scratch: Arena::map(
+                self.dense.bytes,
+                "the dense weights (embeddings, attention, norms, output)".into(),
+            ),
+            (
+                ArenaKind::FfnCache,
+                self.ffn.bytes,
+                "the FFN weights (all resident until streaming)".into(),
+            ),
+            (
+                ArenaKind::Kv,
+                self.kv.bytes,
+                format!(
+                    "the {} KV cache for {} tokens",
+                    if self.int8_kv { "int8" } else { "f32" },
+                    self.context
+                ),
+            ),
+            (
                 ArenaKind::ActivationScratch,
-                ArenaKind::ActivationScratch.board_budget(),
-            )?,
-        })
+                self.scratch.bytes,
+                "the activations".into(),
+            ),
+        ]
+    }
+
+    /// Refuses, naming the budget and the bytes, when a part does not fit its arena.
+    pub fn check(&self, arenas: &Arenas) -> Result<(), BootError> {
+        for (kind, bytes, what) in self.parts() {
+            let available = match kind {
+                ArenaKind::DenseWeights => arenas.dense.len(),
+                ArenaKind::FfnCache => arenas.ffn.len(),
+                ArenaKind::Kv => arenas.kv.len(),
+                _ => arenas.scratch.len(),
+            };
+            Plan { bytes }.check(kind, available, &what)?;
+        }
+        Ok(())
     }
 }
 
@@ -357,13 +392,10 @@ fn place_vector<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<&'a [f32], Boot
 }
 
 impl<'a> Engine<'a> {
-    /// Checks that the model fits the board, then places it in the arenas. Nothing is decoded
-    /// before every budget has been checked.
-    pub fn boot(
-        arenas: &'a mut Arenas,
-        model: &ModelFile,
-        opts: EngineOptions,
-    ) -> Result<Engine<'a>, EngineError> {
+    /// What booting `model` with `opts` takes of each of the engine's arenas, computed from the
+    /// file's shapes and types before any arena is touched (`leanstream board --model` prints it;
+    /// [`boot`](Self::boot) checks it against the arenas).
+    pub fn plan(model: &ModelFile, opts: &EngineOptions) -> Result<BootPlan, EngineError> {
         let h = model.hyper()?;
         model.validate(&h)?;
         if h.head_dim % 2 != 0 || h.n_heads % h.n_kv_heads != 0 {
@@ -378,7 +410,7 @@ impl<'a> Engine<'a> {
         }
         let kv_dim = h.n_kv_heads * h.head_dim;
         let q_dim = h.n_heads * h.head_dim;
-        let mut placer = Placer {
+        let placer = Placer {
             precision: opts.precision,
             packing: opts.packing,
             classic: opts.native_classic,
@@ -456,16 +488,6 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        dense.check(
-            ArenaKind::DenseWeights,
-            arenas.dense.len(),
-            "the dense weights (embeddings, attention, norms, output)",
-        )?;
-        ffn.check(
-            ArenaKind::FfnCache,
-            arenas.ffn.len(),
-            "the FFN weights (all resident until streaming)",
-        )?;
         let mut kv = Plan::default();
         if int8_kv {
             kv.add::<i8>(shape.i8_values());
@@ -476,14 +498,6 @@ impl<'a> Engine<'a> {
             kv.add::<f32>(h.n_layers * context * kv_dim);
             kv.add::<f32>(h.n_layers * context * kv_dim);
         }
-        kv.check(
-            ArenaKind::Kv,
-            arenas.kv.len(),
-            &format!(
-                "the {} KV cache for {context} tokens",
-                if int8_kv { "int8" } else { "f32" }
-            ),
-        )?;
         let mut scratch = Plan::default();
         for n in [
             h.dim,
@@ -515,11 +529,49 @@ impl<'a> Engine<'a> {
         if let Some(t) = &opts.tap {
             Tap::plan(&mut scratch, h.n_layers, h.dim, h.hidden_dim, t.stages);
         }
-        scratch.check(
-            ArenaKind::ActivationScratch,
-            arenas.scratch.len(),
-            "the activations",
-        )?;
+
+        Ok(BootPlan {
+            context,
+            int8_kv,
+            dense,
+            ffn,
+            kv,
+            scratch,
+        })
+    }
+
+    /// Checks that the model fits the board ([`plan`](Self::plan)), then places it in the
+    /// arenas. Nothing is decoded before every budget has been checked.
+    pub fn boot(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        opts: EngineOptions,
+    ) -> Result<Engine<'a>, EngineError> {
+        let boot_plan = Self::plan(model, &opts)?;
+        boot_plan.check(arenas)?;
+        let (context, int8_kv) = (boot_plan.context, boot_plan.int8_kv);
+        let h = model.hyper()?;
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        let q_dim = h.n_heads * h.head_dim;
+        let mut placer = Placer {
+            precision: opts.precision,
+            packing: opts.packing,
+            classic: opts.native_classic,
+            report: ConversionReport::default(),
+            scratch: Vec::new(),
+        };
+        let emb = Role::EmbedOrOutput;
+        // Each layer matrix's role, by its full name (the first and last layer keep more bits).
+        let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
+        let shape = Shape {
+            n_layers: h.n_layers,
+            kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            context,
+        };
+        let sparse = opts.ffn.mode != FfnMode::Dense;
+        let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
+        let scale_keys = int8_kv && h.qkv_bias;
 
         // Place the weights.
         let mut d = arenas.dense.carver();
