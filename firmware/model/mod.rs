@@ -515,6 +515,27 @@ mod tests {
     }
 
     #[test]
+    fn text_is_neither_gguf_nor_llama2c() {
+        let e =
+            ModelFile::from_bytes(b"# LeanStream\n\nA fixed-memory LLM inference daemon.".to_vec())
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.starts_with("neither a GGUF file (it starts with bytes [23 20 4c 65] \"# Le\"")
+                && e.contains("nor a llama2.c checkpoint (dim 1699487779 is not a multiple"),
+            "{e}"
+        );
+        // Shorter than a header: said too.
+        let e = ModelFile::from_bytes(b"hi".to_vec())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[68 69] \"hi\"") && e.contains("llama2.c header"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn llama2c_view() {
         let m =
             ModelFile::from_bytes(llama2c::build([8, 12, 2, 2, 1, 10, 4], |i| i as f32)).unwrap();
