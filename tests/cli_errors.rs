@@ -376,7 +376,11 @@ fn thresholds_are_found_or_refused_clearly() {
         assert!(err.contains("bogus.thresh"), "{err}");
         let (code, _, err) = run(&["--ffn", mode, "--thresholds", "/nonexistent/t.thresh"]);
         assert_eq!(code, 1, "--ffn {mode}: {err}");
-        assert!(err.contains("/nonexistent/t.thresh"), "{err}");
+        assert!(
+            err.contains("/nonexistent/t.thresh: thresholds table not found"),
+            "{err}"
+        );
+        assert_eq!(err.matches("/nonexistent/t.thresh").count(), 1, "{err}");
     }
     // The daemon checks it the same way, before it serves.
     let out = Command::new(env!("CARGO_BIN_EXE_leanstreamd"))

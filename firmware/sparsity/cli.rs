@@ -69,6 +69,13 @@ impl SparsityArgs {
         // A table given is checked against the model whatever the modes (dense and topk do not
         // use it, but a wrong one is a mistake to say, not to ignore).
         let mut table: Option<ThresholdTable> = match &self.thresholds {
+            Some(path) if !path.is_file() => {
+                return Err(format!(
+                    "{}: thresholds table not found (make one with `leanstream calibrate --model {} --file TEXT --sparsity S`)",
+                    path.display(),
+                    model_path.display()
+                ))
+            }
             Some(path) => Some(ThresholdTable::load(path, model)?),
             None => None,
         };

@@ -130,7 +130,11 @@ impl ThresholdTable {
     /// Loads a table made for `model`; another model's table, or a damaged one, is refused.
     pub fn load(path: &Path, model: &ModelFile) -> Result<ThresholdTable, String> {
         let t: ThresholdTable = tables::read(path, KIND, VERSION, tables::model_identity(model))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| match e {
+                // It names the file already.
+                tables::TableError::Io(_) => e.to_string(),
+                _ => format!("{}: {e}", path.display()),
+            })?;
         let h = model.hyper().map_err(|e| e.to_string())?;
         let dropped_ok = |d: &DroppedMean| {
             d.mean.len() == h.n_layers * h.hidden_dim
