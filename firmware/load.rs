@@ -1,7 +1,7 @@
 //! Opening a model file and the tokenizer that goes with it, for the CLI and the daemon.
 
 use crate::model::ModelFile;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
 /// Opens `model` and its tokenizer: GGUF files carry their own; a llama2.c checkpoint takes
@@ -34,7 +34,13 @@ pub fn open_model(
                     )
                 })?,
             };
-            Tokenizer::from_llama2c(&path, vocab).map_err(|e| format!("{}: {e}", path.display()))?
+            Tokenizer::from_llama2c(&path, vocab).map_err(|e| match e {
+                // These name the file already.
+                TokenizerError::Io { .. } | TokenizerError::Llama2cTruncated { .. } => {
+                    e.to_string()
+                }
+                _ => format!("{}: {e}", path.display()),
+            })?
         }
     };
     Ok((file, tok))

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$(scripts/fetch-model.sh)
-cargo build --release --quiet --bin leanstream
+# The first build compiles everything (a few minutes): cargo shows its progress.
+echo "building target/release/leanstream ..." >&2
+cargo build --release --bin leanstream
 question=${1:-What is the capital of France? Answer in one sentence.}
 exec target/release/leanstream generate --model "$model" --chat --prompt "$question" --max-tokens 64

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: fetch the models the tests use, then formatting,
 # lints and the whole test suite, then the CPU kernels built for aarch64 and tested under qemu.
-# Tests whose data or tools are missing print `skipped: ...`.
+# Tests whose data, GPU or tools are missing print `skipped: ...`; the end lists them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
@@ -17,6 +17,21 @@ cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 # A CPU-only build (no `cuda` feature, no cudarc) must build and lint too.
 cargo clippy --all-targets --no-default-features -- -D warnings
-cargo test -- --show-output
+# Everything is also kept in a log, so that the tests which skipped (they pass as "ok") are
+# counted and listed at the end, each with its test's name.
+log=$(mktemp); trap 'rm -f "$log"' EXIT
+cargo test -- --show-output 2>&1 | tee "$log"
 # The same kernels built for the Jetson's aarch64 CPU and run under qemu (NEON against scalar).
-scripts/test-aarch64.sh
+echo "     Running scripts/test-aarch64.sh" >> "$log"
+scripts/test-aarch64.sh 2>&1 | tee -a "$log"
+skips=$(awk '
+  /^ *Running / { bin = ($2 == "unittests") ? $3 : $2; name = bin }
+  /^---- .* stdout ----$/ { name = bin "::" $2 }
+  /skipped: / { line = $0; sub(/.*skipped: /, "", line); print "  " name ": skipped: " line }
+' "$log" | sort -u)
+if [ -n "$skips" ]; then
+  echo "== $(printf '%s\n' "$skips" | wc -l) skip(s): these checks did not run (the tests count as ok):"
+  printf '%s\n' "$skips"
+else
+  echo "== no test skipped"
+fi

@@ -263,3 +263,205 @@ fn inspect_into_a_closed_pipe_ends_quietly() {
     assert!(out.status.success(), "exit {:?}: {err}", out.status);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A file that is neither GGUF nor a llama2.c checkpoint says both, not a nonsense header field
+/// (issue 24, item 9).
+#[test]
+fn a_text_file_is_neither_gguf_nor_llama2c() {
+    let p = scratch_file(
+        "README.md",
+        b"# LeanStream\n\nA fixed-memory LLM inference daemon.\n",
+    );
+    let (code, _, err) = leanstream(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("README.md: neither a GGUF file")
+            && err.contains("\"# Le\"")
+            && err.contains("nor a llama2.c checkpoint"),
+        "{err}"
+    );
+    assert_refused(
+        &["generate", "--model", p.to_str().unwrap(), "--prompt", "x"],
+        "neither a GGUF file",
+    );
+}
+
+/// A missing file is named once (issue 24, item 9).
+#[test]
+fn a_missing_file_is_named_once() {
+    for args in [
+        &["inspect", "/nonexistent/model.gguf"][..],
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--prompt",
+            "x",
+        ],
+    ] {
+        let (code, _, err) = leanstream(args);
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(err.matches("/nonexistent/model.gguf").count(), 1, "{err}");
+    }
+    let Some(model) = common::shared("data/stories260K/stories260K.bin") else {
+        return;
+    };
+    let (code, _, err) = leanstream(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        "/nonexistent/tok.bin",
+        "--prompt",
+        "x",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("/nonexistent/tok.bin").count(), 1, "{err}");
+}
+
+/// Oracle mode without a table says every place it looked, beside the model included; a table
+/// given with `--ffn dense` is checked, not ignored (issue 24, items 6 and 9).
+#[test]
+fn thresholds_are_found_or_refused_clearly() {
+    let (Some(model), Some(tok)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+    ) else {
+        return;
+    };
+    let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
+    let run = |extra: &[&str]| {
+        let mut a = vec!["generate", "--model", m, "--tokenizer", t, "--prompt", ""];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--max-tokens", "4"]);
+        leanstream(&a)
+    };
+    let (code, _, err) = run(&["--ffn", "oracle"]);
+    assert_eq!(code, 1, "{err}");
+    let beside = model.with_file_name("stories260K.thresh");
+    assert!(
+        err.contains("no thresholds table")
+            && err.contains("tables/stories260K.thresh")
+            && err.contains(beside.to_str().unwrap())
+            && err.contains("leanstream calibrate"),
+        "{err}"
+    );
+    // A file that is no table, and a table of another model, with --ffn dense and topk.
+    let not_a_table = scratch_file("bogus.thresh", b"not a table");
+    for mode in ["dense", "topk"] {
+        let (code, _, err) = run(&["--ffn", mode, "--thresholds", not_a_table.to_str().unwrap()]);
+        assert_eq!(code, 1, "--ffn {mode}: {err}");
+        assert!(err.contains("bogus.thresh"), "{err}");
+        let (code, _, err) = run(&["--ffn", mode, "--thresholds", "/nonexistent/t.thresh"]);
+        assert_eq!(code, 1, "--ffn {mode}: {err}");
+        assert!(
+            err.contains("/nonexistent/t.thresh: thresholds table not found"),
+            "{err}"
+        );
+        assert_eq!(err.matches("/nonexistent/t.thresh").count(), 1, "{err}");
+    }
+    // The daemon checks it the same way, before it serves.
+    let out = Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+        .args([
+            "--model",
+            m,
+            "--tokenizer",
+            t,
+            "--ffn",
+            "dense",
+            "--thresholds",
+        ])
+        .arg(&not_a_table)
+        .args(["--socket", "/tmp/ls-bad-thresh.sock"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("bogus.thresh"), "{err}");
+}
+
+/// What the CLI clamps it says once on stderr; `--max-tokens 0` reports no made-up speed
+/// (issue 24, item 9).
+#[test]
+fn clamped_options_are_said_and_no_speed_is_invented() {
+    let (Some(model), Some(tok)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+    ) else {
+        return;
+    };
+    let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
+    let base = [
+        "generate",
+        "--model",
+        m,
+        "--tokenizer",
+        t,
+        "--prompt",
+        "Once",
+    ];
+    let (code, _, err) =
+        leanstream(&[&base[..], &["--max-tokens", "9999", "--threads", "0"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        err.matches("--threads 0 runs 1 worker thread").count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("--max-tokens 9999 is past the context of 512 tokens")
+            && err.contains("at most 510 are generated"),
+        "{err}"
+    );
+    assert!(err.contains("cpu, 1 threads"), "{err}");
+    let (code, out, err) = leanstream(&[&base[..], &["--max-tokens", "0"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "\n");
+    assert!(
+        err.contains("prefill: 2 tokens, not run") && !err.contains("tok/s"),
+        "{err}"
+    );
+}
+
+/// Every option of every subcommand has help text, and the top-level help names the GPU
+/// (issue 24, item 9).
+#[test]
+fn every_option_has_help_text() {
+    let (code, top, _) = leanstream(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        top.contains("NVIDIA GPU") && top.contains("tokenize"),
+        "{top}"
+    );
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 13, "{commands:?}");
+    for c in &commands {
+        let (code, help, err) = leanstream(&[c, "--help"]);
+        assert_eq!(code, 0, "{c}: {err}");
+        // Each option or argument line of clap's help has its text after two spaces; clap's
+        // own notes (`[default: 256]`) are no help text.
+        let bare: Vec<&str> = help
+            .lines()
+            .filter(|l| {
+                let t = l.trim_start();
+                if !(t.starts_with('-') || t.starts_with('<')) {
+                    return false;
+                }
+                let rest = t.split_once("  ").map(|(_, r)| r.trim()).unwrap_or("");
+                let text = rest.split(" [").next().unwrap_or("").trim();
+                text.is_empty() || text.starts_with('[')
+            })
+            .collect();
+        assert!(
+            bare.is_empty(),
+            "{c}: options without help: {bare:?}\n{help}"
+        );
+    }
+}

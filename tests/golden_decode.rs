@@ -71,6 +71,103 @@ fn stories260k_greedy_matches_reference_decode() {
     assert_eq!(got, expected);
 }
 
+/// llama2.c's run.c decode of `ids` (after BOS) with the pieces of `tok512.bin` read here
+/// independently: `<0xXX>` pieces are their byte, and the piece right after BOS (id 1) loses
+/// its leading space.
+fn run_c_text(tokenizer: &Path, ids: &[u32]) -> String {
+    let b = std::fs::read(tokenizer).unwrap();
+    let mut pieces = Vec::new();
+    let mut off = 4;
+    while off < b.len() {
+        let n = i32::from_le_bytes(b[off + 4..off + 8].try_into().unwrap()) as usize;
+        pieces.push(b[off + 8..off + 8 + n].to_vec());
+        off += 8 + n;
+    }
+    let mut out = Vec::new();
+    let mut prev = 1;
+    for &id in ids {
+        let mut p: &[u8] = &pieces[id as usize];
+        if prev == 1 && p.first() == Some(&b' ') {
+            p = &p[1..];
+        }
+        let byte = std::str::from_utf8(p)
+            .ok()
+            .and_then(|s| s.strip_prefix("<0x")?.strip_suffix('>'))
+            .filter(|h| h.len() == 2)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match byte {
+            Some(x) => out.push(x),
+            None => out.extend_from_slice(p),
+        }
+        prev = id;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The text of the reference decode, as the engine's `generate` and the CLI write it, is the
+/// text llama2.c's run.c prints for the same ids: no leading space after BOS.
+#[test]
+fn stories260k_text_matches_the_reference_decoder() {
+    let (Some(model), Some(tok_path), Some(reference)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+        common::shared("data/stories260K/greedy_tokens.txt"),
+    ) else {
+        return;
+    };
+    let ids: Vec<u32> = std::fs::read_to_string(reference)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(|l| l.split_whitespace().map(|t| t.parse::<u32>().unwrap()))
+        .collect();
+    let want = run_c_text(&tok_path, &ids[1..]);
+    assert!(want.starts_with("Once upon a time"), "{want:?}");
+
+    let (file, tok) = open_model(&model, Some(&tok_path)).unwrap();
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut engine = Engine::boot(&mut arenas, &file, EngineOptions::default()).unwrap();
+    let idx = engine.take_sample_buffer().unwrap();
+    let mut sampler = Sampler::new(SamplerConfig::default(), idx);
+    let mut got = Vec::new();
+    let params = GenerateParams {
+        max_tokens: 200,
+        stop: &[],
+        deadline: None,
+    };
+    let prompt = tok.encode("", true);
+    assert_eq!(prompt, [1]);
+    generate(
+        &mut engine,
+        &mut sampler,
+        &tok,
+        &prompt,
+        &params,
+        &mut |b| {
+            got.extend_from_slice(b);
+            true
+        },
+    )
+    .unwrap();
+    assert_eq!(String::from_utf8(got).unwrap(), want);
+    assert_eq!(tok.decode(&ids), want);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(["generate", "--model"])
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&tok_path)
+        .args(["--prompt", "", "--max-tokens", "200"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), format!("{want}\n"));
+}
+
 #[test]
 fn smollm2_knows_the_capital_of_france() {
     let Some(model) = common::model(common::SMOLLM2) else {

@@ -1,7 +1,8 @@
 //! Fixed memory: after boot (tokenizers loaded, one `EncodeScratch` and the output buffers made),
 //! `Tokenizer::encode_into` and `ChatFormat::render_into` allocate nothing on the heap, and give
 //! what the allocating `encode_with_special` / `render` give. A counting global allocator watches
-//! 100 varied texts per tokenizer and 100 chat renderings (each then encoded with special tokens).
+//! 100 varied texts per tokenizer and 100 chat renderings (each then encoded as the daemon does,
+//! `encode_chat_into`: control tokens only from the template's markers).
 //! It runs without the libtest harness (`harness = false`), whose own threads may allocate.
 
 mod common;
@@ -153,7 +154,7 @@ fn check_encode(v: &Vocab, texts: &[String], scratch: &mut EncodeScratch, out: &
 }
 
 /// Renders 100 conversations (ChatML, Llama 2 and Llama 3 formats) into a fixed buffer and
-/// encodes each prompt with special tokens, counting the allocations.
+/// encodes each prompt with `encode_chat_into`, counting the allocations.
 fn check_chat(
     v: &Vocab,
     texts: &[String],
@@ -179,9 +180,8 @@ fn check_chat(
     let want: Vec<(String, Vec<u32>)> = convs
         .iter()
         .map(|(f, msgs, gen)| {
-            let s = formats[*f].render(msgs, *gen);
-            let ids = v.tok.encode_with_special(&s, v.tok.add_bos_default(), true);
-            (s, ids)
+            v.tok
+                .encode_chat(&formats[*f], msgs, *gen, v.tok.add_bos_default())
         })
         .collect();
     let (bad, allocs) = count_allocations(|| {
@@ -199,10 +199,15 @@ fn check_chat(
                 bad += 1;
                 continue;
             };
-            match v
-                .tok
-                .encode_into(text, v.tok.add_bos_default(), true, scratch, out)
-            {
+            match v.tok.encode_chat_into(
+                &formats[*f],
+                msgs,
+                *gen,
+                text,
+                v.tok.add_bos_default(),
+                scratch,
+                out,
+            ) {
                 Ok(n) if out[..n] == want[i].1[..] => {}
                 _ => bad += 1,
             }
@@ -210,7 +215,7 @@ fn check_chat(
         bad
     });
     eprintln!(
-        "{}: render_into + encode_into of 100 chat prompts: {bad} mismatches, {allocs} allocations",
+        "{}: render_into + encode_chat_into of 100 chat prompts: {bad} mismatches, {allocs} allocations",
         v.label
     );
     assert_eq!(bad, 0, "{}: render_into/encode_into differ", v.label);

@@ -1,4 +1,7 @@
-//! `leanstream`: the offline CLI. generate, perplexity, inspect and bench on the CPU backend.
+//! `leanstream`: the offline CLI. generate, perplexity, inspect, tokenize and bench on the CPU or
+//! CUDA backend, and a client of a running leanstreamd.
+
+mod tokenize;
 
 mod cmd_board;
 
@@ -15,7 +18,7 @@ use leanstream::load::open_model;
 use leanstream::model::ModelFile;
 use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::cli::SparsityArgs;
-use leanstream::sparsity::thresholds::{default_path, ThresholdTable};
+use leanstream::sparsity::thresholds::{default_path, find_default, ThresholdTable};
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
 use leanstream::tokenizer::Tokenizer;
@@ -28,7 +31,7 @@ use std::time::Instant;
 #[command(
     name = "leanstream",
     version,
-    about = "LeanStream offline tools: run, measure and inspect models on the CPU"
+    about = "LeanStream tools: run, measure and inspect models on the CPU or an NVIDIA GPU (--backend cuda), tokenize text, and talk to a running leanstreamd"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,10 +45,16 @@ enum Command {
     /// Perplexity of a text file over non-overlapping windows (no BOS); last line `ppl = X`.
     Perplexity(PerplexityArgs),
     /// Architecture, shapes, tensor types and bytes per part of a model file.
-    Inspect { path: PathBuf },
+    Inspect {
+        /// The model file (GGUF or llama2.c checkpoint).
+        path: PathBuf,
+    },
     /// Every byte the daemon owns on this image's board (budgets, owners, limits); with
     /// --model, what the model needs of each arena at each precision and whether it boots.
     Board(cmd_board::BoardArgs),
+    /// The token ids a text becomes (`id<TAB>'piece'` per line, or `--ids`), or with `--decode`
+    /// the text of ids.
+    Tokenize(tokenize::TokenizeArgs),
     /// Prefill and decode speed; writes JSON and a Markdown table.
     Bench(BenchArgs),
     /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
@@ -79,14 +88,20 @@ struct ClientArgs {
     /// The daemon's socket (default: the board's).
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Most tokens to generate per answer (default: the daemon's).
     #[arg(long)]
     max_tokens: Option<u32>,
+    /// Sampling temperature; 0 is greedy (default: the daemon's).
     #[arg(long, allow_negative_numbers = true)]
     temperature: Option<f32>,
+    /// Sample among the K most likely tokens only; 0 keeps every token (default: the daemon's).
     #[arg(long)]
     top_k: Option<u32>,
+    /// Sample among the most likely tokens whose probabilities add up to P (default: the
+    /// daemon's).
     #[arg(long)]
     top_p: Option<f32>,
+    /// Random seed of the sampler, for repeatable answers (default: a fresh one per request).
     #[arg(long)]
     seed: Option<u64>,
 }
@@ -98,6 +113,7 @@ struct AskArgs {
     /// Send the prompt as a chat message (the model's chat template) instead of raw text.
     #[arg(long)]
     chat: bool,
+    /// The prompt (or, with --chat, the user's message).
     prompt: String,
 }
 
@@ -192,6 +208,7 @@ struct GenerateArgs {
     /// Wrap the prompt in the model's chat template as one user message.
     #[arg(long)]
     chat: bool,
+    /// Most tokens to generate (fewer if the context ends first; 0 only encodes the prompt).
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// 0 is greedy.
@@ -200,8 +217,11 @@ struct GenerateArgs {
     /// 0 keeps every token.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Sample among the most likely tokens whose probabilities add up to P (1 keeps every
+    /// token).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
+    /// Random seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Stop when this text is generated (may repeat, up to 4).
@@ -238,6 +258,7 @@ struct PerplexityArgs {
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
+    /// Window length in tokens (the KV cache restarts for each window).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
     /// Number of windows (default: all).
@@ -269,8 +290,10 @@ struct CalibrateArgs {
     /// GGUF file or llama2.c checkpoint.
     #[arg(long)]
     model: PathBuf,
+    /// Tokenizer file for a llama2.c checkpoint (tok*.bin; default: one beside the model).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
@@ -285,10 +308,13 @@ struct CalibrateArgs {
 
 #[derive(Args)]
 struct TraceArgs {
+    /// GGUF file or llama2.c checkpoint.
     #[arg(long)]
     model: PathBuf,
+    /// Tokenizer file for a llama2.c checkpoint (tok*.bin; default: one beside the model).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
@@ -299,7 +325,8 @@ struct TraceArgs {
     /// The stages split the neurons the oracle keeps at this sparsity (0: every neuron).
     #[arg(long, default_value_t = 0.8)]
     sparsity: f32,
-    /// Thresholds table (default: tables/<model file stem>.thresh).
+    /// Thresholds table (default: tables/<model file stem>.thresh in the working directory,
+    /// beside the model, or in the repository).
     #[arg(long)]
     thresholds: Option<PathBuf>,
     /// Output file.
@@ -309,8 +336,10 @@ struct TraceArgs {
 
 #[derive(Args)]
 struct TraceStatsArgs {
+    /// The model the trace was recorded from.
     #[arg(long)]
     model: PathBuf,
+    /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
     /// The trace file.
@@ -319,7 +348,8 @@ struct TraceStatsArgs {
     /// Sparsities for the oracle sets, comma-separated (each must be in the thresholds table).
     #[arg(long, default_value = "0.5,0.8")]
     sparsity: String,
-    /// Thresholds table (default: tables/<model file stem>.thresh).
+    /// Thresholds table (default: tables/<model file stem>.thresh in the working directory,
+    /// beside the model, or in the repository).
     #[arg(long)]
     thresholds: Option<PathBuf>,
     /// Where to write the statistics (JSON).
@@ -389,8 +419,10 @@ struct BenchArgs {
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
+    /// Prompt length in tokens (the prefill measured).
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
+    /// Tokens generated after the prompt (the decode measured).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
     /// Repetitions; the median is reported.
@@ -463,6 +495,10 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity(a),
         Command::Inspect { path } => cmd_inspect(&path),
         Command::Board(a) => cmd_board::run(a),
+        Command::Tokenize(a) => tokenize::cmd_tokenize(a).map(|text| {
+            // A reader that stops early (`| head`) ends the listing quietly.
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        }),
         Command::Bench(a) => cmd_bench(a),
         Command::Flash(a) => cmd_flash(a),
         Command::CalibrateKv(a) => cmd_calibrate_kv(a),
@@ -523,7 +559,7 @@ fn options(
         ..EngineOptions::default()
     };
     if let Some(t) = m.threads {
-        o.threads = t;
+        o.threads = threads_at_least_one(t);
     }
     o.precision = low.precision;
     o.packing = low.packing;
@@ -624,9 +660,18 @@ fn precision_line(e: &Engine, low: &LowBitArgs) -> String {
 fn plain_options(threads: Option<usize>) -> EngineOptions {
     let mut o = EngineOptions::default();
     if let Some(t) = threads {
-        o.threads = t;
+        o.threads = threads_at_least_one(t);
     }
     o
+}
+
+/// `--threads 0` runs one worker: said once on stderr rather than silently.
+fn threads_at_least_one(t: usize) -> usize {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if t == 0 {
+        SAID.call_once(|| eprintln!("note: --threads 0 runs 1 worker thread"));
+    }
+    t.max(1)
 }
 
 fn boot_plain<'a>(
@@ -651,14 +696,17 @@ fn prompt_tokens(
             ModelFile::Llama2c(_) => None,
         };
         let format = ChatFormat::detect(template).map_err(|e| e.to_string())?;
-        let text = format.render(
+        // Control tokens only from the template's markers: the prompt is plain text.
+        let (_, ids) = tok.encode_chat(
+            &format,
             &[ChatMessage {
                 role: "user",
                 content: prompt,
             }],
             true,
+            tok.add_bos_default(),
         );
-        return Ok(tok.encode_with_special(&text, tok.add_bos_default(), true));
+        return Ok(ids);
     }
     // An empty prompt starts from BOS.
     let add_bos = tok.add_bos_default() || prompt.is_empty();
@@ -678,6 +726,16 @@ fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
     let mut engine = boot(&mut arenas, &file, &a.model)?;
     drop(file);
+    // A prompt that leaves no room is refused by `generate` itself.
+    let room = engine.decoder().context().saturating_sub(prompt.len());
+    if a.max_tokens > room && room > 0 {
+        eprintln!(
+            "note: --max-tokens {} is past the context of {} tokens ({} of them the prompt): at most {room} are generated",
+            a.max_tokens,
+            engine.decoder().context(),
+            prompt.len()
+        );
+    }
     let idx = engine.take_sample_buffer().expect("fresh engine");
     let mut sampler = Sampler::new(sampler_cfg, idx);
     let stops: Vec<&str> = a.stop.iter().map(String::as_str).collect();
@@ -703,6 +761,23 @@ fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
 }
 
 fn stats_line(s: &GenerateStats) -> String {
+    // The prompt is run with the first step: with no step, there is no speed to report; with
+    // one, no decode speed (the first token comes out of the prefill).
+    if s.generated_tokens == 0 {
+        return format!(
+            "prefill: {} tokens, not run (no token generated) | decode: 0 tokens | finish: {}",
+            s.prompt_tokens,
+            s.finish.as_str()
+        );
+    }
+    if s.generated_tokens == 1 {
+        return format!(
+            "prefill: {} tokens, {:.1} tok/s | decode: 1 token (from the prefill) | finish: {}",
+            s.prompt_tokens,
+            s.prefill_tok_per_s(),
+            s.finish.as_str()
+        );
+    }
     format!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | finish: {}",
         s.prompt_tokens,
@@ -925,10 +1000,10 @@ fn cmd_trace(a: TraceArgs) -> Result<(), String> {
     }
     let tokens = text_tokens(&tok, &a.text)?;
     let thresholds = if a.sparsity > 0.0 {
-        let path = a
-            .thresholds
-            .clone()
-            .unwrap_or_else(|| default_path(&a.model));
+        let path = match a.thresholds.clone() {
+            Some(p) => p,
+            None => find_default(&a.model)?,
+        };
         Some(ThresholdTable::load(&path, &file)?.thresholds(a.sparsity, Score::Glu)?)
     } else {
         None
@@ -998,10 +1073,10 @@ fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
             a.model.display()
         ));
     }
-    let path = a
-        .thresholds
-        .clone()
-        .unwrap_or_else(|| default_path(&a.model));
+    let path = match a.thresholds.clone() {
+        Some(p) => p,
+        None => find_default(&a.model)?,
+    };
     let table = ThresholdTable::load(&path, &file)?;
     let sparsities: Vec<f32> = a
         .sparsity
@@ -1015,7 +1090,9 @@ fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
         &file,
         &table,
         &sparsities,
-        a.threads.unwrap_or(leanstream::board::CPU_THREADS),
+        a.threads
+            .map(threads_at_least_one)
+            .unwrap_or(leanstream::board::CPU_THREADS),
         &mut |done| {
             if done % 256 == 0 {
                 eprintln!(
@@ -1192,7 +1269,10 @@ fn cmd_bench(a: BenchArgs) -> Result<(), String> {
 /// Models x backends x memory models (x graph on/off), at the model flags' precision.
 fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     use leanstream::bench;
-    let threads = a.threads.unwrap_or(leanstream::board::CPU_THREADS);
+    let threads = a
+        .threads
+        .map(threads_at_least_one)
+        .unwrap_or(leanstream::board::CPU_THREADS);
     let memories = if a.memory.is_empty() {
         vec![CudaOptions::default().memory]
     } else {
@@ -1419,7 +1499,7 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
     let model = ModelArgs {
         model: a.model[0].clone(),
         tokenizer: a.tokenizer.clone(),
-        threads: a.threads,
+        threads: a.threads.map(threads_at_least_one),
         backend: "cpu".into(),
         memory: None,
         no_graph: false,
@@ -1541,7 +1621,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     let model = ModelArgs {
         model: a.model[0].clone(),
         tokenizer: a.tokenizer.clone(),
-        threads: a.threads,
+        threads: a.threads.map(threads_at_least_one),
         backend: "cpu".into(),
         memory: None,
         no_graph: false,

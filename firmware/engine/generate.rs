@@ -251,7 +251,7 @@ pub fn generate(
             stats.finish = FinishReason::Stop;
             break;
         }
-        let (stopped, keep_going) = window.push(tokenizer.token_bytes(next), emit);
+        let (stopped, keep_going) = window.push(tokenizer.piece_after(token, next), emit);
         if stopped {
             stats.finish = FinishReason::Stop;
             break;

@@ -61,7 +61,8 @@ pub enum FormatError {
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FormatError::Io { path, err } => write!(f, "{}: {err}", path.display()),
+            // Callers name the file (`path: error`), as for every other variant.
+            FormatError::Io { err, .. } => write!(f, "{err}"),
             FormatError::Truncated {
                 offset,
                 what,
@@ -1268,6 +1269,10 @@ mod tests {
     #[test]
     fn open_missing_file() {
         let e = Gguf::open(Path::new("/nonexistent/x.gguf")).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/x.gguf"));
+        assert!(
+            matches!(&e, FormatError::Io { path, .. } if path == Path::new("/nonexistent/x.gguf"))
+        );
+        // The caller names the file: the message itself does not, so it is not said twice.
+        assert!(!e.to_string().contains("/nonexistent"), "{e}");
     }
 }

@@ -13,6 +13,25 @@ pub use gguf::FormatError;
 use std::io::Read;
 use std::path::Path;
 
+/// A file without the GGUF magic that does not read as a llama2.c checkpoint either: says both
+/// (a README read as a checkpoint header would otherwise report a nonsense `dim`). I/O errors
+/// pass through.
+fn neither(head: &[u8], llama2c: FormatError) -> FormatError {
+    if matches!(llama2c, FormatError::Io { .. }) {
+        return llama2c;
+    }
+    let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+    let why = llama2c.to_string();
+    let why = why.strip_prefix("llama2.c checkpoint: ").unwrap_or(&why);
+    FormatError::Model {
+        msg: format!(
+            "neither a GGUF file (it starts with bytes [{}] {:?}, not the magic \"GGUF\") nor a llama2.c checkpoint ({why})",
+            hex.join(" "),
+            String::from_utf8_lossy(head)
+        ),
+    }
+}
+
 /// Architectures the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -108,7 +127,9 @@ impl ModelFile {
         if n == 4 && &magic == b"GGUF" {
             Ok(ModelFile::Gguf(gguf::Gguf::open(path)?))
         } else {
-            Ok(ModelFile::Llama2c(llama2c::Llama2c::open(path)?))
+            llama2c::Llama2c::open(path)
+                .map(ModelFile::Llama2c)
+                .map_err(|e| neither(&magic[..n], e))
         }
     }
 
@@ -117,7 +138,11 @@ impl ModelFile {
         if bytes.starts_with(b"GGUF") {
             Ok(ModelFile::Gguf(gguf::Gguf::from_bytes(bytes)?))
         } else {
-            Ok(ModelFile::Llama2c(llama2c::Llama2c::from_bytes(bytes)?))
+            let head: [u8; 4] = std::array::from_fn(|i| bytes.get(i).copied().unwrap_or(0));
+            let n = bytes.len().min(4);
+            llama2c::Llama2c::from_bytes(bytes)
+                .map(ModelFile::Llama2c)
+                .map_err(|e| neither(&head[..n], e))
         }
     }
 
@@ -485,6 +510,27 @@ mod tests {
         let e = m.validate(&m.hyper().unwrap()).unwrap_err().to_string();
         assert!(
             e.contains("blk.0.ffn_down.weight") && e.contains("expected (cols 12, rows 8)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn text_is_neither_gguf_nor_llama2c() {
+        let e =
+            ModelFile::from_bytes(b"# LeanStream\n\nA fixed-memory LLM inference daemon.".to_vec())
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.starts_with("neither a GGUF file (it starts with bytes [23 20 4c 65] \"# Le\"")
+                && e.contains("nor a llama2.c checkpoint (dim 1699487779 is not a multiple"),
+            "{e}"
+        );
+        // Shorter than a header: said too.
+        let e = ModelFile::from_bytes(b"hi".to_vec())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[68 69] \"hi\"") && e.contains("llama2.c header"),
             "{e}"
         );
     }

@@ -258,7 +258,12 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
         .and_then(|_| {
             crate::model::ModelFile::open(&partial)
                 .and_then(|m| m.hyper().map(|_| ()))
-                .map_err(|e| format!("flash wrote an image that does not read back: {e}"))
+                .map_err(|e| {
+                    format!(
+                        "flash wrote an image that does not read back: {}: {e}",
+                        partial.display()
+                    )
+                })
         })
         .and_then(|_| {
             std::fs::rename(&partial, out).map_err(|e| format!("{}: {e}", out.display()))

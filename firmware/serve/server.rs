@@ -627,8 +627,21 @@ impl<'a> Server<'a> {
         // Only with --log-prompts (a debugging aid): prompts stay out of the logs otherwise.
         crate::sys::log::log_prompt(*id, text);
         let add_bos = tok.add_bos_default() || text.is_empty();
-        let n = match tok.encode_into(text, add_bos, *is_chat, &mut bufs.scratch, &mut bufs.tokens)
-        {
+        // Control tokens come only from the chat template's own markers: message contents and
+        // completion prompts are plain text, so a client cannot forge a turn.
+        let encoded = match &messages {
+            Some(m) => tok.encode_chat_into(
+                chat,
+                m,
+                true,
+                text,
+                add_bos,
+                &mut bufs.scratch,
+                &mut bufs.tokens,
+            ),
+            None => tok.encode_into(text, add_bos, false, &mut bufs.scratch, &mut bufs.tokens),
+        };
+        let n = match encoded {
             Ok(n) => n,
             Err(EncodeError::TooLong { needed, .. }) => {
                 return answer_error(

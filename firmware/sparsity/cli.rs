@@ -1,6 +1,6 @@
 //! The sparsity options shared by `leanstream` (generate, perplexity, bench) and `leanstreamd`.
 
-use super::thresholds::{default_path, ThresholdTable};
+use super::thresholds::{find_default, ThresholdTable};
 use super::{check_sparsity, BundleDown, FfnMode, FfnOptions, Score};
 use crate::model::ModelFile;
 use clap::Args;
@@ -20,8 +20,9 @@ pub struct SparsityArgs {
     /// neurons). perplexity and bench take a comma-separated list.
     #[arg(long, default_value = "glu")]
     pub score: String,
-    /// Thresholds table for oracle mode (default: tables/<model file stem>.thresh, made by
-    /// `leanstream calibrate`).
+    /// Thresholds table for oracle mode, made by `leanstream calibrate` (default:
+    /// <model file stem>.thresh in tables/ of the working directory, beside the model, or in the
+    /// repository's tables/). A table given is checked against the model in every mode.
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
     /// Precision of the bundles' down columns: tiles (32 columns with one scale per output
@@ -65,7 +66,19 @@ impl SparsityArgs {
             Ok(v)
         })?;
         let bundle_down: BundleDown = self.bundle_down.parse()?;
-        let mut table: Option<ThresholdTable> = None;
+        // A table given is checked against the model whatever the modes (dense and topk do not
+        // use it, but a wrong one is a mistake to say, not to ignore).
+        let mut table: Option<ThresholdTable> = match &self.thresholds {
+            Some(path) if !path.is_file() => {
+                return Err(format!(
+                    "{}: thresholds table not found (make one with `leanstream calibrate --model {} --file TEXT --sparsity S`)",
+                    path.display(),
+                    model_path.display()
+                ))
+            }
+            Some(path) => Some(ThresholdTable::load(path, model)?),
+            None => None,
+        };
         let mut out = Vec::new();
         for mode in modes {
             if mode == FfnMode::Dense {
@@ -77,17 +90,7 @@ impl SparsityArgs {
                     let mut dropped = None;
                     let thresholds = if mode == FfnMode::Oracle {
                         if table.is_none() {
-                            let path = self
-                                .thresholds
-                                .clone()
-                                .unwrap_or_else(|| default_path(model_path));
-                            if !path.is_file() {
-                                return Err(format!(
-                                    "oracle mode needs thresholds: {} not found (run leanstream calibrate --model {} --file TEXT --sparsity {sparsity}, or give --thresholds)",
-                                    path.display(),
-                                    model_path.display()
-                                ));
-                            }
+                            let path = find_default(model_path)?;
                             table = Some(ThresholdTable::load(&path, model)?);
                         }
                         let table = table.as_ref().unwrap();

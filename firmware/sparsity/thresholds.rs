@@ -68,6 +68,55 @@ pub fn default_path(model: &Path) -> PathBuf {
     PathBuf::from("tables").join(format!("{stem}.thresh"))
 }
 
+/// Where a model's thresholds table is looked for when none is given, in order: `tables/` in the
+/// working directory (where `calibrate` writes by default), beside the model, and the
+/// repository's `tables/` (found from the executable, `<repo>/target/<profile>/<bin>`, or the
+/// source tree the binary was built from).
+pub fn default_candidates(model: &Path) -> Vec<PathBuf> {
+    let name = default_path(model);
+    let name = name.file_name().unwrap_or_default();
+    let mut v = vec![default_path(model)];
+    if let Some(dir) = model.parent() {
+        v.push(dir.join(name));
+    }
+    if let Some(repo) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent()?.parent().map(Path::to_path_buf))
+        .filter(|r| r.join("Cargo.toml").is_file())
+    {
+        v.push(repo.join("tables").join(name));
+    }
+    v.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tables")
+            .join(name),
+    );
+    let mut seen = Vec::new();
+    v.retain(|p| {
+        let key = p.canonicalize().unwrap_or_else(|_| p.clone());
+        let fresh = !seen.contains(&key);
+        seen.push(key);
+        fresh
+    });
+    v
+}
+
+/// The first of [`default_candidates`] that exists; else an error that names every place looked
+/// at and how to make the table.
+pub fn find_default(model: &Path) -> Result<PathBuf, String> {
+    let candidates = default_candidates(model);
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    Err(format!(
+        "no thresholds table for {} (looked for {}); make one with `leanstream calibrate --model {} --file TEXT --sparsity S`, or give --thresholds",
+        model.display(),
+        looked.join(", "),
+        model.display()
+    ))
+}
+
 impl ThresholdTable {
     pub fn save(&self, path: &Path, model: &ModelFile) -> Result<(), String> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -80,7 +129,11 @@ impl ThresholdTable {
     /// Loads a table made for `model`; another model's table, or a damaged one, is refused.
     pub fn load(path: &Path, model: &ModelFile) -> Result<ThresholdTable, String> {
         let t: ThresholdTable = tables::read(path, KIND, VERSION, tables::model_identity(model))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| match e {
+                // It names the file already.
+                tables::TableError::Io(_) => e.to_string(),
+                _ => format!("{}: {e}", path.display()),
+            })?;
         let h = model.hyper().map_err(|e| e.to_string())?;
         let dropped_ok = |d: &DroppedMean| {
             d.mean.len() == h.n_layers * h.hidden_dim

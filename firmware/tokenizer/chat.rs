@@ -99,11 +99,32 @@ impl ChatFormat {
         out: &mut [u8],
     ) -> Result<usize, RenderError> {
         let mut s = Writer { out, n: 0 };
+        self.walk(messages, add_generation_prompt, &mut |piece, _| {
+            s.push_str(piece)
+        });
+        let limit = s.out.len();
+        if s.n > limit {
+            return Err(RenderError::TooLong { needed: s.n, limit });
+        }
+        Ok(s.n)
+    }
+
+    /// The prompt [`render_into`](Self::render_into) writes, piece by piece, in order: `emit(piece,
+    /// is_marker)`. Markers are the template's own control-token texts (`<|im_start|>`,
+    /// `<|eot_id|>`, `<s>`, ...), the only pieces the encoder may turn into control tokens
+    /// ([`Tokenizer::encode_chat_into`](super::Tokenizer::encode_chat_into)); roles, contents and
+    /// the template's other text are plain text.
+    pub(crate) fn walk(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        emit: &mut dyn FnMut(&str, bool),
+    ) {
         match self {
             ChatFormat::ChatMl { default_system } => {
                 if let (Some(sys), Some(first)) = (default_system, messages.first()) {
                     if first.role != "system" {
-                        push_chatml(&mut s, "system", sys);
+                        push_chatml(emit, "system", sys);
                     }
                 }
                 let mut i = 0;
@@ -111,45 +132,52 @@ impl ChatFormat {
                     let m = messages[i];
                     if m.role == "tool" && default_system.is_some() {
                         // Qwen2.5: consecutive tool results form one user turn.
-                        s.push_str("<|im_start|>user");
+                        emit("<|im_start|>", true);
+                        emit("user", false);
                         while i < messages.len() && messages[i].role == "tool" {
-                            s.push_str("\n<tool_response>\n");
-                            s.push_str(messages[i].content);
-                            s.push_str("\n</tool_response>");
+                            emit("\n", false);
+                            emit("<tool_response>", true);
+                            emit("\n", false);
+                            emit(messages[i].content, false);
+                            emit("\n", false);
+                            emit("</tool_response>", true);
                             i += 1;
                         }
-                        s.push_str("<|im_end|>\n");
+                        emit("<|im_end|>", true);
+                        emit("\n", false);
                         continue;
                     }
-                    push_chatml(&mut s, m.role, m.content);
+                    push_chatml(emit, m.role, m.content);
                     i += 1;
                 }
                 if add_generation_prompt {
-                    s.push_str("<|im_start|>assistant\n");
+                    emit("<|im_start|>", true);
+                    emit("assistant\n", false);
                 }
             }
             ChatFormat::Llama2 => {
                 let mut inside_turn = true;
-                s.push_str("[INST] ");
+                emit("[INST] ", false);
                 for m in messages {
                     let content = m.content.trim();
                     if !inside_turn {
                         inside_turn = true;
-                        s.push_str("<s>[INST] ");
+                        emit("<s>", true);
+                        emit("[INST] ", false);
                     }
                     match m.role {
                         "system" => {
-                            s.push_str("<<SYS>>\n");
-                            s.push_str(content);
-                            s.push_str("\n<</SYS>>\n\n");
+                            emit("<<SYS>>\n", false);
+                            emit(content, false);
+                            emit("\n<</SYS>>\n\n", false);
                         }
                         "user" => {
-                            s.push_str(content);
-                            s.push_str(" [/INST]");
+                            emit(content, false);
+                            emit(" [/INST]", false);
                         }
                         _ => {
-                            s.push_str(content);
-                            s.push_str("</s>");
+                            emit(content, false);
+                            emit("</s>", true);
                             inside_turn = false;
                         }
                     }
@@ -157,22 +185,21 @@ impl ChatFormat {
             }
             ChatFormat::Llama3 => {
                 for m in messages {
-                    s.push_str("<|start_header_id|>");
-                    s.push_str(m.role);
-                    s.push_str("<|end_header_id|>\n\n");
-                    s.push_str(m.content.trim());
-                    s.push_str("<|eot_id|>");
+                    emit("<|start_header_id|>", true);
+                    emit(m.role, false);
+                    emit("<|end_header_id|>", true);
+                    emit("\n\n", false);
+                    emit(m.content.trim(), false);
+                    emit("<|eot_id|>", true);
                 }
                 if add_generation_prompt {
-                    s.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                    emit("<|start_header_id|>", true);
+                    emit("assistant", false);
+                    emit("<|end_header_id|>", true);
+                    emit("\n\n", false);
                 }
             }
         }
-        let limit = s.out.len();
-        if s.n > limit {
-            return Err(RenderError::TooLong { needed: s.n, limit });
-        }
-        Ok(s.n)
     }
 }
 
@@ -213,12 +240,13 @@ impl Writer<'_> {
     }
 }
 
-fn push_chatml(s: &mut Writer, role: &str, content: &str) {
-    s.push_str("<|im_start|>");
-    s.push_str(role);
-    s.push_str("\n");
-    s.push_str(content);
-    s.push_str("<|im_end|>\n");
+fn push_chatml(emit: &mut dyn FnMut(&str, bool), role: &str, content: &str) {
+    emit("<|im_start|>", true);
+    emit(role, false);
+    emit("\n", false);
+    emit(content, false);
+    emit("<|im_end|>", true);
+    emit("\n", false);
 }
 
 /// The literal default system prompt of a ChatML template: the text of a string literal

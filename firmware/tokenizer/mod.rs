@@ -383,6 +383,43 @@ impl Tokenizer {
         }
     }
 
+    /// Renders `messages` in `format` and encodes the prompt as
+    /// [`encode_chat_into`](Self::encode_chat_into) does (control tokens only from the template's
+    /// markers), in buffers it allocates. Returns the rendered text and its ids.
+    pub fn encode_chat(
+        &self,
+        format: &ChatFormat,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        add_bos: bool,
+    ) -> (String, Vec<u32>) {
+        let text = format.render(messages, add_generation_prompt);
+        let mut scratch = EncodeScratch::new(text.len());
+        let mut out = vec![0u32; text.len() + 2];
+        loop {
+            match self.encode_chat_into(
+                format,
+                messages,
+                add_generation_prompt,
+                &text,
+                add_bos,
+                &mut scratch,
+                &mut out,
+            ) {
+                Ok(n) => {
+                    out.truncate(n);
+                    return (text, out);
+                }
+                Err(EncodeError::TooLong {
+                    what: EncodeLimit::OutputIds,
+                    needed,
+                    ..
+                }) => out.resize(needed, 0),
+                Err(e) => unreachable!("scratch sized for the text: {e}"),
+            }
+        }
+    }
+
     /// Encodes `text` into `out` without allocating, in the buffers of `scratch`, and returns the
     /// number of ids written (the same ids as
     /// [`encode_with_special`](Self::encode_with_special)). With `add_bos`, BOS comes first (if
@@ -423,6 +460,110 @@ impl Tokenizer {
         Ok(sink.n)
     }
 
+    /// Encodes a chat prompt: `rendered` is what [`ChatFormat::render_into`] wrote for
+    /// `messages` and `add_generation_prompt`. Only the template's own markers (`<|im_start|>`,
+    /// `<|im_end|>`, `<|eot_id|>`, ...) become control tokens; roles and message contents are
+    /// encoded as plain text, so `<|im_end|>` written in a message is its characters and a client
+    /// cannot forge a turn. Ids, limits and errors as [`encode_into`](Self::encode_into) (for a
+    /// conversation whose contents hold no control-token text, the same ids as `encode_into` of
+    /// `rendered` with `parse_special`); no allocation.
+    ///
+    /// If `rendered` is not the rendering of `messages` (a caller's mistake), it is encoded
+    /// whole as plain text: never with control tokens taken from it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode_chat_into(
+        &self,
+        format: &ChatFormat,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        rendered: &str,
+        add_bos: bool,
+        scratch: &mut EncodeScratch,
+        out: &mut [u32],
+    ) -> Result<usize, EncodeError> {
+        let mut pos = 0;
+        let mut same = true;
+        format.walk(messages, add_generation_prompt, &mut |piece, _| {
+            same =
+                same && rendered.as_bytes().get(pos..pos + piece.len()) == Some(piece.as_bytes());
+            pos += piece.len();
+        });
+        if !same || pos != rendered.len() {
+            return self.encode_into(rendered, add_bos, false, scratch, out);
+        }
+        let too_long_text = EncodeError::TooLong {
+            what: EncodeLimit::TextBytes,
+            needed: rendered.len(),
+            limit: scratch.max_text_bytes,
+        };
+        if rendered.len() > scratch.max_text_bytes || rendered.len() > (u32::MAX / 4) as usize {
+            return Err(too_long_text);
+        }
+        let limit = out.len();
+        let mut sink = IdSink { out, n: 0 };
+        if add_bos {
+            if let Some(b) = self.bos {
+                sink.push(b);
+            }
+        }
+        // The text between two markers that are control tokens is encoded as one fragment, as
+        // `encode_into` would cut it (a marker the vocabulary lacks stays part of the text).
+        let mut prev_special = true;
+        let mut text_start = 0;
+        let mut pos = 0;
+        let mut result = Ok(());
+        format.walk(messages, add_generation_prompt, &mut |piece, marker| {
+            let start = pos;
+            pos += piece.len();
+            if !marker || result.is_err() {
+                return;
+            }
+            let Some(id) = self.control_id(piece) else {
+                return;
+            };
+            result = self.encode_fragments(
+                &rendered[text_start..start],
+                false,
+                &mut prev_special,
+                scratch,
+                &mut sink,
+            );
+            sink.push(id);
+            prev_special = true;
+            text_start = pos;
+        });
+        result
+            .and_then(|()| {
+                self.encode_fragments(
+                    &rendered[text_start..],
+                    false,
+                    &mut prev_special,
+                    scratch,
+                    &mut sink,
+                )
+            })
+            .map_err(|Full| too_long_text)?;
+        if sink.n > limit {
+            return Err(EncodeError::TooLong {
+                what: EncodeLimit::OutputIds,
+                needed: sink.n,
+                limit,
+            });
+        }
+        Ok(sink.n)
+    }
+
+    /// The id of the token whose text is `marker`, if it is one that `parse_special` matches
+    /// (control, user-defined or unknown).
+    fn control_id(&self, marker: &str) -> Option<u32> {
+        let id = self.lookup(marker.as_bytes())?;
+        matches!(
+            self.token_type(id)?,
+            TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+        )
+        .then_some(id)
+    }
+
     fn encode_all(
         &self,
         text: &str,
@@ -436,25 +577,38 @@ impl Tokenizer {
                 out.push(b);
             }
         }
+        self.encode_fragments(text, parse_special, &mut true, scratch, out)
+    }
+
+    /// Encodes `text` cut at its literal special tokens (control ones only with
+    /// `parse_special`); `prev_special` says whether a special token (or the start) comes right
+    /// before, and is updated.
+    fn encode_fragments(
+        &self,
+        text: &str,
+        parse_special: bool,
+        prev_special: &mut bool,
+        scratch: &mut EncodeScratch,
+        out: &mut IdSink,
+    ) -> Result<(), Full> {
         self.partition(
             text.as_bytes(),
             parse_special,
             &mut scratch.frags,
             &mut scratch.frags_next,
         )?;
-        let mut prev_special = true;
         for &frag in &scratch.frags {
             match frag {
                 Frag::Token(id) => {
                     out.push(id);
-                    prev_special = true;
+                    *prev_special = true;
                 }
                 Frag::Text { start, end } => {
                     // Fragments are cut around valid UTF-8 tokens, so at char boundaries.
                     let s = text.get(start as usize..end as usize).ok_or(Full)?;
                     self.encode_text(
                         s,
-                        prev_special,
+                        *prev_special,
                         &mut scratch.chars,
                         &mut scratch.splits,
                         &mut scratch.text,
@@ -464,7 +618,7 @@ impl Tokenizer {
                         },
                         out,
                     )?;
-                    prev_special = false;
+                    *prev_special = false;
                 }
             }
         }
@@ -808,16 +962,32 @@ impl Tokenizer {
         &self.pieces[self.piece_off[i] as usize..self.piece_off[i + 1] as usize]
     }
 
+    /// The bytes token `id` adds to a text when it follows token `prev`:
+    /// [`token_bytes`](Self::token_bytes), less the leading space of a SentencePiece or llama2.c piece right
+    /// after BOS (the space the encoder prepends), as llama2.c's run.c and llama.cpp drop it.
+    pub fn piece_after(&self, prev: u32, id: u32) -> &[u8] {
+        let piece = self.token_bytes(id);
+        match piece {
+            [b' ', rest @ ..] if self.strips_prefix_space() && Some(prev) == self.bos => rest,
+            _ => piece,
+        }
+    }
+
+    /// Whether the encoder prepends a space that decoding drops at the start of a text.
+    fn strips_prefix_space(&self) -> bool {
+        match self.algo {
+            Algo::Spm => self.add_space_prefix,
+            Algo::Llama2c => true,
+            Algo::Bpe { .. } => false,
+        }
+    }
+
     /// Decodes `ids` to text (invalid UTF-8 replaced by U+FFFD). For SentencePiece and llama2.c
     /// vocabularies the one space the encoder prepends is stripped from the first text token when it
     /// is at the start or right after a leading BOS.
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
-        let strip = match self.algo {
-            Algo::Spm => self.add_space_prefix,
-            Algo::Llama2c => true,
-            Algo::Bpe { .. } => false,
-        };
+        let strip = self.strips_prefix_space();
         for (k, &id) in ids.iter().enumerate() {
             let mut piece = self.token_bytes(id);
             let first_text = k == 0 || (k == 1 && Some(ids[0]) == self.bos);
@@ -859,6 +1029,15 @@ impl Tokenizer {
     /// in byte-level BPE, `▁the` in SentencePiece).
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.lookup(text.as_bytes())
+    }
+
+    /// The vocabulary text of token `id` if it is one matched literally in text (control,
+    /// user-defined or unknown, e.g. `<s>`, `<|im_end|>`); these may decode to no bytes.
+    pub fn special_text(&self, id: u32) -> Option<&[u8]> {
+        self.specials
+            .iter()
+            .find(|(i, ..)| *i == id)
+            .map(|(_, t, _)| &t[..])
     }
 
     /// The type of token `id` (normal, control, byte, ...).
