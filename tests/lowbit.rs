@@ -218,21 +218,21 @@ fn logits_with(
     (out, requantized)
 }
 
-/// `leanstream flash` writes the values boot's own requantization makes: the flashed SmolLM2
+/// `leanstream requant` writes the values boot's own requantization makes: the requantized SmolLM2
 /// boots with nothing requantized and decodes bit for bit as the original at w4a8. Native
 /// precision, a non-GGUF input and an output over the input are refused with a sentence, and a
 /// refused run leaves no file behind.
 #[test]
-fn flashed_file_decodes_as_requantized_at_boot() {
+fn requantized_file_decodes_as_requantized_at_boot() {
     let Some(model) = common::model(common::SMOLLM2) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("leanstream-flash-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("leanstream-requant-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("smollm2.w4a8.gguf");
     let m = model.to_str().unwrap();
     let o = out.to_str().unwrap();
-    let (code, err) = leanstream(&["flash", m, "--precision", "w4a8", "--out", o]);
+    let (code, err) = leanstream(&["requant", m, "--precision", "w4a8", "--out", o]);
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("84 Q4_1 -> Q4_0 requantized (round to nearest, group 32)")
@@ -244,7 +244,7 @@ fn flashed_file_decodes_as_requantized_at_boot() {
     let (want, requantized) = logits(&model, Precision::W4a8, 6);
     assert_eq!(requantized, 210, "the original is requantized at boot");
     let (got, requantized) = logits(&out, Precision::W4a8, 6);
-    assert_eq!(requantized, 0, "the flashed file imports as it is");
+    assert_eq!(requantized, 0, "the requantized file imports as it is");
     for (pos, (a, b)) in want.iter().zip(&got).enumerate() {
         assert!(
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
@@ -286,15 +286,15 @@ fn flashed_file_decodes_as_requantized_at_boot() {
 
     for (args, needle) in [
         (
-            vec!["flash", m, "--precision", "native", "--out", o],
-            "flash needs a precision",
+            vec!["requant", m, "--precision", "native", "--out", o],
+            "requant needs a precision",
         ),
         (
-            vec!["flash", o, "--precision", "w8a8", "--out", o],
+            vec!["requant", o, "--precision", "w8a8", "--out", o],
             "would overwrite the input",
         ),
         (
-            vec!["flash", m, "--precision", "w3a8", "--out", o],
+            vec!["requant", m, "--precision", "w3a8", "--out", o],
             "unknown precision",
         ),
     ] {
@@ -305,14 +305,14 @@ fn flashed_file_decodes_as_requantized_at_boot() {
     let bad_out = dir.join("never.gguf");
     assert_refused(
         &[
-            "flash",
+            "requant",
             junk.to_str().unwrap(),
             "--precision",
             "w8a8",
             "--out",
             bad_out.to_str().unwrap(),
         ],
-        "flash reads GGUF files",
+        "requant reads GGUF files",
     );
     assert!(!bad_out.exists());
     let _ = std::fs::remove_dir_all(&dir);

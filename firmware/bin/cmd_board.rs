@@ -29,6 +29,11 @@ fn mib(bytes: usize) -> String {
 
 pub fn run(a: BoardArgs) -> Result<(), String> {
     println!("board {}: {}", board::NAME, board::DESCRIPTION);
+    println!(
+        "GPU: {:?}, memory model {:?} (PTX for every GPU is embedded; the board picks the defaults)",
+        board::GPU_ARCH,
+        board::MEMORY_MODEL
+    );
     let total: usize = ArenaKind::ALL.iter().map(|k| k.board_budget()).sum();
     println!(
         "usable memory {}; the budgets below take {} of it",

@@ -59,7 +59,7 @@ enum Command {
     Bench(BenchArgs),
     /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
     /// imports it as it is; prints what it did and the requantization error.
-    Flash(FlashArgs),
+    Requant(RequantArgs),
     /// Fit the int8 KV cache's layout cost model on this board (a short microbenchmark) and
     /// write it as a `kvcost` table for the model.
     CalibrateKv(CalibrateKvArgs),
@@ -230,7 +230,7 @@ struct GenerateArgs {
 }
 
 #[derive(Args)]
-struct FlashArgs {
+struct RequantArgs {
     /// The GGUF to requantize.
     model: PathBuf,
     /// f16, w8a8 or w4a8 (the targets of `--precision` at boot).
@@ -500,7 +500,7 @@ fn main() -> ExitCode {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
         }),
         Command::Bench(a) => cmd_bench(a),
-        Command::Flash(a) => cmd_flash(a),
+        Command::Requant(a) => cmd_requant(a),
         Command::CalibrateKv(a) => cmd_calibrate_kv(a),
         Command::Calibrate(a) => cmd_calibrate(a),
         Command::Trace(a) => cmd_trace(a),
@@ -1404,15 +1404,15 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_flash(a: FlashArgs) -> Result<(), String> {
+fn cmd_requant(a: RequantArgs) -> Result<(), String> {
     let precision = Precision::parse(&a.precision)?;
     let out = a.out.unwrap_or_else(|| {
         let stem = a.model.file_stem().unwrap_or_default().to_string_lossy();
         a.model.with_file_name(format!("{stem}.{precision}.gguf"))
     });
-    let report = leanstream::quant::flash::flash(&a.model, precision, &out)?;
+    let report = leanstream::offline::requant::requant(&a.model, precision, &out)?;
     eprintln!(
-        "flash: {} -> {} at {precision}:\n{report}",
+        "requant: {} -> {} at {precision}:\n{report}",
         a.model.display(),
         out.display()
     );

@@ -486,7 +486,7 @@ fn min_size(ty: u32) -> Option<usize> {
 
 impl Value {
     /// The GGUF encoding of this value: its type id and bytes, as [`read_value`] reads them
-    /// (`leanstream flash` copies a file's metadata through it).
+    /// (`leanstream requant` copies a file's metadata through it).
     pub fn encode(&self) -> (u32, Vec<u8>) {
         match self {
             Value::U8(v) => (T_U8, vec![*v]),

@@ -4,7 +4,9 @@
 //! - [`calibrate`]: activation thresholds and dropped-neuron means for target sparsities.
 //! - [`trace`]: the activation trace file (safetensors) and its reader.
 //! - [`trace_stats`]: a trace's statistics for the sparsity report.
+//! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
 
 pub mod calibrate;
+pub mod requant;
 pub mod trace;
 pub mod trace_stats;

@@ -52,7 +52,6 @@
 //! ffn_down, attn_v and the end layers at more bits; see `Role::Sensitive`), with int8 KV. A matrix whose rows are not whole groups of 32 stays in its
 //! own type (said in the conversion report).
 
-pub mod flash;
 pub mod view;
 
 use crate::model::ggml::{dequantize_row, f16_to_f32, f32_to_f16, quantize_row_q8_0, GgmlType};
@@ -375,7 +374,7 @@ pub fn convert(
 
 /// `t` converted to `tg` as plain GGML data (F16, Q8_0 or Q4_0 blocks, whatever the packing; or
 /// its own bytes for `Keep`): the GGML type, its bytes, and how. The values are those of
-/// [`convert`]'s; `flash` writes them to a file, the CUDA weight image repacks them.
+/// [`convert`]'s; `leanstream requant` (`offline::requant`) writes them to a file, the CUDA weight image repacks them.
 pub fn convert_to_ggml(
     tg: Target,
     t: &TensorRef,

@@ -199,7 +199,7 @@ impl<'o> ImageWriter<'o> {
         let blocks = rows * nb;
         let (gty, target) = self.image_type(ty0, role, cols);
         // Requantized to GGML Q8_0/Q4_0 blocks first (write pass only, with the values of the
-        // CPU's boot and of `flash`), then repacked below as if the file had held them.
+        // CPU's boot and of `requant`), then repacked below as if the file had held them.
         let requant = matches!(gty, GpuType::Q8_0 | GpuType::Q4_0) && ty0 != ggml_of(gty);
         let owned: Vec<Vec<u8>> = if requant && self.out.is_some() {
             let mut scratch = Vec::new();

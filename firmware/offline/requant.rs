@@ -1,19 +1,19 @@
-//! `leanstream flash`: a GGUF requantized offline into the GGML types of a precision, so that
+//! `leanstream requant`: a GGUF requantized offline into the GGML types of a precision, so that
 //! boot imports every matrix as it is. At `w8a8` every matrix becomes `Q8_0`; at `w4a8` the
 //! attention matrices and the FFN's gate and up become `Q4_0` and the rest `Q8_0` (the same
-//! targets as [`super::target`]); at `f16` every matrix becomes `F16`. The values are exactly those
-//! boot's own requantization gives ([`super::convert`]): a flashed file booted at its precision
+//! targets as [`crate::quant::target`]); at `f16` every matrix becomes `F16`. The values are exactly those
+//! boot's own requantization gives ([`crate::quant::convert`]): a requantized file booted at its precision
 //! decodes bit for bit as the original booted at that precision. The int4 packing is not in the
 //! file: GGUF's `Q4_0` block is the exchange format, and boot lays its nibbles out in the chosen
 //! `--packing` (values kept). The output is a plain GGUF, so llama.cpp runs it too.
 //!
-//! The neuron-bundle image of DESIGN.md section 5 (FFN stored for streaming) is the SSD
-//! streaming work's; this is its dense, requantized part.
+//! The flash image of DESIGN.md section 5 (`leanstream flash`: the FFN stored as neuron bundles
+//! for streaming) is the SSD-streaming work's; this is its dense, requantized part.
 
-use super::{convert_to_ggml, target, Conversion, Precision, Role, Target};
 use crate::model::ggml::{dequantize_row, GgmlType};
 use crate::model::gguf::{build, Gguf, Value};
 use crate::model::TensorRef;
+use crate::quant::{convert_to_ggml, target, Conversion, Precision, Role, Target};
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ pub struct FlashLine {
     pub bytes: usize,
 }
 
-/// What `flash` wrote.
+/// What `requant` wrote.
 #[derive(Clone, Debug, Default)]
 pub struct FlashReport {
     pub lines: Vec<FlashLine>,
@@ -116,10 +116,10 @@ fn partial_path(out: &Path) -> PathBuf {
 
 /// Requantizes the GGUF at `input` into `precision`'s GGML types and writes it to `out`
 /// (through `out.partial`, renamed into place once whole, so a failed run leaves no torn file).
-pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashReport, String> {
+pub fn requant(input: &Path, precision: Precision, out: &Path) -> Result<FlashReport, String> {
     if precision == Precision::Native {
         return Err(
-            "flash needs a precision to requantize to: --precision f16, w8a8 or w4a8".into(),
+            "requant needs a precision to requantize to: --precision f16, w8a8 or w4a8".into(),
         );
     }
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
@@ -134,16 +134,21 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
     }
     let g = Gguf::open(input).map_err(|e| {
         format!(
-            "{}: {e} (flash reads GGUF files; llama.cpp's convert script makes one from a checkpoint)",
+            "{}: {e} (requant reads GGUF files; llama.cpp's convert script makes one from a checkpoint)",
             input.display()
         )
     })?;
 
-    // Metadata: every key as it is, but the file type, plus a note of what flash did.
+    // Metadata: every key as it is, but the file type, plus a note of what requant did.
     let mut kv: Vec<(String, u32, Vec<u8>)> = g
         .metadata()
         .iter()
-        .filter(|(k, _)| k != "general.file_type" && !k.starts_with("leanstream.flash."))
+        .filter(|(k, _)| {
+            // Earlier versions of this tool wrote its note as `leanstream.flash.*`.
+            k != "general.file_type"
+                && !k.starts_with("leanstream.requant.")
+                && !k.starts_with("leanstream.flash.")
+        })
         .map(|(k, v)| {
             let (ty, b) = v.encode();
             (k.clone(), ty, b)
@@ -152,7 +157,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
     for (k, v) in [
         ("general.file_type", Value::U32(file_type(precision))),
         (
-            "leanstream.flash.precision",
+            "leanstream.requant.precision",
             Value::Str(precision.name().into()),
         ),
     ] {
@@ -173,7 +178,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
     let n_layers = g
         .tensors
         .iter()
-        .filter_map(|t| super::layer_of(&t.name))
+        .filter_map(|t| crate::quant::layer_of(&t.name))
         .max()
         .map_or(0, |i| i + 1);
     for info in &g.tensors {
@@ -191,7 +196,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
         let tg = if matrix {
             target(
                 precision,
-                super::Packing::default(),
+                crate::quant::Packing::default(),
                 Role::of(&info.name, n_layers),
                 info.ty,
                 cols,
@@ -260,7 +265,7 @@ pub fn flash(input: &Path, precision: Precision, out: &Path) -> Result<FlashRepo
                 .and_then(|m| m.hyper().map(|_| ()))
                 .map_err(|e| {
                     format!(
-                        "flash wrote an image that does not read back: {}: {e}",
+                        "requant wrote a file that does not read back: {}: {e}",
                         partial.display()
                     )
                 })
