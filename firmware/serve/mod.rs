@@ -23,8 +23,11 @@
 pub mod alloc_count;
 pub mod api;
 pub mod http;
+mod job;
 pub mod json;
 pub mod metrics;
+pub mod outbox;
+pub mod refusal;
 pub mod server;
 
 use core::fmt;
