@@ -146,6 +146,11 @@ impl Outbox {
         self.lock().closed
     }
 
+    /// Slot side: the engine cut this client off (stop sending).
+    pub fn is_aborted(&self) -> bool {
+        self.lock().aborted
+    }
+
     /// Engine side: the response is complete (or `abort`: cut off, send nothing more); `status`
     /// is counted by the slot once it knows whether the bytes got out.
     pub fn finish(&self, status: u16, abort: bool) {
@@ -259,6 +264,7 @@ mod tests {
         o.close();
         assert_eq!(o.push(b"x", LONG, LONG), Err(PushError::Closed));
         o.finish(499, true);
+        assert!(o.is_aborted());
         assert_eq!(o.take(&mut b, LONG), Take::Aborted);
         o.reset();
         assert_eq!(o.take(&mut b, Duration::from_millis(1)), Take::Idle);

@@ -60,6 +60,8 @@ const SEND_CHUNK: usize = 4096;
 /// An engine that has shown no progress for this long is stalled: no watchdog pings, and
 /// `/health` answers 503 "stalled". (A prefill is one step: it must fit in this.)
 pub const ENGINE_STALL_LIMIT: Duration = Duration::from_secs(10);
+/// At shutdown, how long after the grace a slot may still send an answer's end to a slow client.
+const AFTER_GRACE: Duration = Duration::from_secs(5);
 /// Refusal log lines: at most one per this.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -594,7 +596,7 @@ impl<'a> Server<'a> {
     fn send_outbox(&self, slot: &Slot, id: u64, stream: &mut UnixStream, chunk: &mut [u8]) {
         let _ = stream.set_write_timeout(Some(WRITE_SLICE));
         let mut delivered = true;
-        let mut progress = Instant::now();
+        let mut progress: Instant;
         'send: loop {
             let n = match slot.outbox.take(chunk, TICK) {
                 Take::Bytes(n) => n,
@@ -611,6 +613,9 @@ impl<'a> Server<'a> {
                     break;
                 }
             };
+            // The client has the read timeout to take each chunk (not counting the time the
+            // engine took to make it).
+            progress = Instant::now();
             let mut sent = 0;
             while sent < n {
                 match stream.write(&chunk[sent..n]) {
@@ -630,9 +635,13 @@ impl<'a> Server<'a> {
                                 | std::io::ErrorKind::Interrupted
                         ) =>
                     {
+                        if slot.outbox.is_aborted() {
+                            delivered = false;
+                            break 'send;
+                        }
                         // Past the grace at shutdown, a client that is still behind is left.
                         let limit = match self.grace_deadline() {
-                            Some(d) if Instant::now() > d + TICK * 10 => Duration::ZERO,
+                            Some(d) if Instant::now() > d + AFTER_GRACE => Duration::ZERO,
                             _ => self.cfg.read_timeout,
                         };
                         if progress.elapsed() >= limit {
