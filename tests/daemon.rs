@@ -777,6 +777,7 @@ fn a_client_that_stops_reading_is_cut_off_and_delays_no_one() {
         r#"{"prompt":"Once","max_tokens":4,"temperature":0}"#,
     );
     let waited = started.elapsed();
+    eprintln!("a short answer behind a client that does not read: {waited:?}");
     assert_eq!(r.status, 200, "{r:?}");
     assert!(
         waited < Duration::from_secs(8),
@@ -848,6 +849,7 @@ fn sigterm_bounds_the_running_request_by_the_grace_and_closes_the_listener() {
         }
     }
     let ended = term.elapsed();
+    eprintln!("after SIGTERM: listener gone within {closed_after:?}, stream ended after {ended:?}");
     let closed_after = closed_after.expect("the socket file stayed while draining");
     assert!(closed_after < Duration::from_secs(1), "{closed_after:?}");
     let r = Response::parse(&out);
@@ -921,6 +923,7 @@ fn many_refusals_do_not_hold_up_the_acceptor() {
         assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
     }
     let refusing = started.elapsed();
+    eprintln!("60 refusals answered in {refusing:?}");
     assert!(
         refusing < Duration::from_secs(4),
         "60 refusals took the acceptor {refusing:?}"

@@ -374,9 +374,8 @@ impl Server<'_> {
         let mut stats = match stats {
             Ok(s) => s,
             // check_request passed above, so generate cannot refuse the request now.
-            Err(e) => {
+            Err(_) => {
                 crate::log_error!("request {} failed to generate", *id);
-                let _ = e;
                 return (500, true);
             }
         };

@@ -671,9 +671,11 @@ impl<'a> Server<'a> {
 
     fn answer_get(&self, stream: &mut UnixStream, route: Route, buf: &mut [u8]) {
         let mut body = FixedBuf::new(buf);
+        // One look, so the status line and the body agree.
+        let stalled = route == Route::Health && self.engine_stalled();
         let content_type = match route {
             Route::Health => {
-                let _ = api::write_health(&mut body, self.cfg.model_name, self.engine_stalled());
+                let _ = api::write_health(&mut body, self.cfg.model_name, stalled);
                 http::JSON
             }
             Route::Models => {
@@ -697,11 +699,7 @@ impl<'a> Server<'a> {
         let ok = !body.overflowed();
         let len = body.len();
         if ok {
-            let status = if route == Route::Health && self.engine_stalled() {
-                503
-            } else {
-                200
-            };
+            let status = if stalled { 503 } else { 200 };
             let _ = http::write_response(
                 &mut StdWriter(&mut *stream),
                 status,
