@@ -430,12 +430,43 @@ fn bad_input_gets_its_error_and_the_daemon_keeps_serving() {
             ),
             422,
         ),
+        (
+            "a field the server does not implement",
+            r#"{"prompt":"x","logprobs":5}"#.into(),
+            400,
+        ),
     ];
     for (what, body, status) in bodies {
         let r = d.post("/v1/completions", &body);
         assert_eq!(r.status, status, "{what}: {r:?}");
         assert!(error_type(&r), "{what}: {r:?}");
     }
+    let r = d.post("/v1/completions", r#"{"prompt":"x","echo":true}"#);
+    assert!(
+        r.body.contains("\"param\":\"echo\"") && r.body.contains("not supported"),
+        "{r:?}"
+    );
+    // A 422 is counted as a 422 (it was counted under "0", other).
+    let m = d.get("/metrics").body;
+    assert_eq!(
+        metric(&m, "leanstream_requests_total{status=\"422\"}"),
+        Some(1),
+        "{m}"
+    );
+    // A body that ends early (the client ends its side first) is a 400, not silence.
+    let mut short = UnixStream::connect(&d.socket).unwrap();
+    short
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"prompt\":")
+        .unwrap();
+    short.shutdown(std::net::Shutdown::Write).unwrap();
+    short
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut out = Vec::new();
+    short.read_to_end(&mut out).unwrap();
+    let r = Response::parse(&out);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.contains("ended after 10 of its 50 bytes"), "{r:?}");
     // Invalid UTF-8 inside a JSON string.
     let body = b"{\"prompt\":\"\xff\xfe\"}";
     let mut bad = format!(
@@ -745,4 +776,236 @@ fn chat_content_cannot_forge_a_turn() {
         parsed.len(),
         r.body
     );
+}
+
+/// Writes a POST with `body` on a fresh connection and returns it unread.
+fn open_request(socket: &Path, path: &str, body: &str) -> UnixStream {
+    let mut st = UnixStream::connect(socket).unwrap();
+    write!(
+        st,
+        "POST {path} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    st
+}
+
+fn metric(metrics: &str, name: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Issue 24, item 2: a client that opens a stream and never reads used to hold the engine
+/// thread in `write` for the whole write timeout (the read timeout, 30 s here), delaying every
+/// other request. Now the engine writes into the slot's outbox; the client is cut off as one
+/// that could not keep up, and the other answer comes at once.
+#[test]
+fn a_client_that_stops_reading_is_cut_off_and_delays_no_one() {
+    let Some(d) = Daemon::stories_with(
+        "stall",
+        &["--output-buffer-kib", "4", "--read-timeout-ms", "30000"],
+    ) else {
+        return;
+    };
+    let body = r#"{"prompt":"Once upon a time","max_tokens":480,"temperature":0,"stream":true}"#;
+    let mut stuck = open_request(&d.socket, "/v1/completions", body);
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let r = d.post(
+        "/v1/completions",
+        r#"{"prompt":"Once","max_tokens":4,"temperature":0}"#,
+    );
+    let waited = started.elapsed();
+    eprintln!("a short answer behind a client that does not read: {waited:?}");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        waited < Duration::from_secs(8),
+        "a short answer waited {waited:?} behind a client that does not read"
+    );
+    let h = d.get("/health");
+    assert_eq!(h.status, 200, "{h:?}");
+    assert!(h.body.contains("\"status\":\"ok\""), "{h:?}");
+    let m = d.get("/metrics").body;
+    assert_eq!(metric(&m, "leanstream_slow_clients_total"), Some(1), "{m}");
+    // The stuck client got the start of its stream, then the end of the connection, not [DONE].
+    stuck
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = stuck.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert_eq!(
+        metric(&m, "leanstream_heap_allocations_after_boot_total"),
+        Some(0),
+        "{m}"
+    );
+    assert_eq!(d.stop(), 0);
+}
+
+/// Issue 24, item 4: SIGTERM in the middle of a request that would run well past the grace
+/// (its client reads slowly) ends it at the grace with finish_reason "length" and [DONE], and
+/// the listener is closed and unlinked at once, so new clients fail instead of hanging.
+#[test]
+fn sigterm_bounds_the_running_request_by_the_grace_and_closes_the_listener() {
+    let Some(mut d) = Daemon::stories_with(
+        "grace",
+        &["--output-buffer-kib", "4", "--shutdown-grace-ms", "1000"],
+    ) else {
+        return;
+    };
+    let body = r#"{"prompt":"Once upon a time","max_tokens":480,"temperature":0,"stream":true}"#;
+    let mut st = open_request(&d.socket, "/v1/completions", body);
+    st.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // Read about 20 KB/s: the whole stream (about 75 KB) would take several seconds.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    let paced_read = |st: &mut UnixStream, out: &mut Vec<u8>, buf: &mut [u8]| -> bool {
+        std::thread::sleep(Duration::from_millis(50));
+        match st.read(buf) {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                true
+            }
+        }
+    };
+    for _ in 0..6 {
+        assert!(paced_read(&mut st, &mut out, &mut buf));
+    }
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let term = Instant::now();
+    let mut closed_after = None;
+    while paced_read(&mut st, &mut out, &mut buf) {
+        if closed_after.is_none() && !d.socket.exists() {
+            closed_after = Some(term.elapsed());
+            // A new client is refused at once, not left hanging.
+            let t = Instant::now();
+            assert!(UnixStream::connect(&d.socket).is_err());
+            assert!(t.elapsed() < Duration::from_secs(1));
+        }
+    }
+    let ended = term.elapsed();
+    eprintln!("after SIGTERM: listener gone within {closed_after:?}, stream ended after {ended:?}");
+    let closed_after = closed_after.expect("the socket file stayed while draining");
+    assert!(closed_after < Duration::from_secs(1), "{closed_after:?}");
+    let r = Response::parse(&out);
+    assert_eq!(r.status, 200, "{r:?}");
+    let (text, done) = sse_text(&r.body, "text");
+    assert!(done, "no [DONE] after the grace: {r:?}");
+    assert!(
+        r.body.contains("\"finish_reason\":\"length\""),
+        "{}",
+        &r.body[r.body.len().saturating_sub(600)..]
+    );
+    let generated: usize = r
+        .body
+        .split("\"completion_tokens\":")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .expect("usage in the final chunk");
+    assert!(
+        generated < 480,
+        "the request ran to its end ({generated} tokens) instead of the grace"
+    );
+    assert!(!text.is_empty());
+    assert!(
+        ended < Duration::from_secs(6),
+        "the stream ended {ended:?} after SIGTERM"
+    );
+    let started = Instant::now();
+    loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 24, item 5: the acceptor used to linger 200 ms on each refusal, so 60 refused
+/// connections held it for 12 s. Now each is answered at once.
+#[test]
+fn many_refusals_do_not_hold_up_the_acceptor() {
+    let Some(d) = Daemon::stories_with(
+        "refuse",
+        &["--max-clients", "2", "--read-timeout-ms", "1500"],
+    ) else {
+        return;
+    };
+    // Served once (the start-up probe is done with), then two idle connections take both
+    // slots until their read timeout.
+    assert_eq!(d.get("/health").status, 200);
+    std::thread::sleep(Duration::from_millis(100));
+    let idle: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let c = UnixStream::connect(&d.socket).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    // Refused clients that keep their connections open (the worst case for a lingering acceptor).
+    let mut refused: Vec<UnixStream> = (0..60)
+        .map(|_| UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    for st in refused.iter_mut() {
+        st.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut head = [0u8; 64];
+        let n = st.read(&mut head).unwrap();
+        let head = String::from_utf8_lossy(&head[..n]);
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    }
+    let refusing = started.elapsed();
+    eprintln!("60 refusals answered in {refusing:?}");
+    assert!(
+        refusing < Duration::from_secs(4),
+        "60 refusals took the acceptor {refusing:?}"
+    );
+    drop(idle);
+    let h = d.get("/health");
+    assert_eq!(h.status, 200, "{h:?}");
+    let total = started.elapsed();
+    assert!(
+        total < Duration::from_secs(8),
+        "/health answered after {total:?}"
+    );
+    let m = d.get("/metrics").body;
+    assert!(
+        metric(&m, "leanstream_rejections_total").unwrap() >= 60,
+        "{m}"
+    );
+    drop(refused);
+}
+
+/// Issue 24, item 3: a non-streamed answer longer than context x 32 bytes used to get no
+/// response at all. SmolLM2's longest tokens are a newline and 80 spaces; at a context of 128
+/// an answer of such tokens passes 4 KiB. It is sent as it is generated, so it always arrives.
+#[test]
+fn a_long_non_streamed_answer_arrives_whole() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let d = Daemon::start(&model, None, "long", &["--context", "128"]);
+    let line = format!("\n{}", " ".repeat(80));
+    let prompt = format!("x{}", line.repeat(12)).replace('\n', "\\n");
+    let r = d.post(
+        "/v1/completions",
+        &format!(r#"{{"prompt":"{prompt}","max_tokens":120,"temperature":0}}"#),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let text = r.field("text").expect("the answer's text");
+    assert!(
+        text.len() > 128 * 32,
+        "the answer is only {} bytes: {text:?}",
+        text.len()
+    );
+    assert!(r.body.ends_with('}'), "{}", &r.body[r.body.len() - 200..]);
+    assert!(r.body.contains("\"completion_tokens\":"), "{r:?}");
 }

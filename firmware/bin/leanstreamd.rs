@@ -50,6 +50,18 @@ struct Args {
     /// A client must send its whole request within this many milliseconds (default: the board's).
     #[arg(long)]
     read_timeout_ms: Option<u64>,
+    /// After SIGTERM, running and queued requests end within this many milliseconds (their
+    /// answers end with finish_reason "length"); keep it below systemd's TimeoutStopSec.
+    #[arg(long, default_value_t = 30_000)]
+    shutdown_grace_ms: u64,
+    /// KiB of each client slot's output buffer; a client that lets it stay full (it stopped
+    /// reading) is cut off.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=16384))]
+    output_buffer_kib: u64,
+    /// Context length in tokens (default: the smaller of the board's max_context and the
+    /// model's own).
+    #[arg(long)]
+    context: Option<usize>,
     /// Log prompt text (off by default: prompts may be private).
     #[arg(long)]
     log_prompts: bool,
@@ -139,6 +151,9 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(t) = args.threads {
         opts.threads = t;
     }
+    if let Some(c) = args.context {
+        opts.context = c;
+    }
     opts.precision = args.precision;
     opts.packing = args.packing;
     opts.kv_policy = leanstream::kv::policy_from(&file, args.kv_cost.as_deref(), &args.kv_layout)?;
@@ -204,6 +219,12 @@ fn run(args: Args) -> Result<(), String> {
         let _ = sys::notify::ready();
         log_info!("ready: serving on the socket");
     };
+    let on_stop_accepting = || {
+        // The listener is closed: remove its file so new clients fail at once, and tell
+        // systemd we are stopping (the running request may take up to the grace).
+        let _ = std::fs::remove_file(&socket);
+        let _ = sys::notify::stopping();
+    };
     let allocations = alloc_count::allocations_after_boot;
     let server = Server::new(ServerConfig {
         model_name: &model_name,
@@ -214,9 +235,11 @@ fn run(args: Args) -> Result<(), String> {
         max_request_bytes: board::MAX_REQUEST_BYTES,
         read_timeout: Duration::from_millis(args.read_timeout_ms.unwrap_or(board::READ_TIMEOUT_MS)),
         request_timeout: Duration::from_secs(board::REQUEST_TIMEOUT_S),
-        shutdown_grace: Duration::from_secs(30),
+        shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        output_buffer_bytes: args.output_buffer_kib as usize * 1024,
         shutdown: &sys::signals::shutdown_requested,
         on_tick: &on_tick,
+        on_stop_accepting: &on_stop_accepting,
         allocations: &allocations,
         on_ready: &on_ready,
     });
@@ -228,9 +251,6 @@ fn run(args: Args) -> Result<(), String> {
         engine.describe(),
         ffn_label
     );
-    server.run(&listener, engine.decoder(), &mut sampler, &tok, &chat);
-    let _ = sys::notify::stopping();
-    drop(listener);
-    let _ = std::fs::remove_file(&socket);
+    server.run(listener, engine.decoder(), &mut sampler, &tok, &chat);
     Ok(())
 }

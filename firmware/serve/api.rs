@@ -9,7 +9,7 @@
 //! - `model`: a string (or null), not checked against the loaded model.
 //! - `prompt` (completions, required): a string, or an array of exactly one string.
 //! - `messages` (chat, required): 1 to [`MAX_MESSAGES`] objects `{role, content}`; `role` is
-//!   `system`, `user` or `assistant`; `content` is a string, or an array of `{"type":"text",
+//!   `system` (or `developer`, OpenAI's newer name for it), `user` or `assistant`; `content` is a string, or an array of `{"type":"text",
 //!   "text":...}` parts (joined with `\n`). Other message keys are ignored.
 //! - `max_tokens` (chat also `max_completion_tokens`): integer in `0..=board::MAX_CONTEXT`;
 //!   default [`DEFAULT_MAX_TOKENS`] for completions (OpenAI's), `MAX_CONTEXT` for chat (the
@@ -20,6 +20,11 @@
 //! - `stop`: a string or an array of at most `MAX_STOPS` strings of at most `MAX_STOP_BYTES`
 //!   bytes each; empty strings are dropped.
 //! - `stream`: boolean. `n`: only 1.
+//! - Fields this server does not implement (`echo`, `logprobs`, `top_logprobs`, `best_of`,
+//!   `suffix`, `response_format`, `tools`, `tool_choice`, `functions`, `function_call`,
+//!   `logit_bias`) are a 400 naming the field, unless given their "off" value (`null`, `false`,
+//!   `0` for `top_logprobs`, `1` for `best_of`, `""`, `[]`, `{}`, `"none"`,
+//!   `{"type":"text"}`).
 //! - Any optional field may be `null` (= absent). Unknown fields are skipped (validated as JSON).
 //!
 //! A wrong type is a 400 naming the field (`'max_tokens' must be an integer`, param
@@ -436,9 +441,102 @@ fn param_field<'a>(
                 _ => return Err(must_be("stop", "a string or an array of strings")),
             }
         }
-        _ => return Ok(false),
+        _ => return unsupported_field(key, r),
     }
     Ok(true)
+}
+
+/// OpenAI fields this server does not implement. A request that uses one is a 400 naming it,
+/// rather than an answer that silently ignores it; the value that means "off" is accepted.
+const UNSUPPORTED: [&str; 11] = [
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "best_of",
+    "suffix",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "logit_bias",
+];
+
+/// Reads the value of `key` if it is one of [`UNSUPPORTED`]: `null` and each field's "off" value
+/// (`false`, `0`, `1` for `best_of`, `""`, `[]`, `{}`, `"none"`, `{"type":"text"}`) pass;
+/// anything else is a 400. False (the value is unread) for any other key.
+fn unsupported_field(key: &str, r: &mut Reader) -> Result<bool, Fail> {
+    let Some(&param) = UNSUPPORTED.iter().find(|&&k| k == key) else {
+        return Ok(false);
+    };
+    let mut scratch = [0u8; KEY_SCRATCH];
+    let off = match r.peek_kind()? {
+        Kind::Null => {
+            r.null()?;
+            true
+        }
+        Kind::Bool => !r.boolean()? && matches!(param, "echo" | "logprobs"),
+        Kind::Number => {
+            let n = json::integer(r.number()?);
+            match param {
+                "top_logprobs" => n == Some(0),
+                "best_of" => n == Some(1),
+                _ => false,
+            }
+        }
+        Kind::String => {
+            let mut sink = Sink::new(&mut scratch, 0);
+            r.string(Some(&mut sink))?;
+            match param {
+                "suffix" => sink.written() == Some(0),
+                "tool_choice" | "function_call" => sink.as_str() == Some("none"),
+                _ => false,
+            }
+        }
+        Kind::Array => {
+            r.begin_array()?;
+            let mut first = true;
+            let empty = !r.next_element(&mut first)?;
+            if !empty {
+                r.skip_value()?;
+                while r.next_element(&mut first)? {
+                    r.skip_value()?;
+                }
+            }
+            empty && matches!(param, "tools" | "functions")
+        }
+        Kind::Object => {
+            r.begin_object()?;
+            let mut first = true;
+            let mut members = 0;
+            let mut text_type = false;
+            while r.next_member(&mut first)? {
+                members += 1;
+                let is_type = r.key(&mut scratch)? == Some("type");
+                if is_type && r.peek_kind()? == Kind::String {
+                    let mut sink = Sink::new(&mut scratch, 0);
+                    r.string(Some(&mut sink))?;
+                    text_type = sink.as_str() == Some("text");
+                } else {
+                    r.skip_value()?;
+                }
+            }
+            match param {
+                "logit_bias" => members == 0,
+                "response_format" => members == 1 && text_type,
+                _ => false,
+            }
+        }
+    };
+    if off {
+        Ok(true)
+    } else {
+        Err(ApiError::invalid(
+            param,
+            format_args!("'{param}' is not supported by this server"),
+        )
+        .into())
+    }
 }
 
 fn push_stop<'a>(s: &'a str, stop: &mut heapless::Vec<&'a str, MAX_STOPS>) -> Result<(), Fail> {
@@ -589,7 +687,7 @@ fn message<'a>(r: &mut Reader, t: &mut Text<'a>, i: usize) -> Result<ChatMessage
                 let bad = || {
                     message_error(
                         i,
-                        format_args!(".role' must be one of system, user, assistant"),
+                        format_args!(".role' must be one of system, developer, user, assistant"),
                     )
                 };
                 if r.peek_kind()? != Kind::String {
@@ -598,7 +696,8 @@ fn message<'a>(r: &mut Reader, t: &mut Text<'a>, i: usize) -> Result<ChatMessage
                 let mut sink = Sink::new(&mut scratch, 0);
                 r.string(Some(&mut sink))?;
                 role = Some(match sink.as_str() {
-                    Some("system") => "system",
+                    // OpenAI's newer name for the system role, which current clients send.
+                    Some("system") | Some("developer") => "system",
                     Some("user") => "user",
                     Some("assistant") => "assistant",
                     _ => return Err(bad()),
@@ -733,12 +832,31 @@ pub fn write_completion(
     finish: FinishReason,
     usage: &Usage,
 ) -> fmt::Result {
+    let mut carry = Utf8Carry::new();
+    write_completion_open(out, meta)?;
+    carry.push(text, out)?;
+    write_completion_close(out, &mut carry, finish, usage)
+}
+
+/// The `/v1/completions` response up to the opening quote of its text, for a response sent
+/// while it is generated: then the text through a [`Utf8Carry`], then
+/// [`write_completion_close`]. Together they write what [`write_completion`] writes.
+pub fn write_completion_open(out: &mut impl Write, meta: &ResponseMeta) -> fmt::Result {
     write_meta(out, "cmpl", "text_completion", meta)?;
-    out.write_str(",\"choices\":[{\"index\":0,\"text\":")?;
-    json::write_bytes_str(out, text)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"text\":\"")
+}
+
+/// The rest of a `/v1/completions` response after its text (see [`write_completion_open`]).
+pub fn write_completion_close(
+    out: &mut impl Write,
+    carry: &mut Utf8Carry,
+    finish: FinishReason,
+    usage: &Usage,
+) -> fmt::Result {
+    carry.finish(out)?;
     write!(
         out,
-        ",\"finish_reason\":\"{}\",\"logprobs\":null}}],",
+        "\",\"finish_reason\":\"{}\",\"logprobs\":null}}],",
         finish_str(finish)
     )?;
     write_usage(out, usage)?;
@@ -753,12 +871,30 @@ pub fn write_chat_completion(
     finish: FinishReason,
     usage: &Usage,
 ) -> fmt::Result {
+    let mut carry = Utf8Carry::new();
+    write_chat_completion_open(out, meta)?;
+    carry.push(text, out)?;
+    write_chat_completion_close(out, &mut carry, finish, usage)
+}
+
+/// The `/v1/chat/completions` response up to the opening quote of its content (see
+/// [`write_completion_open`]).
+pub fn write_chat_completion_open(out: &mut impl Write, meta: &ResponseMeta) -> fmt::Result {
     write_meta(out, "chatcmpl", "chat.completion", meta)?;
-    out.write_str(",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":")?;
-    json::write_bytes_str(out, text)?;
+    out.write_str(",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"")
+}
+
+/// The rest of a `/v1/chat/completions` response after its content.
+pub fn write_chat_completion_close(
+    out: &mut impl Write,
+    carry: &mut Utf8Carry,
+    finish: FinishReason,
+    usage: &Usage,
+) -> fmt::Result {
+    carry.finish(out)?;
     write!(
         out,
-        "}},\"finish_reason\":\"{}\",\"logprobs\":null}}],",
+        "\"}},\"finish_reason\":\"{}\",\"logprobs\":null}}],",
         finish_str(finish)
     )?;
     write_usage(out, usage)?;
@@ -864,9 +1000,11 @@ pub fn write_models(out: &mut impl Write, model: &str, created: u64) -> fmt::Res
     )
 }
 
-/// `GET /health`: `{"status":"ok","model":NAME}`.
-pub fn write_health(out: &mut impl Write, model: &str) -> fmt::Result {
-    out.write_str("{\"status\":\"ok\",\"model\":")?;
+/// `GET /health`: `{"status":"ok","model":NAME}`, or `"stalled"` when the engine has made no
+/// progress for too long (answered with a 503).
+pub fn write_health(out: &mut impl Write, model: &str, stalled: bool) -> fmt::Result {
+    let status = if stalled { "stalled" } else { "ok" };
+    write!(out, "{{\"status\":\"{status}\",\"model\":")?;
     json::write_str(out, model)?;
     out.write_char('}')
 }
@@ -1352,15 +1490,15 @@ mod tests {
             ),
             (
                 msgs(r#"[{"role":"tool","content":"a"}]"#),
-                "'messages[0].role' must be one of system, user, assistant",
+                "'messages[0].role' must be one of system, developer, user, assistant",
             ),
             (
                 msgs(r#"[{"role":"a-very-long-role-name-longer-than-the-scratch","content":"a"}]"#),
-                "'messages[0].role' must be one of system, user, assistant",
+                "'messages[0].role' must be one of system, developer, user, assistant",
             ),
             (
                 msgs(r#"[{"role":5,"content":"a"}]"#),
-                "'messages[0].role' must be one of system, user, assistant",
+                "'messages[0].role' must be one of system, developer, user, assistant",
             ),
             (
                 msgs(r#"[{"role":"user","content":null}]"#),
@@ -1536,8 +1674,10 @@ mod tests {
             "{\"object\":\"list\",\"data\":[{\"id\":\"qwen2.5-0.5b\",\"object\":\"model\",\
              \"created\":1700000000,\"owned_by\":\"leanstream\"}]}"
         );
-        let s = written(|w| write_health(w, "m"));
+        let s = written(|w| write_health(w, "m", false));
         assert_eq!(s, "{\"status\":\"ok\",\"model\":\"m\"}");
+        let s = written(|w| write_health(w, "m", true));
+        assert_eq!(s, "{\"status\":\"stalled\",\"model\":\"m\"}");
         let e = ApiError::invalid(
             "max_tokens",
             format_args!("'max_tokens' must be an integer"),
@@ -1559,5 +1699,100 @@ mod tests {
         assert_eq!(e.message.len(), 256);
         assert_eq!(err(e).0, 500);
         assert_eq!(err(ApiError::forbidden()).0, 403);
+    }
+
+    #[test]
+    fn unsupported_openai_fields_are_400_naming_the_field() {
+        for (field, value) in [
+            ("echo", "true"),
+            ("logprobs", "5"),
+            ("logprobs", "true"),
+            ("top_logprobs", "3"),
+            ("best_of", "3"),
+            ("suffix", "\"end\""),
+            ("response_format", r#"{"type":"json_object"}"#),
+            ("tools", r#"[{"type":"function","function":{"name":"f"}}]"#),
+            ("tool_choice", "\"auto\""),
+            ("functions", r#"[{"name":"f"}]"#),
+            ("function_call", "\"auto\""),
+            ("logit_bias", r#"{"50256":-100}"#),
+        ] {
+            let body = format!(r#"{{"prompt":"x","{field}":{value}}}"#);
+            let (status, param, message) = field_err(&body);
+            assert_eq!((status, param), (400, Some(field)), "{body}");
+            assert_eq!(
+                message,
+                format!("'{field}' is not supported by this server")
+            );
+            let body =
+                format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"{field}":{value}}}"#);
+            let (status, param, _) = err(chat(&body).unwrap_err());
+            assert_eq!((status, param), (400, Some(field)), "{body}");
+        }
+        // Their "off" values are accepted as no-ops.
+        let r = completion(
+            r#"{"prompt":"x","echo":false,"logprobs":null,"top_logprobs":0,"best_of":1,
+               "suffix":"","response_format":{"type":"text"},"tools":[],"tool_choice":"none",
+               "functions":[],"function_call":"none","logit_bias":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.params, Params::with_max_tokens(16));
+        chat(r#"{"messages":[{"role":"user","content":"x"}],"logprobs":false,"tools":null}"#)
+            .unwrap();
+    }
+
+    #[test]
+    fn developer_role_is_system() {
+        let r = chat(
+            r#"{"messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":"Hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages[0].role, "system");
+        assert_eq!(r.messages[0].content, "Be brief.");
+        assert_eq!(r.messages[1].role, "user");
+    }
+
+    #[test]
+    fn streamed_whole_responses_equal_the_one_piece_writers() {
+        let meta = ResponseMeta {
+            id: 7,
+            created: 1,
+            model: "m",
+        };
+        let usage = Usage {
+            prompt_tokens: 2,
+            completion_tokens: 3,
+        };
+        // Pieces that split a character, and a quote and a newline that need escaping.
+        let pieces: [&[u8]; 4] = [b"a\"b\n", b"\xe4\xb8", b"\xad ok", b"\xff"];
+        let whole: Vec<u8> = pieces.concat();
+        for chat in [false, true] {
+            let one = written(|w| {
+                if chat {
+                    write_chat_completion(w, &meta, &whole, FinishReason::Length, &usage)
+                } else {
+                    write_completion(w, &meta, &whole, FinishReason::Length, &usage)
+                }
+            });
+            let streamed = written(|w| {
+                let mut carry = Utf8Carry::new();
+                if chat {
+                    write_chat_completion_open(w, &meta)?;
+                } else {
+                    write_completion_open(w, &meta)?;
+                }
+                for p in pieces {
+                    carry.push(p, w)?;
+                }
+                if chat {
+                    write_chat_completion_close(w, &mut carry, FinishReason::Length, &usage)
+                } else {
+                    write_completion_close(w, &mut carry, FinishReason::Length, &usage)
+                }
+            });
+            assert_eq!(one, streamed);
+            json::validate(one.as_bytes()).unwrap();
+            assert!(one.contains("a\\\"b\\n中 ok\u{fffd}"), "{one}");
+        }
     }
 }

@@ -5,14 +5,15 @@ use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The statuses counted one by one; any other is counted under status 0 ("other").
-pub const STATUSES: [u16; 14] = [
-    200, 400, 403, 404, 405, 408, 411, 413, 431, 500, 503, 505, 499, 0,
+pub const STATUSES: [u16; 15] = [
+    200, 400, 403, 404, 405, 408, 411, 413, 422, 431, 500, 503, 505, 499, 0,
 ];
 
 /// The counters. Counters only grow; gauges (`decode_tok_per_s`, `queue_depth`,
 /// `active_clients`) are set.
 pub struct Metrics {
-    /// Responses by status, in the order of [`STATUSES`] (499: the client closed first).
+    /// Responses by status, in the order of [`STATUSES`] (499: the client closed first, or could
+    /// not keep up and was cut off).
     pub requests_by_status: [(u16, AtomicU64); STATUSES.len()],
     pub prompt_tokens_total: AtomicU64,
     pub completion_tokens_total: AtomicU64,
@@ -26,6 +27,8 @@ pub struct Metrics {
     pub peer_rejections_total: AtomicU64,
     /// Connections being served.
     pub active_clients: AtomicU64,
+    /// Requests cancelled because their client could not keep up with the output.
+    pub slow_clients_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -51,6 +54,7 @@ impl Metrics {
             rejections_total: AtomicU64::new(0),
             peer_rejections_total: AtomicU64::new(0),
             active_clients: AtomicU64::new(0),
+            slow_clients_total: AtomicU64::new(0),
         }
     }
 
@@ -119,6 +123,11 @@ pub fn render_prometheus(m: &Metrics, out: &mut impl Write) -> fmt::Result {
             "Connections refused with 403 because of the peer's uid/gid.",
             &m.peer_rejections_total,
         ),
+        (
+            "leanstream_slow_clients_total",
+            "Requests cancelled because the client could not keep up with the output.",
+            &m.slow_clients_total,
+        ),
     ];
     for (name, help, v) in counters {
         family(out, name, "counter", help)?;
@@ -170,6 +179,8 @@ mod tests {
         m.record_status(503);
         m.record_status(403);
         m.record_status(418);
+        m.record_status(422);
+        m.slow_clients_total.fetch_add(1, Relaxed);
         m.record_generation(10, 20, 12.5);
         m.queue_depth.store(3, Relaxed);
         m.active_clients.store(2, Relaxed);
@@ -184,6 +195,8 @@ mod tests {
             "leanstream_requests_total{status=\"503\"} 1",
             "leanstream_requests_total{status=\"404\"} 0",
             "leanstream_requests_total{status=\"0\"} 1",
+            "leanstream_requests_total{status=\"422\"} 1",
+            "leanstream_slow_clients_total 1",
             "leanstream_prompt_tokens_total 10",
             "leanstream_completion_tokens_total 20",
             "leanstream_rejections_total 1",

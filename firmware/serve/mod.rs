@@ -23,11 +23,26 @@
 pub mod alloc_count;
 pub mod api;
 pub mod http;
+mod job;
 pub mod json;
 pub mod metrics;
+pub mod outbox;
+pub mod refusal;
 pub mod server;
 
 use core::fmt;
+
+/// A zeroed buffer whose pages are all resident now (a fresh allocation of zeros is only
+/// backed by memory as it is first written, which would make the daemon grow while serving).
+pub(super) fn resident<T: Copy + Default>(n: usize) -> Box<[T]> {
+    let mut b = vec![T::default(); n].into_boxed_slice();
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for i in (0..n).step_by(step) {
+        // SAFETY: `i < n`, in bounds of the buffer we own; volatile so it is not elided.
+        unsafe { std::ptr::write_volatile(b.as_mut_ptr().add(i), T::default()) };
+    }
+    b
+}
 
 /// A fixed byte buffer written from the front, for `core::fmt::Write` (the JSON writers) and
 /// `embedded_io::Write` (the HTTP writers, in tests). Writing past the end fails and marks it

@@ -7,25 +7,33 @@
 //! - A slot thread reads the request into its fixed buffer under the read deadline (408),
 //!   answers GETs and every malformed request itself, validates completions, and queues them;
 //!   a full queue is a 503 at once.
-//! - The engine thread parses the queued request again into its own buffers, renders the chat
-//!   template, tokenizes, decodes, and writes the response or the event stream straight to the
-//!   client. A client that hangs up is noticed within one token and its generation cancelled.
+//! - The engine thread ([`super::job`]) parses the queued request again into its own buffers,
+//!   renders the chat template, tokenizes, decodes, and writes the response into the slot's
+//!   [`Outbox`]; it never touches a socket. The slot thread sends the outbox to its client with
+//!   a short limit per write. A client that hangs up is noticed within [`TICK`] and its
+//!   generation cancelled; one that stops reading fills its outbox and is cancelled as one that
+//!   could not keep up, after a short wait of the engine ([`KEEP_UP_LIMIT`]).
+//! - Refusals (403, 503 for busy slots) never block the acceptor ([`super::refusal`]).
+//! - The watchdog pings (`on_tick`) and `/health` follow the engine's progress: an engine that
+//!   has shown no progress for [`ENGINE_STALL_LIMIT`] stops the pings and makes `/health` a 503
+//!   with status "stalled".
+//! - On shutdown the listener is closed at once (`on_stop_accepting` unlinks it), and running
+//!   and queued requests end by the shutdown grace (finish_reason "length").
 //!
-//! After boot nothing here allocates: every buffer is made once in [`Server::new`].
+//! After boot nothing here allocates: every buffer is made once in [`Server::new`] and
+//! [`Server::run`].
 
-use super::api::{self, ApiError, ResponseMeta, Usage};
+use super::api::{self, ApiError};
 use super::http::{self, Route};
-use super::json::Utf8Carry;
 use super::metrics::{render_prometheus, Metrics};
-use super::{FixedBuf, StdWriter};
-use crate::engine::generate::{
-    check_request, generate, FinishReason, GenerateError, GenerateParams,
-};
-use crate::engine::sample::{Sampler, SamplerConfig};
+use super::outbox::{Outbox, Take};
+use super::refusal::{Lingering, RateLimit};
+use super::{resident, FixedBuf, StdWriter};
+use crate::engine::sample::Sampler;
 use crate::engine::Decoder;
 use crate::tokenizer::chat::ChatFormat;
-use crate::tokenizer::{EncodeError, EncodeScratch, Tokenizer};
-use std::io::Read;
+use crate::tokenizer::{EncodeScratch, Tokenizer};
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,12 +43,26 @@ use std::time::{Duration, Instant, SystemTime};
 /// The daemon's counters, for `GET /metrics`.
 pub static METRICS: Metrics = Metrics::new();
 
-/// Bytes of generated text a non-streamed response can hold per token of context.
-const TEXT_BYTES_PER_TOKEN: usize = 32;
-/// How often idle threads look at the shutdown flag.
-const TICK: Duration = Duration::from_millis(100);
+/// How often idle threads look at the shutdown flag (and a slot at its client).
+pub const TICK: Duration = Duration::from_millis(100);
 /// How long an early answer waits for the client to finish sending before closing.
 const LINGER: Duration = Duration::from_millis(200);
+/// The longest the engine waits for room in one client's outbox; past it the client could not
+/// keep up and its request is cancelled.
+pub const KEEP_UP_LIMIT: Duration = Duration::from_secs(1);
+/// The most the engine waits for one client's outbox over a whole request.
+pub const KEEP_UP_BUDGET: Duration = Duration::from_secs(5);
+/// A slot's limit on one write to its socket (it then looks at its outbox and the clock again).
+const WRITE_SLICE: Duration = Duration::from_millis(100);
+/// Bytes a slot moves from its outbox to its socket at once.
+const SEND_CHUNK: usize = 4096;
+/// An engine that has shown no progress for this long is stalled: no watchdog pings, and
+/// `/health` answers 503 "stalled". (A prefill is one step: it must fit in this.)
+pub const ENGINE_STALL_LIMIT: Duration = Duration::from_secs(10);
+/// At shutdown, how long after the grace a slot may still send an answer's end to a slow client.
+const AFTER_GRACE: Duration = Duration::from_secs(5);
+/// Refusal log lines: at most one per this.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// What the server is told at boot.
 pub struct ServerConfig<'a> {
@@ -58,12 +80,17 @@ pub struct ServerConfig<'a> {
     pub read_timeout: Duration,
     /// A generation stops after this long.
     pub request_timeout: Duration,
-    /// After SIGTERM, the running request gets at most this long to finish.
+    /// After SIGTERM, the running and queued requests get at most this long to finish.
     pub shutdown_grace: Duration,
+    /// Bytes of each slot's outbox (the response on its way to the client).
+    pub output_buffer_bytes: usize,
     /// Set from the signal handler: stop accepting, finish the running request, return.
     pub shutdown: &'a (dyn Fn() -> bool + Sync),
-    /// Called from the acceptor about every 100 ms while the engine is healthy (watchdog pings).
+    /// Called from the acceptor about every 100 ms while the engine is not stalled (watchdog
+    /// pings).
     pub on_tick: &'a (dyn Fn() + Sync),
+    /// Called once the listener is closed at shutdown (unlink the socket, tell systemd).
+    pub on_stop_accepting: &'a (dyn Fn() + Sync),
     /// Heap allocations since boot finished, if the binary counts them (shown in `/metrics`).
     pub allocations: &'a (dyn Fn() -> Option<u64> + Sync),
     /// Called once every thread and buffer exists, before the first connection is accepted:
@@ -72,72 +99,63 @@ pub struct ServerConfig<'a> {
 }
 
 /// A request handed from a slot thread to the engine thread.
-struct Job {
-    stream: Option<UnixStream>,
-    buf: Box<[u8]>,
+pub(super) struct Job {
+    pub(super) buf: Box<[u8]>,
     /// The body is `buf[body_start..body_end]`.
-    body_start: usize,
-    body_end: usize,
-    chat: bool,
-    id: u64,
+    pub(super) body_start: usize,
+    pub(super) body_end: usize,
+    pub(super) chat: bool,
+    pub(super) id: u64,
 }
 
 /// One client slot: its thread, its buffers, and the hand-offs with the acceptor and engine.
-struct Slot {
+pub(super) struct Slot {
     busy: AtomicBool,
     inbox: Mutex<Option<UnixStream>>,
     inbox_cv: Condvar,
-    job: Mutex<Job>,
+    pub(super) job: Mutex<Job>,
     /// The slot thread's own text buffer, for validating a body before it is queued.
     text: Mutex<Box<[u8]>>,
-    done: Mutex<bool>,
-    done_cv: Condvar,
-}
-
-/// The engine thread's buffers, each sized once at boot.
-struct EngineBuffers {
-    text: Box<[u8]>,
-    prompt: Box<[u8]>,
-    tokens: Box<[u32]>,
-    response: Box<[u8]>,
-    /// A whole non-streamed JSON response (the text, escaped, plus the envelope).
-    json: Box<[u8]>,
-    event: Box<[u8]>,
-    scratch: EncodeScratch,
+    /// The response on its way from the engine to the client.
+    pub(super) outbox: Outbox,
 }
 
 /// The FIFO of slot indices waiting for the engine.
-struct Queue {
-    q: Mutex<heapless::Deque<u16, 64>>,
-    cv: Condvar,
+pub(super) struct Queue {
+    pub(super) q: Mutex<heapless::Deque<u16, 64>>,
+    pub(super) cv: Condvar,
     depth: usize,
 }
 
+/// No shutdown seen yet (in `shutdown_at_ms`).
+const NOT_YET: u64 = u64::MAX;
+
 pub struct Server<'a> {
-    cfg: ServerConfig<'a>,
-    slots: Box<[Slot]>,
-    queue: Queue,
+    pub(super) cfg: ServerConfig<'a>,
+    pub(super) slots: Box<[Slot]>,
+    pub(super) queue: Queue,
     next_id: AtomicU64,
     /// Milliseconds since `started` when the engine thread last showed life.
     engine_alive_ms: AtomicU64,
     started: Instant,
+    /// Milliseconds since `started` when shutdown was first seen ([`NOT_YET`] before).
+    shutdown_at_ms: AtomicU64,
     /// Threads that have started their loops (slots + engine).
-    threads_up: AtomicU64,
+    pub(super) threads_up: AtomicU64,
 }
 
-/// A zeroed buffer whose pages are all resident now (a fresh allocation of zeros is only
-/// backed by memory as it is first written, which would make the daemon grow while serving).
-fn resident<T: Copy + Default>(n: usize) -> Box<[T]> {
-    let mut b = vec![T::default(); n].into_boxed_slice();
-    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
-    for i in (0..n).step_by(step) {
-        // SAFETY: `i < n`, in bounds of the buffer we own; volatile so it is not elided.
-        unsafe { std::ptr::write_volatile(b.as_mut_ptr().add(i), T::default()) };
-    }
-    b
+/// The engine thread's buffers, each sized once at boot.
+pub(super) struct EngineBuffers {
+    pub(super) text: Box<[u8]>,
+    pub(super) prompt: Box<[u8]>,
+    pub(super) tokens: Box<[u32]>,
+    /// One piece of a response at a time (a head, an event, a piece of text), on its way to
+    /// the outbox.
+    pub(super) event: Box<[u8]>,
+    pub(super) scratch: EncodeScratch,
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -168,7 +186,7 @@ fn linger(stream: &mut UnixStream) {
 }
 
 /// True when the peer has closed its end (its generation should stop).
-fn peer_gone(stream: &UnixStream) -> bool {
+pub(super) fn peer_gone(stream: &UnixStream) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
     match poll(&mut fds, PollTimeout::ZERO) {
@@ -191,7 +209,6 @@ impl<'a> Server<'a> {
                 inbox: Mutex::new(None),
                 inbox_cv: Condvar::new(),
                 job: Mutex::new(Job {
-                    stream: None,
                     buf: resident(cfg.max_request_bytes),
                     body_start: 0,
                     body_end: 0,
@@ -199,8 +216,7 @@ impl<'a> Server<'a> {
                     id: 0,
                 }),
                 text: Mutex::new(resident(cfg.max_request_bytes)),
-                done: Mutex::new(false),
-                done_cv: Condvar::new(),
+                outbox: Outbox::new(cfg.output_buffer_bytes),
             })
             .collect();
         let depth = cfg.queue_depth;
@@ -215,20 +231,57 @@ impl<'a> Server<'a> {
             next_id: AtomicU64::new(1),
             engine_alive_ms: AtomicU64::new(0),
             started: Instant::now(),
+            shutdown_at_ms: AtomicU64::new(NOT_YET),
             threads_up: AtomicU64::new(0),
         }
     }
 
-    fn mark_engine_alive(&self) {
-        self.engine_alive_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub(super) fn mark_engine_alive(&self) {
+        self.engine_alive_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether the engine has shown no progress for [`ENGINE_STALL_LIMIT`].
+    pub(super) fn engine_stalled(&self) -> bool {
+        let idle = self
+            .now_ms()
+            .saturating_sub(self.engine_alive_ms.load(Ordering::Relaxed));
+        idle >= ENGINE_STALL_LIMIT.as_millis() as u64
+    }
+
+    /// Notes the moment shutdown was first seen (the start of the grace).
+    pub(super) fn note_shutdown(&self) -> bool {
+        if !(self.cfg.shutdown)() {
+            return false;
+        }
+        let now = self.now_ms();
+        let _ =
+            self.shutdown_at_ms
+                .compare_exchange(NOT_YET, now, Ordering::AcqRel, Ordering::Relaxed);
+        true
+    }
+
+    /// When the shutdown grace ends, once shutdown was requested.
+    pub(super) fn grace_deadline(&self) -> Option<Instant> {
+        self.note_shutdown();
+        match self.shutdown_at_ms.load(Ordering::Acquire) {
+            NOT_YET => None,
+            ms => Some(self.started + Duration::from_millis(ms) + self.cfg.shutdown_grace),
+        }
+    }
+
+    pub(super) fn next_request_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Serves until shutdown is requested, then lets the running request finish (bounded by
     /// `shutdown_grace`) and returns.
     pub fn run(
         &self,
-        listener: &UnixListener,
+        listener: UnixListener,
         engine: &mut (dyn Decoder + Send),
         sampler: &mut Sampler,
         tok: &Tokenizer,
@@ -240,8 +293,6 @@ impl<'a> Server<'a> {
             text: resident(max_text),
             prompt: resident(max_text * 2 + 4096),
             tokens: resident(context),
-            response: resident(context * TEXT_BYTES_PER_TOKEN),
-            json: resident(context * TEXT_BYTES_PER_TOKEN * 2 + 4096),
             event: resident(4096 + api::ERROR_BODY_MAX),
             scratch: EncodeScratch::new(max_text * 2 + 4096),
         };
@@ -275,50 +326,55 @@ impl<'a> Server<'a> {
         });
     }
 
-    fn accept_loop(&self, listener: &UnixListener) {
+    fn accept_loop(&self, listener: UnixListener) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let _ = listener.set_nonblocking(true);
+        let mut lingering = Lingering::new();
+        let mut refusals = RateLimit::new(REFUSAL_LOG_EVERY);
         while !(self.cfg.shutdown)() {
-            let alive = self.engine_alive_ms.load(Ordering::Relaxed);
-            if (self.started.elapsed().as_millis() as u64).saturating_sub(alive) < 10_000 {
+            if !self.engine_stalled() {
                 (self.cfg.on_tick)();
             }
+            lingering.service(Instant::now());
+            // Refused connections still draining are looked at again soon.
+            let wait = if lingering.is_empty() { TICK } else { TICK / 5 };
             let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(TICK.as_millis() as u16)) {
+            match poll(&mut fds, PollTimeout::from(wait.as_millis() as u16)) {
                 Ok(0) | Err(_) => continue,
                 Ok(_) => {}
             }
-            let mut stream = match listener.accept() {
+            let stream = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(_) => continue,
             };
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(self.cfg.read_timeout));
-            match crate::sys::socket::peer_credentials(&stream) {
-                Ok((uid, gid, pid))
-                    if crate::sys::socket::peer_allowed(
+            let now = Instant::now();
+            let allowed = match crate::sys::socket::peer_credentials(&stream) {
+                Ok((uid, gid, pid)) => {
+                    let ok = crate::sys::socket::peer_allowed(
                         uid,
                         gid,
                         self.cfg.allowed_uids,
                         self.cfg.allowed_gids,
-                    ) =>
-                {
-                    let _ = pid;
-                }
-                Ok((uid, gid, pid)) => {
-                    crate::log_warn!(
-                        "refused peer uid {} gid {} pid {}: not on the allowlist",
-                        uid,
-                        gid,
-                        pid
                     );
-                    answer_error(&mut stream, &ApiError::forbidden());
-                    continue;
+                    if !ok {
+                        if let Some(more) = refusals.admit(now) {
+                            crate::log_warn!(
+                                "refused peer uid {} gid {} pid {}: not on the allowlist ({} more refusals since the last line)",
+                                uid,
+                                gid,
+                                pid,
+                                more
+                            );
+                        }
+                    }
+                    ok
                 }
-                Err(_) => {
-                    answer_error(&mut stream, &ApiError::forbidden());
-                    continue;
-                }
+                Err(_) => false,
+            };
+            if !allowed {
+                METRICS.record_status(403);
+                lingering.refuse(stream, &ApiError::forbidden(), now);
+                continue;
             }
             let free = self.slots.iter().position(|s| {
                 s.busy
@@ -327,13 +383,36 @@ impl<'a> Server<'a> {
             });
             match free {
                 Some(i) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_write_timeout(Some(self.cfg.read_timeout));
+                    // The kernel's buffer for this client stays about the size of its outbox.
+                    let _ = nix::sys::socket::setsockopt(
+                        &stream,
+                        nix::sys::socket::sockopt::SndBuf,
+                        &self.cfg.output_buffer_bytes,
+                    );
                     let slot = &self.slots[i];
                     *slot.inbox.lock().unwrap() = Some(stream);
                     slot.inbox_cv.notify_one();
                 }
-                None => answer_error(&mut stream, &ApiError::queue_full()),
+                None => {
+                    METRICS.record_status(503);
+                    if let Some(more) = refusals.admit(now) {
+                        crate::log_warn!(
+                            "all {} client slots busy: answered 503 ({} more refusals since the last line)",
+                            self.slots.len(),
+                            more
+                        );
+                    }
+                    lingering.refuse(stream, &ApiError::queue_full(), now);
+                }
             }
         }
+        self.note_shutdown();
+        // New clients get ECONNREFUSED (then ENOENT) rather than a connection nobody serves.
+        drop(listener);
+        drop(lingering);
+        (self.cfg.on_stop_accepting)();
         crate::log_info!("shutdown requested: no longer accepting connections");
         // Wake everyone so they see the flag.
         self.queue.cv.notify_all();
@@ -344,6 +423,7 @@ impl<'a> Server<'a> {
 
     fn slot_loop(&self, i: usize) {
         let slot = &self.slots[i];
+        let mut chunk = resident::<u8>(SEND_CHUNK);
         self.threads_up.fetch_add(1, Ordering::Release);
         loop {
             let stream = {
@@ -360,14 +440,20 @@ impl<'a> Server<'a> {
             };
             let Some(stream) = stream else { return };
             METRICS.active_clients.fetch_add(1, Ordering::Relaxed);
-            self.serve_connection(slot, i, stream);
+            self.serve_connection(slot, i, stream, &mut chunk);
             METRICS.active_clients.fetch_sub(1, Ordering::Relaxed);
             slot.busy.store(false, Ordering::Release);
         }
     }
 
     /// Reads one request, answers what needs no engine, queues the rest and waits for it.
-    fn serve_connection(&self, slot: &Slot, index: usize, mut stream: UnixStream) {
+    fn serve_connection(
+        &self,
+        slot: &Slot,
+        index: usize,
+        mut stream: UnixStream,
+        chunk: &mut [u8],
+    ) {
         let deadline = Instant::now() + self.cfg.read_timeout;
         let mut job = slot.job.lock().unwrap();
         let limit = self.cfg.max_request_bytes;
@@ -400,10 +486,26 @@ impl<'a> Server<'a> {
             // parse_head refuses heads and bodies past `limit`, so there is always room here.
             let cap = job.buf.len().min(limit);
             let n = match stream.read(&mut job.buf[len..cap]) {
-                Ok(0) => {
-                    // The client closed before a whole request: nobody to answer.
+                Ok(0) if len == 0 => {
+                    // The client closed without sending anything: nobody to answer.
                     METRICS.record_status(499);
                     return;
+                }
+                Ok(0) => {
+                    // The client ended its side (or went away) before the whole request.
+                    let e = match head {
+                        Some(h) => ApiError::new(
+                            400,
+                            None,
+                            format_args!(
+                                "the request body ended after {} of its {} bytes (Content-Length)",
+                                len - h.head_len,
+                                h.content_length.unwrap_or(0)
+                            ),
+                        ),
+                        None => ApiError::bad_request("the request ended before its head did"),
+                    };
+                    return answer_error(&mut stream, &e);
                 }
                 Ok(n) => n,
                 Err(e)
@@ -462,13 +564,13 @@ impl<'a> Server<'a> {
                 return answer_error(&mut stream, &e);
             }
         }
-        job.stream = Some(stream);
         job.body_start = body.start;
         job.body_end = body.end;
         job.chat = chat;
-        job.id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        job.id = self.next_request_id();
+        let id = job.id;
         drop(job);
-        *slot.done.lock().unwrap() = false;
+        slot.outbox.reset();
         let queued = {
             let mut q = self.queue.q.lock().unwrap();
             if q.len() >= self.queue.depth || (self.cfg.shutdown)() {
@@ -480,24 +582,98 @@ impl<'a> Server<'a> {
             }
         };
         if !queued {
-            let mut job = slot.job.lock().unwrap();
-            if let Some(mut s) = job.stream.take() {
-                answer_error(&mut s, &ApiError::queue_full());
-            }
-            return;
+            return answer_error(&mut stream, &ApiError::queue_full());
         }
         self.queue.cv.notify_one();
-        let mut done = slot.done.lock().unwrap();
-        while !*done {
-            done = slot.done_cv.wait(done).unwrap();
+        self.send_outbox(slot, id, &mut stream, chunk);
+    }
+
+    /// Sends what the engine puts in the slot's outbox until it finishes, then counts the
+    /// response. A client that goes away, or stops reading for the read timeout, closes the
+    /// outbox (the engine then stops generating for it).
+    fn send_outbox(&self, slot: &Slot, id: u64, stream: &mut UnixStream, chunk: &mut [u8]) {
+        let _ = stream.set_write_timeout(Some(WRITE_SLICE));
+        let mut delivered = true;
+        let mut progress: Instant;
+        'send: loop {
+            let n = match slot.outbox.take(chunk, TICK) {
+                Take::Bytes(n) => n,
+                Take::Idle => {
+                    if peer_gone(stream) {
+                        delivered = false;
+                        break;
+                    }
+                    continue;
+                }
+                Take::Finished => break,
+                Take::Aborted => {
+                    delivered = false;
+                    break;
+                }
+            };
+            // The client has the read timeout to take each chunk (not counting the time the
+            // engine took to make it).
+            progress = Instant::now();
+            let mut sent = 0;
+            while sent < n {
+                match stream.write(&chunk[sent..n]) {
+                    Ok(0) => {
+                        delivered = false;
+                        break 'send;
+                    }
+                    Ok(k) => {
+                        sent += k;
+                        progress = Instant::now();
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock
+                                | std::io::ErrorKind::TimedOut
+                                | std::io::ErrorKind::Interrupted
+                        ) =>
+                    {
+                        if slot.outbox.is_aborted() {
+                            delivered = false;
+                            break 'send;
+                        }
+                        // Past the grace at shutdown, a client that is still behind is left.
+                        let limit = match self.grace_deadline() {
+                            Some(d) if Instant::now() > d + AFTER_GRACE => Duration::ZERO,
+                            _ => self.cfg.read_timeout,
+                        };
+                        if progress.elapsed() >= limit {
+                            METRICS.slow_clients_total.fetch_add(1, Ordering::Relaxed);
+                            crate::log_info!(
+                                "request {} cut off: the client could not keep up (it stopped reading)",
+                                id
+                            );
+                            delivered = false;
+                            break 'send;
+                        }
+                    }
+                    Err(_) => {
+                        delivered = false;
+                        break 'send;
+                    }
+                }
+            }
         }
+        if !delivered {
+            slot.outbox.close();
+        }
+        let status = slot.outbox.wait_finished(TICK);
+        METRICS.record_status(if delivered { status } else { 499 });
+        let _ = stream.shutdown(std::net::Shutdown::Write);
     }
 
     fn answer_get(&self, stream: &mut UnixStream, route: Route, buf: &mut [u8]) {
         let mut body = FixedBuf::new(buf);
+        // One look, so the status line and the body agree.
+        let stalled = route == Route::Health && self.engine_stalled();
         let content_type = match route {
             Route::Health => {
-                let _ = api::write_health(&mut body, self.cfg.model_name);
+                let _ = api::write_health(&mut body, self.cfg.model_name, stalled);
                 http::JSON
             }
             Route::Models => {
@@ -521,285 +697,16 @@ impl<'a> Server<'a> {
         let ok = !body.overflowed();
         let len = body.len();
         if ok {
-            let _ =
-                http::write_response(&mut StdWriter(&mut *stream), 200, content_type, &buf[..len]);
-            METRICS.record_status(200);
+            let status = if stalled { 503 } else { 200 };
+            let _ = http::write_response(
+                &mut StdWriter(&mut *stream),
+                status,
+                content_type,
+                &buf[..len],
+            );
+            METRICS.record_status(status);
         } else {
             answer_error(stream, &ApiError::server_error("response too large"));
         }
-    }
-
-    fn engine_loop(
-        &self,
-        engine: &mut (dyn Decoder + Send),
-        sampler: &mut Sampler,
-        tok: &Tokenizer,
-        chat: &ChatFormat,
-        bufs: &mut EngineBuffers,
-    ) {
-        let mut shutdown_at: Option<Instant> = None;
-        self.threads_up.fetch_add(1, Ordering::Release);
-        loop {
-            self.mark_engine_alive();
-            let next = {
-                let mut q = self.queue.q.lock().unwrap();
-                loop {
-                    if let Some(i) = q.pop_front() {
-                        METRICS.queue_depth.store(q.len() as u64, Ordering::Relaxed);
-                        break Some(i as usize);
-                    }
-                    if (self.cfg.shutdown)() {
-                        break None;
-                    }
-                    q = self.queue.cv.wait_timeout(q, TICK).unwrap().0;
-                    self.mark_engine_alive();
-                }
-            };
-            let Some(i) = next else { return };
-            let slot = &self.slots[i];
-            {
-                let mut job = slot.job.lock().unwrap();
-                if (self.cfg.shutdown)() {
-                    shutdown_at.get_or_insert_with(Instant::now);
-                }
-                let mut deadline = Instant::now() + self.cfg.request_timeout;
-                if let Some(t) = shutdown_at {
-                    deadline = deadline.min(t + self.cfg.shutdown_grace);
-                }
-                self.run_job(&mut job, engine, sampler, tok, chat, bufs, deadline);
-                job.stream = None;
-            }
-            *slot.done.lock().unwrap() = true;
-            slot.done_cv.notify_one();
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_job(
-        &self,
-        job: &mut Job,
-        engine: &mut (dyn Decoder + Send),
-        sampler: &mut Sampler,
-        tok: &Tokenizer,
-        chat: &ChatFormat,
-        bufs: &mut EngineBuffers,
-        deadline: Instant,
-    ) {
-        let Job {
-            stream,
-            buf,
-            body_start,
-            body_end,
-            chat: is_chat,
-            id,
-        } = job;
-        let Some(stream) = stream.as_mut() else {
-            return;
-        };
-        let body = &buf[*body_start..*body_end];
-        // Parse again into the engine's own buffer (the slot validated it already).
-        let parsed = if *is_chat {
-            api::parse_chat(body, &mut bufs.text).map(|r| (None, Some(r.messages), r.params))
-        } else {
-            api::parse_completion(body, &mut bufs.text).map(|r| (Some(r.prompt), None, r.params))
-        };
-        let (prompt_text, messages, params) = match parsed {
-            Ok(p) => p,
-            Err(e) => return answer_error(stream, &e),
-        };
-        let text: &str = match (prompt_text, &messages) {
-            (Some(p), _) => p,
-            (None, Some(m)) => match chat.render_into(m, true, &mut bufs.prompt) {
-                Ok(n) => core::str::from_utf8(&bufs.prompt[..n]).unwrap_or(""),
-                Err(_) => {
-                    return answer_error(
-                        stream,
-                        &ApiError::new(
-                            422,
-                            Some("messages"),
-                            format_args!("the conversation is too long"),
-                        ),
-                    )
-                }
-            },
-            (None, None) => "",
-        };
-        // Only with --log-prompts (a debugging aid): prompts stay out of the logs otherwise.
-        crate::sys::log::log_prompt(*id, text);
-        let add_bos = tok.add_bos_default() || text.is_empty();
-        // Control tokens come only from the chat template's own markers: message contents and
-        // completion prompts are plain text, so a client cannot forge a turn.
-        let encoded = match &messages {
-            Some(m) => tok.encode_chat_into(
-                chat,
-                m,
-                true,
-                text,
-                add_bos,
-                &mut bufs.scratch,
-                &mut bufs.tokens,
-            ),
-            None => tok.encode_into(text, add_bos, false, &mut bufs.scratch, &mut bufs.tokens),
-        };
-        let n = match encoded {
-            Ok(n) => n,
-            Err(EncodeError::TooLong { needed, .. }) => {
-                return answer_error(
-                    stream,
-                    &ApiError::new(
-                        422,
-                        Some(if *is_chat { "messages" } else { "prompt" }),
-                        format_args!(
-                            "the prompt is {needed} tokens or more, but the context holds {}",
-                            engine.context()
-                        ),
-                    ),
-                );
-            }
-        };
-        let prompt = &bufs.tokens[..n];
-        let max_tokens = (params.max_tokens as usize).min(engine.context().saturating_sub(n));
-        let stops: heapless::Vec<&str, 4> = params.stop.iter().copied().collect();
-        let gp = GenerateParams {
-            max_tokens,
-            stop: &stops,
-            deadline: Some(deadline),
-        };
-        match check_request(engine, prompt, &gp) {
-            Ok(()) => {}
-            Err(GenerateError::PromptTooLong { tokens, context }) => {
-                return answer_error(
-                    stream,
-                    &ApiError::new(
-                        422,
-                        Some(if *is_chat { "messages" } else { "prompt" }),
-                        format_args!("the prompt is {tokens} tokens, but the context holds {context} (one must be left to generate)"),
-                    ),
-                );
-            }
-            Err(e) => return answer_error(stream, &ApiError::new(400, None, format_args!("{e}"))),
-        }
-        let seed = params
-            .seed
-            .unwrap_or_else(|| *id ^ unix_now().rotate_left(17));
-        sampler.reset(SamplerConfig {
-            temperature: params.temperature,
-            top_k: params.top_k as usize,
-            top_p: params.top_p,
-            seed,
-        });
-        let meta = ResponseMeta {
-            id: *id,
-            created: unix_now(),
-            model: self.cfg.model_name,
-        };
-        let mut carry = Utf8Carry::default();
-        let mut text_len = 0usize;
-        let stream_mode = params.stream;
-        if stream_mode {
-            let mut w = StdWriter(&mut *stream);
-            let mut ok = http::write_sse_head(&mut w).is_ok();
-            if ok && *is_chat {
-                let mut ev = FixedBuf::new(&mut bufs.event);
-                let _ = api::write_chat_role_chunk(&mut ev, &meta);
-                ok = http::write_sse_event(&mut w, ev.as_bytes()).is_ok();
-            }
-            if !ok {
-                return METRICS.record_status(499);
-            }
-        }
-        let response = &mut bufs.response;
-        let event = &mut bufs.event;
-        let mut emitted_tokens = 0u32;
-        let stats = generate(engine, sampler, tok, prompt, &gp, &mut |bytes| {
-            emitted_tokens += 1;
-            if emitted_tokens.is_multiple_of(4) {
-                self.mark_engine_alive();
-            }
-            if peer_gone(stream) {
-                return false;
-            }
-            if stream_mode {
-                let mut ev = FixedBuf::new(event);
-                let written = if *is_chat {
-                    api::write_chat_chunk(&mut ev, &meta, &mut carry, bytes)
-                } else {
-                    api::write_completion_chunk(&mut ev, &meta, &mut carry, bytes)
-                };
-                written.is_ok()
-                    && http::write_sse_event(&mut StdWriter(&mut *stream), ev.as_bytes()).is_ok()
-            } else {
-                let end = text_len + bytes.len();
-                if end > response.len() {
-                    return false;
-                }
-                response[text_len..end].copy_from_slice(bytes);
-                text_len = end;
-                true
-            }
-        });
-        let stats = match stats {
-            Ok(s) => s,
-            Err(e) => return answer_error(stream, &ApiError::new(400, None, format_args!("{e}"))),
-        };
-        if stats.finish == FinishReason::Cancelled {
-            crate::log_info!(
-                "request {} cancelled after {} tokens: the client went away",
-                *id,
-                stats.generated_tokens
-            );
-            return METRICS.record_status(499);
-        }
-        let usage = Usage {
-            prompt_tokens: stats.prompt_tokens,
-            completion_tokens: stats.generated_tokens,
-        };
-        METRICS.record_generation(
-            stats.prompt_tokens as u64,
-            stats.generated_tokens as u64,
-            stats.decode_tok_per_s(),
-        );
-        let mut w = StdWriter(&mut *stream);
-        let sent = if stream_mode {
-            let mut ev = FixedBuf::new(&mut bufs.event);
-            let _ = if *is_chat {
-                api::write_chat_final_chunk(&mut ev, &meta, &mut carry, stats.finish, Some(&usage))
-            } else {
-                api::write_completion_final_chunk(
-                    &mut ev,
-                    &meta,
-                    &mut carry,
-                    stats.finish,
-                    Some(&usage),
-                )
-            };
-            http::write_sse_event(&mut w, ev.as_bytes()).is_ok()
-                && http::write_sse_done(&mut w).is_ok()
-        } else {
-            let mut out = FixedBuf::new(&mut bufs.json);
-            let text = &bufs.response[..text_len];
-            let _ = if *is_chat {
-                api::write_chat_completion(&mut out, &meta, text, stats.finish, &usage)
-            } else {
-                api::write_completion(&mut out, &meta, text, stats.finish, &usage)
-            };
-            if out.overflowed() {
-                answer_error(
-                    stream,
-                    &ApiError::server_error("the response did not fit its buffer"),
-                );
-                return;
-            }
-            let len = out.len();
-            http::write_json(&mut w, 200, &bufs.json[..len]).is_ok()
-        };
-        METRICS.record_status(if sent { 200 } else { 499 });
-        crate::log_info!(
-            "request {} done: {} prompt tokens, {} generated, {} tok/s",
-            *id,
-            stats.prompt_tokens,
-            stats.generated_tokens,
-            stats.decode_tok_per_s() as u64
-        );
     }
 }
