@@ -465,3 +465,42 @@ fn every_option_has_help_text() {
         );
     }
 }
+
+/// `leanstreamd --max-clients` goes through the board's request-buffer budget: slots (and
+/// output buffers) the budget cannot hold are refused at boot, naming the budget and the bytes.
+#[test]
+fn client_slots_past_the_request_budget_are_refused() {
+    let (Some(model), Some(tok)) = (
+        common::shared("data/stories260K/stories260K.bin"),
+        common::shared("data/stories260K/tok512.bin"),
+    ) else {
+        return;
+    };
+    let socket = std::env::temp_dir().join(format!("ls-budget-{}.sock", std::process::id()));
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+            .arg("--model")
+            .arg(&model)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for extra in [
+        &["--max-clients", "10000"][..],
+        &["--output-buffer-kib", "16384"][..],
+    ] {
+        let out = run(extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains("budget.request_buffers") && err.contains("--max-clients"),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!socket.exists(), "a refused daemon made no socket");
+    }
+}

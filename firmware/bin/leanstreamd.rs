@@ -56,7 +56,7 @@ struct Args {
     shutdown_grace_ms: u64,
     /// KiB of each client slot's output buffer; a client that lets it stay full (it stopped
     /// reading) is cut off.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=16384))]
+    #[arg(long, default_value_t = (board::DEFAULT_OUTBOX_BYTES / 1024) as u64, value_parser = clap::value_parser!(u64).range(4..=16384))]
     output_buffer_kib: u64,
     /// Context length in tokens (default: the smaller of the board's max_context and the
     /// model's own).
@@ -200,6 +200,26 @@ fn run(args: Args) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
 
+    // Every slot and buffer the server makes is counted against the board's request-buffer
+    // budget, however many slots were asked for.
+    let max_clients = args.max_clients.unwrap_or(board::MAX_CLIENTS).max(1);
+    let output_buffer_bytes = args.output_buffer_kib as usize * 1024;
+    let need = leanstream::serve::server::memory_bytes(
+        max_clients,
+        board::MAX_REQUEST_BYTES,
+        output_buffer_bytes,
+        engine.decoder().context(),
+    );
+    if need > board::REQUEST_BUFFERS_BYTES {
+        return Err(format!(
+            "board '{}': {max_clients} client slots with {} KiB output buffers and the engine thread's request buffers need {need} bytes ({:.1} MiB) but budget.request_buffers is {} bytes ({:.1} MiB): lower --max-clients or --output-buffer-kib, or raise the budget",
+            board::NAME,
+            args.output_buffer_kib,
+            need as f64 / 1048576.0,
+            board::REQUEST_BUFFERS_BYTES,
+            board::REQUEST_BUFFERS_BYTES as f64 / 1048576.0
+        ));
+    }
     let listener =
         sys::socket::bind_listener(&socket, board::SOCKET_MODE).map_err(|e| e.to_string())?;
     let watchdog = sys::notify::watchdog_interval();
@@ -230,13 +250,13 @@ fn run(args: Args) -> Result<(), String> {
         model_name: &model_name,
         allowed_uids: board::ALLOWED_UIDS,
         allowed_gids: board::ALLOWED_GIDS,
-        max_clients: args.max_clients.unwrap_or(board::MAX_CLIENTS).max(1),
+        max_clients,
         queue_depth: args.queue.unwrap_or(board::REQUEST_QUEUE).clamp(1, 64),
         max_request_bytes: board::MAX_REQUEST_BYTES,
         read_timeout: Duration::from_millis(args.read_timeout_ms.unwrap_or(board::READ_TIMEOUT_MS)),
         request_timeout: Duration::from_secs(board::REQUEST_TIMEOUT_S),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
-        output_buffer_bytes: args.output_buffer_kib as usize * 1024,
+        output_buffer_bytes,
         shutdown: &sys::signals::shutdown_requested,
         on_tick: &on_tick,
         on_stop_accepting: &on_stop_accepting,

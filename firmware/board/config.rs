@@ -11,6 +11,17 @@ pub const ARENA_ALIGN: u64 = 4096;
 pub const MAX_SOCKET_PATH: usize = 107;
 /// Most prompt tokens one batched prefill step may hold (the kernels' fixed per-token arrays).
 pub const MAX_PREFILL_BATCH: u64 = 64;
+/// Bytes of a client slot's output buffer by default (`leanstreamd --output-buffer-kib`).
+pub const DEFAULT_OUTBOX_BYTES: u64 = 64 << 10;
+/// Bytes a slot moves from its output buffer to its socket at once.
+pub const SEND_CHUNK_BYTES: u64 = 4096;
+
+/// What one client slot allocates at boot: its request and the request's validated text
+/// (`max_request_bytes` each), its output buffer and its send chunk. The server's
+/// `memory_bytes` adds the engine thread's buffers, which depend on the model.
+pub fn slot_bytes(max_request_bytes: u64, outbox_bytes: u64) -> u64 {
+    2 * max_request_bytes + outbox_bytes.max(1) + SEND_CHUNK_BYTES
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -303,11 +314,12 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
     let read_timeout_ms = positive("limits.read_timeout_ms", l.read_timeout_ms)?;
     let request_timeout_s = positive("limits.request_timeout_s", l.request_timeout_s)?;
     let request_buffers = budgets[6].1;
-    let needed = max_clients.saturating_mul(max_request_bytes);
+    let per_slot = slot_bytes(max_request_bytes, DEFAULT_OUTBOX_BYTES);
+    let needed = max_clients.saturating_mul(per_slot);
     if needed > request_buffers {
         return err(
             "budget.request_buffers",
-            format!("{request_buffers} bytes cannot hold max_clients ({max_clients}) x max_request_bytes ({max_request_bytes}) = {needed}"),
+            format!("{request_buffers} bytes cannot hold max_clients ({max_clients}) slots of {per_slot} bytes (2 x max_request_bytes + the output buffer and send chunk) = {needed}"),
         );
     }
 
@@ -455,6 +467,12 @@ pub fn emit_consts(v: &ValidBoard) -> String {
     s.push_str(&format!(
         "pub const REQUEST_TIMEOUT_S: u64 = {};\n",
         v.request_timeout_s
+    ));
+    s.push_str(&format!(
+        "pub const DEFAULT_OUTBOX_BYTES: usize = {DEFAULT_OUTBOX_BYTES};\n"
+    ));
+    s.push_str(&format!(
+        "pub const SEND_CHUNK_BYTES: usize = {SEND_CHUNK_BYTES};\n"
     ));
     s.push_str(&format!("pub const IO_LANES: usize = {};\n", v.io_lanes));
     s.push_str(&format!(

@@ -1,6 +1,6 @@
 //! The board config validator: every shipped board passes, every kind of mistake names its field.
 
-use super::config::{parse_board, parse_size};
+use super::config::{parse_board, parse_size, slot_bytes, DEFAULT_OUTBOX_BYTES};
 
 const HOST: &str = include_str!("../../board-configs/host.toml");
 
@@ -93,11 +93,15 @@ fn budgets_must_fit_the_board() {
 
 #[test]
 fn request_buffers_must_hold_every_client() {
+    // 16 slots of 2 x 64 KiB (the request and its text) + the 64 KiB output buffer + the 4 KiB
+    // send chunk: 3.06 MiB. 3 MiB held the old count (one request per slot) but not what the
+    // server makes.
     let text = with(
-        "request_buffers = \"4 MiB\"",
-        "request_buffers = \"64 KiB\"",
+        "request_buffers = \"20 MiB\"",
+        "request_buffers = \"3 MiB\"",
     );
     assert_eq!(field_of(&text), "budget.request_buffers");
+    assert_eq!(slot_bytes(65536, DEFAULT_OUTBOX_BYTES), 200704);
 }
 
 #[test]

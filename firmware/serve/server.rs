@@ -54,8 +54,8 @@ pub const KEEP_UP_LIMIT: Duration = Duration::from_secs(1);
 pub const KEEP_UP_BUDGET: Duration = Duration::from_secs(5);
 /// A slot's limit on one write to its socket (it then looks at its outbox and the clock again).
 const WRITE_SLICE: Duration = Duration::from_millis(100);
-/// Bytes a slot moves from its outbox to its socket at once.
-const SEND_CHUNK: usize = 4096;
+/// Bytes a slot moves from its outbox to its socket at once (the board's, as its budget counts).
+const SEND_CHUNK: usize = crate::board::SEND_CHUNK_BYTES;
 /// An engine that has shown no progress for this long is stalled: no watchdog pings, and
 /// `/health` answers 503 "stalled". (A prefill is one step: it must fit in this.)
 pub const ENGINE_STALL_LIMIT: Duration = Duration::from_secs(10);
@@ -196,6 +196,30 @@ pub(super) fn peer_gone(stream: &UnixStream) -> bool {
             .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
         Err(_) => true,
     }
+}
+
+/// Bytes the server allocates at boot, all of it before the first connection: per client slot
+/// its request, the request's validated text, its output buffer and send chunk
+/// (`board::slot_bytes`, what the board check counts); for the engine thread its text,
+/// prompt, token and event buffers and the tokenizer's scratch for the longest prompt.
+/// `leanstreamd` checks it against the board's `request_buffers` budget, whatever
+/// `--max-clients` and `--output-buffer-kib` ask for.
+pub fn memory_bytes(
+    max_clients: usize,
+    max_request_bytes: usize,
+    output_buffer_bytes: usize,
+    context: usize,
+) -> usize {
+    let slot = 2 * max_request_bytes + output_buffer_bytes.max(1) + SEND_CHUNK;
+    let max_text = max_request_bytes;
+    let prompt = max_text * 2 + 4096;
+    let engine = max_text
+        + prompt
+        + context * std::mem::size_of::<u32>()
+        + 4096
+        + api::ERROR_BODY_MAX
+        + EncodeScratch::new(prompt).memory_bytes();
+    max_clients * slot + engine
 }
 
 impl<'a> Server<'a> {
