@@ -133,7 +133,9 @@ fn run(args: Args) -> Result<(), String> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string());
-    let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
+    // The arenas live as long as the process: one static, initialised once at boot.
+    static ARENAS: static_cell::StaticCell<Arenas> = static_cell::StaticCell::new();
+    let arenas: &'static mut Arenas = ARENAS.init(Arenas::from_board().map_err(|e| e.to_string())?);
     // The I/O lanes' staging buffers and flags are owned from boot and must never be paged
     // out. Where the limit forbids locking them the daemon still serves (nothing streams yet),
     // and says so.
@@ -163,14 +165,11 @@ fn run(args: Args) -> Result<(), String> {
         cuda.memory = parse_memory(m)?;
     }
     let ffn_label = opts.ffn.label();
-    let mut engine =
-        AnyEngine::boot(&mut arenas, &file, backend, opts, cuda).map_err(|e| match e {
-            leanstream::engine::EngineError::Gpu(_) => e.to_string(),
-            leanstream::engine::EngineError::Options(_) if backend == Backend::Cuda => {
-                e.to_string()
-            }
-            _ => format!("{}: {e}", args.model.display()),
-        })?;
+    let mut engine = AnyEngine::boot(arenas, &file, backend, opts, cuda).map_err(|e| match e {
+        leanstream::engine::EngineError::Gpu(_) => e.to_string(),
+        leanstream::engine::EngineError::Options(_) if backend == Backend::Cuda => e.to_string(),
+        _ => format!("{}: {e}", args.model.display()),
+    })?;
     if let (true, AnyEngine::Cpu(cpu)) = (args.precision != Precision::Native, &engine) {
         eprintln!(
             "leanstreamd: precision {}: {} | KV cache {}",
