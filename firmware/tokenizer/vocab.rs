@@ -375,6 +375,15 @@ pub(super) fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer, 
         path: shown.clone(),
         source,
     })?;
+    parse_llama2c(&data, vocab_size, shown)
+}
+
+/// Builds a llama2.c tokenizer from the bytes of a `tok*.bin` file (`shown` names it in errors).
+pub(super) fn parse_llama2c(
+    data: &[u8],
+    vocab_size: usize,
+    shown: String,
+) -> Result<Tokenizer, TokenizerError> {
     let truncated = |entry| TokenizerError::Llama2cTruncated {
         path: shown.clone(),
         entry,
