@@ -354,6 +354,11 @@ impl Tokenizer {
         vocab::load_llama2c(path, vocab_size)
     }
 
+    /// As [`from_llama2c`](Self::from_llama2c), from the file's bytes held in memory.
+    pub fn from_llama2c_bytes(data: &[u8], vocab_size: usize) -> Result<Tokenizer, TokenizerError> {
+        vocab::parse_llama2c(data, vocab_size, "(llama2.c tokenizer in memory)".into())
+    }
+
     /// Encodes `text`, prepending BOS when `add_bos` (and the vocabulary has one). Control tokens
     /// written in the text are encoded as plain text.
     pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {

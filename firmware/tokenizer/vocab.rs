@@ -375,6 +375,15 @@ pub(super) fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer, 
         path: shown.clone(),
         source,
     })?;
+    parse_llama2c(&data, vocab_size, shown)
+}
+
+/// Builds a llama2.c tokenizer from the bytes of a `tok*.bin` file (`shown` names it in errors).
+pub(super) fn parse_llama2c(
+    data: &[u8],
+    vocab_size: usize,
+    shown: String,
+) -> Result<Tokenizer, TokenizerError> {
     let truncated = |entry| TokenizerError::Llama2cTruncated {
         path: shown.clone(),
         entry,
@@ -383,8 +392,10 @@ pub(super) fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer, 
         return Err(truncated(0));
     }
     let mut at = 4; // max_token_length, unused
-    let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(vocab_size);
-    let mut scores = Vec::with_capacity(vocab_size);
+    // Every entry takes at least 8 bytes: a size the file cannot hold allocates nothing extra.
+    let cap = vocab_size.min(data.len() / 8);
+    let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(cap);
+    let mut scores = Vec::with_capacity(cap);
     for entry in 0..vocab_size {
         let head = data.get(at..at + 8).ok_or_else(|| truncated(entry))?;
         let score = f32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
