@@ -392,6 +392,7 @@ pub(super) fn parse_llama2c(
         return Err(truncated(0));
     }
     let mut at = 4; // max_token_length, unused
+
     // Every entry takes at least 8 bytes: a size the file cannot hold allocates nothing extra.
     let cap = vocab_size.min(data.len() / 8);
     let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(cap);
