@@ -810,11 +810,13 @@ fn parse(buf: &[u8]) -> Result<Parsed, FormatError> {
             .iter()
             .try_fold(row, |acc, &d| acc.checked_mul(d))
             .filter(|&n| {
-                raw.dims
-                    .iter()
-                    .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                    .is_some()
-                    && n <= buf.len()
+                // All dims, and the row count alone (with ne0 = 0 the first product is 0).
+                let fits = |dims: &[usize]| {
+                    dims.iter()
+                        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                        .is_some()
+                };
+                fits(&raw.dims) && fits(&raw.dims[1..]) && n <= buf.len()
             })
             .ok_or_else(|| {
                 tensor_err(format!(

@@ -391,8 +391,8 @@ pub(super) fn parse_llama2c(
     if data.len() < 4 {
         return Err(truncated(0));
     }
-    // The header's max_token_length (4 bytes) is unused.
-    let mut at = 4;
+    let mut at = 4; // max_token_length, unused
+
     // Every entry takes at least 8 bytes: a size the file cannot hold allocates nothing extra.
     let cap = vocab_size.min(data.len() / 8);
     let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(cap);
