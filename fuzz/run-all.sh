@@ -6,6 +6,8 @@
 #   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build && python3 gen-seeds.py
 #   RUNS=10000000 JOBS=2 ./run-all.sh [target ...]        # default: every target
 #
+# SEED_BASE offsets the processes' libFuzzer seeds (SEED_BASE+1..SEED_BASE+JOBS), so that runs split
+# over several calls from the same corpus do not repeat one another.
 # Crash inputs go to artifacts/<target>/ (or $ARTIFACTS/<target>/); logs to $LOGS (default logs/).
 set -u
 cd "$(dirname "$0")"
@@ -27,7 +29,7 @@ for t in "${targets[@]}"; do
     start=$(date +%s.%N)
     pids=()
     for j in $(seq 1 "$JOBS"); do
-        "$BIN/$t" "corpus/$t" -runs="$per" -max_len="${MAX_LEN[$t]}" -seed="$j" \
+        "$BIN/$t" "corpus/$t" -runs="$per" -max_len="${MAX_LEN[$t]}" -seed="$(( ${SEED_BASE:-0} + j ))" \
             -max_total_time="$MAX_TIME" \
             -artifact_prefix="$ARTIFACTS/$t/" -print_final_stats=1 > "$LOGS/$t.$j.log" 2>&1 &
         pids+=($!)

@@ -29,7 +29,7 @@ if [ -f "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
   python3 scripts/cut-gguf.py "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$out/models/smollm2-135m-q4_1-cut4.gguf" --layers 4 --vocab 8192
 fi
 if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
-  python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut2.gguf" --layers 2 --vocab 4096
+  python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut1.gguf" --layers 1 --vocab 4096
 fi
 strip "$out/leanstream" "$out/cuda-tests" 2>/dev/null || true
 # The binaries embed the PTX as text: compressed, they leave room under the call's 64 MiB
