@@ -95,10 +95,7 @@ fn truncated_real_models_are_refused() {
 
 #[test]
 fn bad_sampling_values_and_long_prompts_are_refused() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
@@ -323,10 +320,7 @@ fn a_missing_file_is_named_once() {
 /// given with `--ffn dense` is checked, not ignored (issue 24, items 6 and 9).
 #[test]
 fn thresholds_are_found_or_refused_clearly() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
@@ -384,10 +378,7 @@ fn thresholds_are_found_or_refused_clearly() {
 /// (issue 24, item 9).
 #[test]
 fn clamped_options_are_said_and_no_speed_is_invented() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
@@ -470,10 +461,7 @@ fn every_option_has_help_text() {
 /// output buffers) the budget cannot hold are refused at boot, naming the budget and the bytes.
 #[test]
 fn client_slots_past_the_request_budget_are_refused() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let socket = std::env::temp_dir().join(format!("ls-budget-{}.sock", std::process::id()));

@@ -80,10 +80,7 @@ fn smollm2_ids_pieces_special_and_decode() {
 
 #[test]
 fn stories260k_takes_its_tokenizer_and_adds_bos() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());
@@ -126,10 +123,7 @@ fn stories260k_takes_its_tokenizer_and_adds_bos() {
 
 #[test]
 fn bad_tokenize_requests_are_clear_errors() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());

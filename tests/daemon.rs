@@ -690,10 +690,7 @@ fn openai_python_client_over_the_socket() {
 
 #[test]
 fn tells_systemd_ready_pings_the_watchdog_and_says_stopping() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let notify =

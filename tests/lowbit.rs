@@ -35,10 +35,7 @@ fn assert_refused(args: &[&str], needle: &str) {
 
 #[test]
 fn bad_low_bit_options_are_clear_errors() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let (m, t) = (model.to_str().unwrap(), tok.to_str().unwrap());

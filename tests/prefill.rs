@@ -127,10 +127,7 @@ const STORY: &str = "Once upon a time there was a little girl named Lily. She lo
 
 #[test]
 fn stories260k_batched_prefill_is_bit_identical() {
-    let (Some(model), Some(tok)) = (
-        common::shared("data/stories260K/stories260K.bin"),
-        common::shared("data/stories260K/tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
     let n = batched_equals_sequential(

@@ -108,7 +108,7 @@ pub fn run(a: BoardArgs) -> Result<(), String> {
             }
         }
         let verdict = if short.is_empty() {
-            format!("yes ({} tokens of context)", plan.context)
+            format!("yes ({} tokens of context)", plan.shape.context)
         } else {
             format!("no: {}", short.join("; "))
         };

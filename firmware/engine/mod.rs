@@ -69,8 +69,8 @@ impl From<BootError> for EngineError {
 /// budgets are checked against it before anything is placed.
 #[derive(Clone, Debug)]
 pub struct BootPlan {
-    /// Tokens of context the KV cache is planned for.
-    pub context: usize,
+    /// The KV cache's dimensions (`shape.context`: the tokens of context planned for).
+    pub shape: Shape,
     /// Whether the KV cache is int8 (`kv::int8_kv`).
     pub int8_kv: bool,
     pub dense: Plan,
@@ -99,7 +99,7 @@ impl BootPlan {
                 format!(
                     "the {} KV cache for {} tokens",
                     if self.int8_kv { "int8" } else { "f32" },
-                    self.context
+                    self.shape.context
                 ),
             ),
             (
@@ -347,6 +347,16 @@ struct Placer {
 }
 
 impl Placer {
+    fn new(opts: &EngineOptions) -> Placer {
+        Placer {
+            precision: opts.precision,
+            packing: opts.packing,
+            classic: opts.native_classic,
+            report: ConversionReport::default(),
+            scratch: Vec::new(),
+        }
+    }
+
     fn target(&self, t: &TensorRef, role: Role) -> Target {
         if self.classic && self.precision == Precision::Native {
             return Target::Keep;
@@ -410,13 +420,7 @@ impl<'a> Engine<'a> {
         }
         let kv_dim = h.n_kv_heads * h.head_dim;
         let q_dim = h.n_heads * h.head_dim;
-        let placer = Placer {
-            precision: opts.precision,
-            packing: opts.packing,
-            classic: opts.native_classic,
-            report: ConversionReport::default(),
-            scratch: Vec::new(),
-        };
+        let placer = Placer::new(opts);
         let emb = Role::EmbedOrOutput;
         // Each layer matrix's role, by its full name (the first and last layer keep more bits).
         let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
@@ -531,7 +535,7 @@ impl<'a> Engine<'a> {
         }
 
         Ok(BootPlan {
-            context,
+            shape,
             int8_kv,
             dense,
             ffn,
@@ -549,26 +553,15 @@ impl<'a> Engine<'a> {
     ) -> Result<Engine<'a>, EngineError> {
         let boot_plan = Self::plan(model, &opts)?;
         boot_plan.check(arenas)?;
-        let (context, int8_kv) = (boot_plan.context, boot_plan.int8_kv);
+        let (shape, int8_kv) = (boot_plan.shape, boot_plan.int8_kv);
+        let context = shape.context;
         let h = model.hyper()?;
         let kv_dim = h.n_kv_heads * h.head_dim;
         let q_dim = h.n_heads * h.head_dim;
-        let mut placer = Placer {
-            precision: opts.precision,
-            packing: opts.packing,
-            classic: opts.native_classic,
-            report: ConversionReport::default(),
-            scratch: Vec::new(),
-        };
+        let mut placer = Placer::new(&opts);
         let emb = Role::EmbedOrOutput;
         // Each layer matrix's role, by its full name (the first and last layer keep more bits).
         let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
-        let shape = Shape {
-            n_layers: h.n_layers,
-            kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            context,
-        };
         let sparse = opts.ffn.mode != FfnMode::Dense;
         let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
         let scale_keys = int8_kv && h.qkv_bias;

@@ -442,19 +442,31 @@ impl Tokenizer {
         scratch: &mut EncodeScratch,
         out: &mut [u32],
     ) -> Result<usize, EncodeError> {
+        Self::bounded(text.len(), scratch, out, |scratch, sink| {
+            self.encode_all(text, add_bos, parse_special, scratch, sink)
+        })
+    }
+
+    /// Runs `encode` for a text of `text_len` bytes into `out`, with the limits and errors of
+    /// [`encode_into`](Self::encode_into): the text must fit `scratch`, and the ids `out`.
+    fn bounded(
+        text_len: usize,
+        scratch: &mut EncodeScratch,
+        out: &mut [u32],
+        encode: impl FnOnce(&mut EncodeScratch, &mut IdSink) -> Result<(), Full>,
+    ) -> Result<usize, EncodeError> {
         let too_long_text = EncodeError::TooLong {
             what: EncodeLimit::TextBytes,
-            needed: text.len(),
+            needed: text_len,
             limit: scratch.max_text_bytes,
         };
         // Offsets are u32 (the SentencePiece buffer holds up to 3 bytes per byte).
-        if text.len() > scratch.max_text_bytes || text.len() > (u32::MAX / 4) as usize {
+        if text_len > scratch.max_text_bytes || text_len > (u32::MAX / 4) as usize {
             return Err(too_long_text);
         }
         let limit = out.len();
         let mut sink = IdSink { out, n: 0 };
-        self.encode_all(text, add_bos, parse_special, scratch, &mut sink)
-            .map_err(|Full| too_long_text)?;
+        encode(scratch, &mut sink).map_err(|Full| too_long_text)?;
         if sink.n > limit {
             return Err(EncodeError::TooLong {
                 what: EncodeLimit::OutputIds,
@@ -496,66 +508,48 @@ impl Tokenizer {
         if !same || pos != rendered.len() {
             return self.encode_into(rendered, add_bos, false, scratch, out);
         }
-        let too_long_text = EncodeError::TooLong {
-            what: EncodeLimit::TextBytes,
-            needed: rendered.len(),
-            limit: scratch.max_text_bytes,
-        };
-        if rendered.len() > scratch.max_text_bytes || rendered.len() > (u32::MAX / 4) as usize {
-            return Err(too_long_text);
-        }
-        let limit = out.len();
-        let mut sink = IdSink { out, n: 0 };
-        if add_bos {
-            if let Some(b) = self.bos {
-                sink.push(b);
+        Self::bounded(rendered.len(), scratch, out, |scratch, sink| {
+            if add_bos {
+                if let Some(b) = self.bos {
+                    sink.push(b);
+                }
             }
-        }
-        // The text between two markers that are control tokens is encoded as one fragment, as
-        // `encode_into` would cut it (a marker the vocabulary lacks stays part of the text).
-        let mut prev_special = true;
-        let mut text_start = 0;
-        let mut pos = 0;
-        let mut result = Ok(());
-        format.walk(messages, add_generation_prompt, &mut |piece, marker| {
-            let start = pos;
-            pos += piece.len();
-            if !marker || result.is_err() {
-                return;
-            }
-            let Some(id) = self.control_id(piece) else {
-                return;
-            };
-            result = self.encode_fragments(
-                &rendered[text_start..start],
-                false,
-                &mut prev_special,
-                scratch,
-                &mut sink,
-            );
-            sink.push(id);
-            prev_special = true;
-            text_start = pos;
-        });
-        result
-            .and_then(|()| {
+            // The text between two markers that are control tokens is encoded as one fragment, as
+            // `encode_into` would cut it (a marker the vocabulary lacks stays part of the text).
+            let mut prev_special = true;
+            let mut text_start = 0;
+            let mut pos = 0;
+            let mut result = Ok(());
+            format.walk(messages, add_generation_prompt, &mut |piece, marker| {
+                let start = pos;
+                pos += piece.len();
+                if !marker || result.is_err() {
+                    return;
+                }
+                let Some(id) = self.control_id(piece) else {
+                    return;
+                };
+                result = self.encode_fragments(
+                    &rendered[text_start..start],
+                    false,
+                    &mut prev_special,
+                    scratch,
+                    sink,
+                );
+                sink.push(id);
+                prev_special = true;
+                text_start = pos;
+            });
+            result.and_then(|()| {
                 self.encode_fragments(
                     &rendered[text_start..],
                     false,
                     &mut prev_special,
                     scratch,
-                    &mut sink,
+                    sink,
                 )
             })
-            .map_err(|Full| too_long_text)?;
-        if sink.n > limit {
-            return Err(EncodeError::TooLong {
-                what: EncodeLimit::OutputIds,
-                needed: sink.n,
-                limit,
-            });
-        }
-        Ok(sink.n)
+        })
     }
 
     /// The id of the token whose text is `marker`, if it is one that `parse_special` matches

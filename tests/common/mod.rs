@@ -45,3 +45,12 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     }
     Some(p)
 }
+
+/// The stories260K checkpoint and its tokenizer from `../shared` (each test's skip line printed
+/// by [`shared`] when absent).
+pub fn stories260k() -> Option<(PathBuf, PathBuf)> {
+    Some((
+        shared("data/stories260K/stories260K.bin")?,
+        shared("data/stories260K/tok512.bin")?,
+    ))
+}
