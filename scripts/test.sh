@@ -20,7 +20,7 @@ cargo clippy --all-targets --no-default-features -- -D warnings
 # Everything is also kept in a log, so that the tests which skipped (they pass as "ok") are
 # counted and listed at the end, each with its test's name.
 log=$(mktemp); trap 'rm -f "$log"' EXIT
-cargo test -- --show-output 2>&1 | tee "$log"
+cargo test --no-fail-fast -- --show-output 2>&1 | tee "$log"
 # The same kernels built for the Jetson's aarch64 CPU and run under qemu (NEON against scalar).
 echo "     Running scripts/test-aarch64.sh" >> "$log"
 scripts/test-aarch64.sh 2>&1 | tee -a "$log"

@@ -966,7 +966,13 @@ fn many_refusals_do_not_hold_up_the_acceptor() {
         "60 refusals took the acceptor {refusing:?}"
     );
     drop(idle);
-    let h = d.get("/health");
+    // The slots free when the server sees the idle clients hang up, which races with the
+    // next connect: a 503 in that window is correct, so ask again until the deadline.
+    let mut h = d.get("/health");
+    while h.status == 503 && started.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(20));
+        h = d.get("/health");
+    }
     assert_eq!(h.status, 200, "{h:?}");
     let total = started.elapsed();
     assert!(
