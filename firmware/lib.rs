@@ -17,19 +17,17 @@
 //!    perplexity.
 //! 8. `serve`: the daemon: OpenAI-compatible HTTP/1.1, client slots, queue, engine thread.
 //!
-//! Tools above them: `bench` (`leanstream bench`), `offline` (calibration, traces), `client`
-//! (the CLI's client for the daemon's socket).
+//! The tools above them (`leanstream bench`, calibration, traces, requantization, plots, the
+//! client for the daemon's socket, and the `leanstream` CLI) are another crate, `tools/`
+//! (`leanstream-tools`): `leanstreamd` links none of them.
 
 pub mod backend;
-pub mod bench;
 pub mod board;
 pub mod boot;
-pub mod client;
 pub mod engine;
 pub mod kv;
 pub mod load;
 pub mod model;
-pub mod offline;
 pub mod ops;
 pub mod quant;
 pub mod serve;

@@ -22,5 +22,5 @@ if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/
 fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-cargo clippy --lib --target "$target" -- -D warnings
-cargo test --release --lib --target "$target" -- backend::cpu quant sparsity kv
+cargo clippy -p leanstream --lib --target "$target" -- -D warnings
+cargo test -p leanstream --release --lib --target "$target" -- backend::cpu quant sparsity kv

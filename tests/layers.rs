@@ -7,6 +7,8 @@
 //!    it in its own tree (`super::X`, the module's shared vocabulary) or below it (a parent's
 //!    `pub use child::X`) does not count: those are one module talking to itself.
 //!
+//! 3. the daemon's crate depends on none of the tools' crates (plotters, the tools crate).
+//!
 //! Test code (`tests.rs` files and `#[cfg(test)]` modules) sits above every layer and is not
 //! checked. Every `crate::a::b` or `super::a` path counts, in `use` lines or inline.
 
@@ -31,10 +33,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("backend/cuda", 6),
     ("engine", 7),
     ("serve", 8),
-    // Tools: the CLI's commands, the benchmark harness, the offline pipeline, the client.
-    ("bench", 9),
-    ("offline", 9),
-    ("client", 9),
+    // The tools (bench, offline, client, the `leanstream` CLI) are the `tools/` crate, above
+    // all of these: see `the_daemon_crate_links_no_tool`.
 ];
 
 /// The crate-root macros (`crate::log_info!` and friends) are the logger's, in `sys`.
@@ -409,4 +409,52 @@ fn the_checker_finds_what_it_must() {
     e.insert(3, BTreeSet::from([1]));
     e.insert(4, BTreeSet::from([1]));
     assert_eq!(cycles(&e), vec![vec![1, 2, 3]]);
+}
+
+/// The packages a package of Cargo.lock depends on (its `dependencies = [...]` names).
+fn locked_dependencies(lock: &str, package: &str) -> Vec<String> {
+    let entry = lock
+        .split("[[package]]")
+        .find(|e| {
+            e.lines()
+                .any(|l| l.trim() == format!("name = \"{package}\""))
+        })
+        .unwrap_or_else(|| panic!("{package} not in Cargo.lock"));
+    let Some(list) = entry.split("dependencies = [").nth(1) else {
+        return Vec::new();
+    };
+    list.split(']')
+        .next()
+        .unwrap()
+        .split(',')
+        .filter_map(|d| d.trim().trim_matches('"').split(' ').next())
+        .filter(|d| !d.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_daemon_crate_links_no_tool() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).expect("read Cargo.lock");
+    let daemon = locked_dependencies(&lock, "leanstream");
+    let tools = locked_dependencies(&lock, "leanstream-tools");
+    // The checker reads the lock file right: the tools depend on the library and on plotters.
+    assert!(tools.iter().any(|d| d == "leanstream"), "{tools:?}");
+    assert!(tools.iter().any(|d| d == "plotters"), "{tools:?}");
+    for tool in ["plotters", "leanstream-tools"] {
+        assert!(
+            !daemon.iter().any(|d| d == tool),
+            "the daemon's crate depends on {tool}: {daemon:?}"
+        );
+    }
+    let mut files = BTreeMap::new();
+    read_sources(&firmware(), &mut files);
+    for (path, src) in &files {
+        assert!(
+            !src.text.contains("leanstream_tools"),
+            "{} names the tools crate",
+            path.display()
+        );
+    }
 }

@@ -18,8 +18,6 @@
 //! the int8 query and key, scaled once per group; SV: f32 weights times int8 values), so a mixed
 //! chain gives bit-identical results to a single-layout cache.
 
-pub mod calibrate;
-
 use crate::ops::softmax;
 use serde::{Deserialize, Serialize};
 

@@ -2,7 +2,7 @@
 //! whose data is absent prints a visible `skipped:` line and returns.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const QWEN05: &str = "qwen2.5-coder-0.5b-instruct.gguf";
@@ -31,9 +31,20 @@ pub fn model(name: &str) -> Option<PathBuf> {
     None
 }
 
+/// The repository's root (the workspace's, which holds Cargo.lock), for the root crate's tests
+/// and for the tools' (tools/tests include this file).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").is_file())
+        .unwrap_or(manifest)
+        .to_path_buf()
+}
+
 /// A file under `../shared` (beside the repository), or None after a `skipped:` line.
 pub fn shared(rel: &str) -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared");
+    let root = repo_root().join("../shared");
     if !root.is_dir() {
         eprintln!("skipped: ../shared not found (needed for {rel})");
         return None;

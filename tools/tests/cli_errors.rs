@@ -215,7 +215,7 @@ fn cuda_backend_without_a_gpu_is_one_clear_sentence() {
         ],
         "unknown backend 'tpu'",
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+    let out = Command::new(common::leanstreamd())
         .args([
             "--model",
             m,
@@ -355,7 +355,7 @@ fn thresholds_are_found_or_refused_clearly() {
         assert_eq!(err.matches("/nonexistent/t.thresh").count(), 1, "{err}");
     }
     // The daemon checks it the same way, before it serves.
-    let out = Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+    let out = Command::new(common::leanstreamd())
         .args([
             "--model",
             m,
@@ -466,7 +466,7 @@ fn client_slots_past_the_request_budget_are_refused() {
     };
     let socket = std::env::temp_dir().join(format!("ls-budget-{}.sock", std::process::id()));
     let run = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_leanstreamd"))
+        Command::new(common::leanstreamd())
             .arg("--model")
             .arg(&model)
             .arg("--tokenizer")

@@ -12,9 +12,9 @@ use leanstream::engine::tap::TapOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
-use leanstream::offline::calibrate::calibrate;
 use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
+use leanstream_tools::offline::calibrate::calibrate;
 use std::path::Path;
 
 /// The dense FFN, and the sparse modes over bundles: oracle (glu score, thresholds calibrated

@@ -7,18 +7,18 @@
 pub mod plot;
 
 #[cfg(feature = "cuda")]
-use crate::backend::cpu::matvec::{best_kernel, set_kernel};
+use leanstream::backend::cpu::matvec::{best_kernel, set_kernel};
 #[cfg(feature = "cuda")]
-use crate::backend::cpu::Kernel;
-use crate::board::MemoryModel;
-use crate::engine::any::{AnyEngine, Backend};
-use crate::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use leanstream::backend::cpu::Kernel;
+use leanstream::board::MemoryModel;
+use leanstream::engine::any::{AnyEngine, Backend};
+use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
 #[cfg(feature = "cuda")]
-use crate::engine::sample::argmax;
+use leanstream::engine::sample::argmax;
 #[cfg(feature = "cuda")]
-use crate::engine::Engine;
-use crate::engine::{Arenas, Decoder, EngineOptions};
-use crate::load::open_model;
+use leanstream::engine::Engine;
+use leanstream::engine::{Arenas, Decoder, EngineOptions};
+use leanstream::load::open_model;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -44,8 +44,8 @@ pub struct Config {
     pub f32_kv: bool,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
-    pub precision: crate::quant::Precision,
-    pub packing: crate::quant::Packing,
+    pub precision: leanstream::quant::Precision,
+    pub packing: leanstream::quant::Packing,
 }
 
 impl Config {
@@ -56,7 +56,7 @@ impl Config {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let model = match self.precision {
-            crate::quant::Precision::Native => model,
+            leanstream::quant::Precision::Native => model,
             p => format!("{model} {p}"),
         };
         match self.backend {
@@ -78,7 +78,7 @@ impl Config {
                 if self.prefetch { "" } else { " no-prefetch" },
                 match self.attention_slice {
                     0 => " no-split-attention".to_string(),
-                    crate::engine::cuda_options::ATTENTION_SLICE => String::new(),
+                    leanstream::engine::cuda_options::ATTENTION_SLICE => String::new(),
                     n => format!(" split-every-{n}"),
                 },
                 match self.dependent_launch {
@@ -154,7 +154,7 @@ fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
     let mut decode = Vec::new();
     for _ in 0..s.reps.max(1) {
         let t0 = Instant::now();
-        let mut token = crate::engine::sample::argmax(d.prefill(prompt, 0));
+        let mut token = leanstream::engine::sample::argmax(d.prefill(prompt, 0));
         let t1 = Instant::now();
         for i in 0..s.gen_tokens {
             token = d.forward_greedy(token, prompt.len() + i);
@@ -235,7 +235,7 @@ pub fn run(
             let gpu_int8_kv = g.int8_kv;
             let cpu_logits = |kernel: Kernel,
                               classic: bool,
-                              precision: crate::quant::Precision|
+                              precision: leanstream::quant::Precision|
              -> Result<Vec<f32>, String> {
                 let mut cpu_arenas = Arenas::from_board().map_err(|e| e.to_string())?;
                 // The reference keeps its KV cache as the GPU does (int8 or f32).
@@ -287,7 +287,7 @@ pub fn run(
             // is the model's own: the same two float-order changes at native precision on the
             // same file (for a Q8_0 file at w8a8, the very weights w8a8 runs).
             if g.int8_activations && best_kernel() != Kernel::Scalar {
-                let native = crate::quant::Precision::Native;
+                let native = leanstream::quant::Precision::Native;
                 let base = if c.precision == native {
                     None
                 } else {
@@ -351,14 +351,14 @@ pub fn run(
 /// Device-to-device copy bandwidth in GB/s: none without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
 pub fn copy_bandwidth_gbps() -> Result<f64, String> {
-    Err(crate::engine::any::NO_CUDA.into())
+    Err(leanstream::engine::any::NO_CUDA.into())
 }
 
 /// Device-to-device copy bandwidth in GB/s (bytes read + written per second), the yardstick
 /// for the memory-bandwidth bound.
 #[cfg(feature = "cuda")]
 pub fn copy_bandwidth_gbps() -> Result<f64, String> {
-    let gpu = crate::backend::cuda::driver::Gpu::open(0)?;
+    let gpu = leanstream::backend::cuda::driver::Gpu::open(0)?;
     let bytes = 1usize << 30;
     let a = gpu.alloc(bytes).map_err(|e| e.to_string())?;
     let b = gpu.alloc(bytes).map_err(|e| e.to_string())?;
@@ -423,7 +423,7 @@ pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
     let num = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or("null".into());
     let mut out = format!(
         "{{\n  \"board\": {:?},\n  \"prompt_tokens\": {},\n  \"gen_tokens\": {},\n  \"reps\": {},\n  \"copy_gbps\": {},\n  \"rows\": [\n",
-        crate::board::NAME,
+        leanstream::board::NAME,
         s.prompt_tokens,
         s.gen_tokens,
         s.reps,

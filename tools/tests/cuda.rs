@@ -1,6 +1,6 @@
 //! Hardware-in-the-loop tests of the CUDA backend, run on the GPU machine by scripts/hil.sh.
 //! Where there is no GPU (CI, the developer machine) each prints a `skipped:` line; the
-//! no-GPU refusal itself is tested in tests/cli_errors.rs.
+//! no-GPU refusal itself is tested in tools/tests/cli_errors.rs.
 //!
 //! Parity models: every file named in $LEANSTREAM_HIL_MODELS (comma-separated paths; a
 //! llama2.c checkpoint needs no tokenizer here), in both memory models.
@@ -11,7 +11,6 @@ use leanstream::backend::cuda::driver::{Gpu, KernelArgs};
 use leanstream::backend::cuda::flags::Flags;
 use leanstream::backend::cuda::probe;
 use leanstream::backend::cuda::ptx_for;
-use leanstream::bench::rel_err;
 use leanstream::board::MemoryModel;
 use leanstream::engine::cuda::CudaEngine;
 use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
@@ -19,6 +18,7 @@ use leanstream::engine::sample::argmax;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use leanstream::model::ModelFile;
 use leanstream::quant::Precision;
+use leanstream_tools::bench::rel_err;
 use std::time::{Duration, Instant};
 
 fn gpu_or_skip() -> Option<Gpu> {

@@ -1,5 +1,5 @@
 """The official `openai` client talks to leanstreamd over its Unix socket (httpx UDS transport).
-Run by tests/daemon.rs: python3 tests/openai_client.py SOCKET. Prints 'openai client: N passed'."""
+Run by tools/tests/daemon.rs: python3 tools/tests/openai_client.py SOCKET. Prints 'openai client: N passed'."""
 import sys
 
 import httpx

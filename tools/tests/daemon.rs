@@ -31,7 +31,7 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Daemon {
         let socket = socket_path(tag);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_leanstreamd"));
+        let mut cmd = Command::new(common::leanstreamd());
         cmd.envs(env.iter().copied());
         cmd.arg("--model").arg(model).arg("--socket").arg(&socket);
         if let Some(t) = tokenizer {

@@ -1,10 +1,10 @@
 //! `leanstream calibrate`: per-layer activation thresholds for target sparsities, from the
 //! magnitudes a dense engine's tap records over calibration text, and the dropped neurons'
-//! means under them (the table format is `crate::sparsity::thresholds`).
+//! means under them (the table format is `leanstream::sparsity::thresholds`).
 
-use crate::engine::Engine;
-use crate::sparsity::thresholds::{DroppedMean, ThresholdLevel};
-use crate::sparsity::Score;
+use leanstream::engine::Engine;
+use leanstream::sparsity::thresholds::{DroppedMean, ThresholdLevel};
+use leanstream::sparsity::Score;
 
 /// Runs `tokens` through `engine` (booted dense with a tap) in windows of `ctx`, as
 /// perplexity does, twice: first for the magnitude histograms of both scores for every layer,

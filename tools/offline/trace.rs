@@ -19,7 +19,7 @@
 //! count (the first groups one larger when K does not divide it). `__metadata__` names the model,
 //! its table identity, K, the sparsity, the text and the window.
 
-use crate::engine::tap::Tap;
+use leanstream::engine::tap::Tap;
 
 /// One tensor of a trace file: its name, shape, and bytes per token.
 struct TensorSpec {

@@ -166,7 +166,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<(), String> {
 
 /// Models x backends x memory models (x graph on/off), at the model flags' precision.
 fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
-    use leanstream::bench;
+    use leanstream_tools::bench;
     let threads = a
         .threads
         .map(threads_at_least_one)
@@ -635,7 +635,7 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         rows_json.push(json);
         rows_md.push(md);
     }
-    let memory = leanstream::bench::memory_name(base.memory);
+    let memory = leanstream_tools::bench::memory_name(base.memory);
     let json = format!(
         "{{\n  \"model\": {name:?},\n  \"backend\": \"cuda\",\n  \"gpu\": {gpu:?},\n  \"memory\": {memory:?},\n  \"board\": {:?},\n  \"long_context\": {n},\n  \"configs\": [\n{}\n  ]\n}}\n",
         leanstream::board::NAME,

@@ -3,7 +3,7 @@
 //! `seconds = alpha1 * bytes / bandwidth + alpha2 * ops` by least squares (both alphas kept
 //! non-negative), with `bandwidth` measured by streaming a buffer larger than the caches.
 
-use super::{CostModel, KvCache, Layout, Policy, Shape, Storage};
+use leanstream::kv::{CostModel, KvCache, Layout, Policy, Shape, Storage};
 use std::time::Instant;
 
 /// One timed configuration.

@@ -1,8 +1,8 @@
 //! `leanstream requant`: a GGUF requantized offline into the GGML types of a precision, so that
 //! boot imports every matrix as it is. At `w8a8` every matrix becomes `Q8_0`; at `w4a8` the
 //! attention matrices and the FFN's gate and up become `Q4_0` and the rest `Q8_0` (the same
-//! targets as [`crate::quant::target`]); at `f16` every matrix becomes `F16`. The values are exactly those
-//! boot's own requantization gives ([`crate::quant::convert`]): a requantized file booted at its precision
+//! targets as [`leanstream::quant::target`]); at `f16` every matrix becomes `F16`. The values are exactly those
+//! boot's own requantization gives ([`leanstream::quant::convert`]): a requantized file booted at its precision
 //! decodes bit for bit as the original booted at that precision. The int4 packing is not in the
 //! file: GGUF's `Q4_0` block is the exchange format, and boot lays its nibbles out in the chosen
 //! `--packing` (values kept). The output is a plain GGUF, so llama.cpp runs it too.
@@ -10,10 +10,10 @@
 //! The flash image of DESIGN.md section 5 (`leanstream flash`: the FFN stored as neuron bundles
 //! for streaming) is the SSD-streaming work's; this is its dense, requantized part.
 
-use crate::model::ggml::{dequantize_row, GgmlType};
-use crate::model::gguf::{build, Gguf, Value};
-use crate::model::TensorRef;
-use crate::quant::{convert_to_ggml, target, Conversion, Precision, Role, Target};
+use leanstream::model::ggml::{dequantize_row, GgmlType};
+use leanstream::model::gguf::{build, Gguf, Value};
+use leanstream::model::TensorRef;
+use leanstream::quant::{convert_to_ggml, target, Conversion, Precision, Role, Target};
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -178,7 +178,7 @@ pub fn requant(input: &Path, precision: Precision, out: &Path) -> Result<FlashRe
     let n_layers = g
         .tensors
         .iter()
-        .filter_map(|t| crate::quant::layer_of(&t.name))
+        .filter_map(|t| leanstream::quant::layer_of(&t.name))
         .max()
         .map_or(0, |i| i + 1);
     for info in &g.tensors {
@@ -196,7 +196,7 @@ pub fn requant(input: &Path, precision: Precision, out: &Path) -> Result<FlashRe
         let tg = if matrix {
             target(
                 precision,
-                crate::quant::Packing::default(),
+                leanstream::quant::Packing::default(),
                 Role::of(&info.name, n_layers),
                 info.ty,
                 cols,
@@ -261,7 +261,7 @@ pub fn requant(input: &Path, precision: Precision, out: &Path) -> Result<FlashRe
         .map_err(|e| format!("{}: {e}", partial.display()))
         // The image must read back as a model before it replaces anything.
         .and_then(|_| {
-            crate::model::ModelFile::open(&partial)
+            leanstream::model::ModelFile::open(&partial)
                 .and_then(|m| m.hyper().map(|_| ()))
                 .map_err(|e| {
                     format!(

@@ -11,11 +11,11 @@ use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
-use leanstream::offline::calibrate::calibrate;
-use leanstream::offline::trace::{TraceMeta, TraceReader, TraceWriter};
 use leanstream::sparsity::thresholds::ThresholdTable;
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::Tokenizer;
+use leanstream_tools::offline::calibrate::calibrate;
+use leanstream_tools::offline::trace::{TraceMeta, TraceReader, TraceWriter};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

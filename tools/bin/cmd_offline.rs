@@ -1,7 +1,7 @@
 //! The offline commands: `calibrate` (activation thresholds), `trace` and `trace-stats`
 //! (activation traces and their statistics), `requant` (a GGUF requantized into a precision's
-//! types) and `calibrate-kv` (the KV layout cost model). They drive `leanstream::offline` and
-//! `leanstream::kv::calibrate`; none of it runs in the daemon.
+//! types) and `calibrate-kv` (the KV layout cost model). They drive `leanstream_tools::offline` and
+//! `leanstream_tools::offline::calibrate_kv`; none of it runs in the daemon.
 
 use super::*;
 
@@ -163,7 +163,7 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
     let started = Instant::now();
     let ctx = a.text.ctx;
     // Two passes: thresholds, then the dropped-neuron means under them.
-    let (hist, levels) = leanstream::offline::calibrate::calibrate(
+    let (hist, levels) = leanstream_tools::offline::calibrate::calibrate(
         &mut engine,
         &tokens,
         ctx,
@@ -220,7 +220,7 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<(), String> {
 }
 
 pub fn cmd_trace(a: TraceArgs) -> Result<(), String> {
-    use leanstream::offline::trace::{TraceMeta, TraceWriter};
+    use leanstream_tools::offline::trace::{TraceMeta, TraceWriter};
     let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
     leanstream::sparsity::check_sparsity(a.sparsity)?;
     if a.stages == 0 {
@@ -289,7 +289,7 @@ pub fn cmd_trace(a: TraceArgs) -> Result<(), String> {
 }
 
 pub fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
-    use leanstream::offline::trace::TraceReader;
+    use leanstream_tools::offline::trace::TraceReader;
     let file = ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
     let trace = TraceReader::open(&a.trace)?;
     let id = format!("{:016x}", leanstream::tables::model_identity(&file));
@@ -313,7 +313,7 @@ pub fn cmd_trace_stats(a: TraceStatsArgs) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let total = (trace.layers - 1) * trace.tokens;
     let started = Instant::now();
-    let json = leanstream::offline::trace_stats::trace_stats(
+    let json = leanstream_tools::offline::trace_stats::trace_stats(
         &trace,
         &file,
         &table,
@@ -341,7 +341,7 @@ pub fn cmd_requant(a: RequantArgs) -> Result<(), String> {
         let stem = a.model.file_stem().unwrap_or_default().to_string_lossy();
         a.model.with_file_name(format!("{stem}.{precision}.gguf"))
     });
-    let report = leanstream::offline::requant::requant(&a.model, precision, &out)?;
+    let report = leanstream_tools::offline::requant::requant(&a.model, precision, &out)?;
     eprintln!(
         "requant: {} -> {} at {precision}:\n{report}",
         a.model.display(),
@@ -370,7 +370,8 @@ pub fn cmd_calibrate_kv(a: CalibrateKvArgs) -> Result<(), String> {
         head_dim: h.head_dim,
         context: 4096,
     };
-    let (model, points) = kv::calibrate::calibrate(shape, &[64, 256, 1024, 4096]);
+    let (model, points) =
+        leanstream_tools::offline::calibrate_kv::calibrate(shape, &[64, 256, 1024, 4096]);
     println!("bandwidth: {:.2} GB/s", model.bandwidth / 1e9);
     println!(
         "| layout | tokens | measured us | model us | bytes | ops |\n|---|---|---|---|---|---|"

@@ -125,8 +125,8 @@ impl ClientArgs {
             .clone()
             .unwrap_or_else(|| PathBuf::from(leanstream::board::SOCKET_PATH))
     }
-    fn options(&self, chat: bool) -> leanstream::client::AskOptions {
-        leanstream::client::AskOptions {
+    fn options(&self, chat: bool) -> leanstream_tools::client::AskOptions {
+        leanstream_tools::client::AskOptions {
             max_tokens: self.max_tokens,
             temperature: self.temperature,
             top_p: self.top_p,
@@ -269,7 +269,7 @@ fn main() -> ExitCode {
         Command::Ask(a) => cmd_ask(a),
         Command::Chat(a) => {
             let stdin = std::io::stdin();
-            leanstream::client::chat_repl(
+            leanstream_tools::client::chat_repl(
                 &a.socket(),
                 &a.options(true),
                 &mut stdin.lock(),
@@ -279,7 +279,8 @@ fn main() -> ExitCode {
         }
         Command::Status { socket } => {
             let socket = socket.unwrap_or_else(|| PathBuf::from(leanstream::board::SOCKET_PATH));
-            leanstream::client::status(&socket, &mut std::io::stdout()).map_err(|e| e.to_string())
+            leanstream_tools::client::status(&socket, &mut std::io::stdout())
+                .map_err(|e| e.to_string())
         }
     };
     match result {
@@ -293,7 +294,7 @@ fn main() -> ExitCode {
 
 fn cmd_ask(a: AskArgs) -> Result<(), String> {
     let mut out = std::io::stdout();
-    let summary = leanstream::client::ask(
+    let summary = leanstream_tools::client::ask(
         &a.client.socket(),
         &a.prompt,
         &a.client.options(a.chat),

@@ -16,12 +16,12 @@
 //!   guess / sum over A.
 
 use super::trace::TraceReader;
-use crate::backend::cpu::{matvec_many, ActScratch, Matrix, WorkerPool};
-use crate::model::ggml::dequantize_row;
-use crate::model::ModelFile;
-use crate::ops::{rmsnorm, silu};
-use crate::sparsity::thresholds::ThresholdTable;
-use crate::sparsity::Score;
+use leanstream::backend::cpu::{matvec_many, ActScratch, Matrix, WorkerPool};
+use leanstream::model::ggml::dequantize_row;
+use leanstream::model::ModelFile;
+use leanstream::ops::{rmsnorm, silu};
+use leanstream::sparsity::thresholds::ThresholdTable;
+use leanstream::sparsity::Score;
 
 fn fmt_vec(v: &[f64]) -> String {
     let s: Vec<String> = v.iter().map(|x| format!("{x:.6}")).collect();

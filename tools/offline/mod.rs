@@ -4,9 +4,12 @@
 //! - [`calibrate`]: activation thresholds and dropped-neuron means for target sparsities.
 //! - [`trace`]: the activation trace file (safetensors) and its reader.
 //! - [`trace_stats`]: a trace's statistics for the sparsity report.
+//! - [`calibrate_kv`]: the KV layout cost model's alphas fitted on this machine
+//!   (`leanstream calibrate-kv`).
 //! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
 
 pub mod calibrate;
+pub mod calibrate_kv;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;

@@ -1,0 +1,22 @@
+//! The tools' integration tests share the root crate's helpers (tests/common), plus where the
+//! daemon binary is: it belongs to the root crate, so Cargo gives these tests no
+//! `CARGO_BIN_EXE_leanstreamd`.
+#![allow(dead_code, unused_imports)]
+
+#[path = "../../../tests/common/mod.rs"]
+mod root;
+pub use root::*;
+
+use std::path::{Path, PathBuf};
+
+/// `leanstreamd`, built beside this crate's `leanstream`: the workspace's `cargo test` builds
+/// both crates' binaries before it runs any test.
+pub fn leanstreamd() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_leanstream")).with_file_name("leanstreamd");
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo test` at the repository root (it builds both crates)",
+        p.display()
+    );
+    p
+}
