@@ -6,7 +6,7 @@
 //! `cargo bench --bench matvec [-- FILTER]`, e.g. `-- matmul16` for the batched group alone.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use leanstream::backend::cpu::{matmul_many, matvec, ActScratch, Matrix, WorkerPool};
+use leanstream::backend::cpu::{matmul_many, matvec, ActScratch, KernelSet, Matrix, WorkerPool};
 use leanstream::model::ggml::GgmlType;
 use leanstream::quant::{Packing, QFormat};
 use std::time::Duration;
@@ -66,7 +66,9 @@ fn bench(c: &mut Criterion) {
             for pool in &pools {
                 let id =
                     BenchmarkId::new(format!("{rows}x{cols}"), format!("{}t", pool.n_threads()));
-                g.bench_function(id, |b| b.iter(|| matvec(pool, &w, &x, &mut act, &mut out)));
+                g.bench_function(id, |b| {
+                    b.iter(|| matvec(KernelSet::best(), pool, &w, &x, &mut act, &mut out))
+                });
             }
         }
         g.finish();
@@ -116,7 +118,15 @@ fn matmul16(c: &mut Criterion) {
             data: &data,
         };
         g.bench_function(name, |b| {
-            b.iter(|| matmul_many(&pool, &mut [(&w, &mut out[..])], &xs, &mut acts))
+            b.iter(|| {
+                matmul_many(
+                    KernelSet::best(),
+                    &pool,
+                    &mut [(&w, &mut out[..])],
+                    &xs,
+                    &mut acts,
+                )
+            })
         });
     }
     g.finish();

@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use leanstream::backend::cpu::sparse_ffn::SparseFfn;
-use leanstream::backend::cpu::{matvec, matvec_many, ActScratch, Matrix, WorkerPool};
+use leanstream::backend::cpu::{matvec, matvec_many, ActScratch, KernelSet, Matrix, WorkerPool};
 use leanstream::boot::{Arena, ArenaKind};
 use leanstream::model::ggml::GgmlType;
 use leanstream::model::TensorRef;
@@ -74,6 +74,7 @@ fn bench(c: &mut Criterion) {
             for [gd, ud, dd] in &layers {
                 let (gate, up) = (mat(gd, HIDDEN, DIM), mat(ud, HIDDEN, DIM));
                 matvec_many(
+                    KernelSet::best(),
                     &pool,
                     &mut [(&gate, &mut hb), (&up, &mut hb2)],
                     &x,
@@ -82,7 +83,14 @@ fn bench(c: &mut Criterion) {
                 for (g, u) in hb.iter_mut().zip(&hb2) {
                     *g = silu(*g) * u;
                 }
-                matvec(&pool, &mat(dd, DIM, HIDDEN), &hb, &mut act, &mut out);
+                matvec(
+                    KernelSet::best(),
+                    &pool,
+                    &mat(dd, DIM, HIDDEN),
+                    &hb,
+                    &mut act,
+                    &mut out,
+                );
             }
         })
     });
@@ -136,7 +144,7 @@ fn bench(c: &mut Criterion) {
                     b.iter(|| {
                         for (l, bl) in bundles.iter().enumerate() {
                             y.copy_from_slice(&x);
-                            ffn.forward(l, bl, &pool, &mut y, &mut act);
+                            ffn.forward(l, bl, KernelSet::best(), &pool, &mut y, &mut act);
                         }
                     })
                 });

@@ -2,7 +2,7 @@
 # Hardware-in-the-loop profile (GPU machine, over what scripts/hil.sh staged): where one decode
 # step's time goes, per kernel. Writes same-shape random-weight models of PROFILE_SHAPE
 # (bench-shapes/, default qwen2.5-1.5b) in PROFILE_TYPES (default f16,q8_0,q4_0), then for each
-# runs Nsight Compute over the third decoded token's kernels (`generate --no-graph`: the graph
+# runs Nsight Compute over the third decoded token's kernels (`generate --ablate no-graph`: the graph
 # hides kernel boundaries from the profiler) and prints, per kernel of layer 1 and the logits:
 # time, DRAM bytes, the stream rate, registers, grid and achieved occupancy; then the step's
 # sum over every kernel. Results land in $OUT (else $HIL_DIR/results): profile-*.csv.
@@ -26,7 +26,7 @@ for f in $syn/$shape*.gguf; do
   echo "== $name ${PROFILE_PRECISION:-native}"
   "$ncu" --log-file "$res/profile-$name.csv" --kernel-name regex:'embed|matvec|attention' --launch-skip $(( 2 * per_step )) --launch-count $per_step \
     --metrics $metrics --csv --page raw --print-units base \
-    $h/leanstream generate --model "$f" --backend cuda --memory discrete --no-graph \
+    $h/leanstream generate --model "$f" --backend cuda --memory discrete --ablate no-graph \
     --precision ${PROFILE_PRECISION:-native} --prompt "" --max-tokens 4 > /dev/null 2> "$res/profile-$name.err"
   python3 - "$res/profile-$name.csv" $layers <<'EOF'
 import csv, sys
@@ -53,7 +53,7 @@ if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
     "$ncu" --kernel-name regex:'embed|matvec|attention' --launch-skip $(( 2 * per_step + 6 )) --launch-count 5 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats \
-      $h/leanstream generate --model "$f" --backend cuda --memory discrete --no-graph \
+      $h/leanstream generate --model "$f" --backend cuda --memory discrete --ablate no-graph \
       --precision ${PROFILE_PRECISION:-native} --prompt "" --max-tokens 4 > "$res/detail-$name.txt" 2>&1
   done
 fi

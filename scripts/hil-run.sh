@@ -10,7 +10,7 @@
 #   HIL_TESTS=0 skips the GPU tests; HIL_BENCH=0 the benchmarks (HIL_DISCRETE=0, HIL_UNIFIED=0,
 #   HIL_W4A8=0 parts of them); HIL_SHAPES the bench-shapes
 #   to write and time (HIL_TYPES: only these types); HIL_COMPARE the ablations beside each
-#   discrete CUDA configuration (default --compare-graph --compare-narrow --compare-norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
+#   discrete CUDA configuration (default --ablate no-graph,narrow,norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
 #   tokens; HIL_UNIFIED_MODELS picks the unified runs' models by name prefix, HIL_UNIFIED_COMPARE
 #   the ablations beside them (default none);
 #   HIL_BENCH_TIMEOUT (240 s) bounds each bench; HIL_KV=1 adds the int8 KV cache against the
@@ -56,7 +56,7 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
   q4() { ls $syn/$1*-q4_0.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
   if [ "${HIL_DISCRETE:-1}" = 1 ]; then
     # HIL_COMPARE: the ablations timed beside each CUDA configuration (bench --help).
-    run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---compare-graph --compare-narrow --compare-norm-tail}
+    run_bench gpu ${HIL_GEN:-128} --model "$(list '')" --backend cuda --memory discrete ${HIL_COMPARE---ablate no-graph,narrow,norm-tail}
     # w4a8 as LeanStream runs it: the q4_0 files with attention's q/k/v and the FFN's down
     # requantized to Q8_0 at load (quant::Role::Sensitive); the q4_0 rows above are all-4-bit.
     [ "${HIL_W4A8:-1}" = 1 ] && run_bench gpu-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8
@@ -67,19 +67,19 @@ if [ "${HIL_BENCH:-1}" = 1 ]; then
     run_bench unified ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(list $um)" --backend cuda,cpu --memory unified ${HIL_UNIFIED_COMPARE:-}
     [ "${HIL_W4A8:-1}" = 1 ] && run_bench unified-w4a8 ${HIL_UNIFIED_GEN:-${HIL_GEN:-128}} --model "$(q4 $um)" --backend cuda --memory unified --precision w4a8
   fi
-  # HIL_KV=1: the int8 KV cache of w8a8/w4a8 against the f32 one (--compare-f32-kv), at
+  # HIL_KV=1: the int8 KV cache of w8a8/w4a8 against the f32 one (--ablate f32-kv), at
   # short context on every q8_0 (w8a8) and q4_0 (w4a8) file, and from position 0 to
   # HIL_KV_LONG (8192) on the HIL_KV_LONG_MODELS (default the 1.5B shape's q8_0 file) at w8a8;
   # HIL_KV_COMPARE adds ablations to the short-context runs.
   if [ "${HIL_KV:-0}" = 1 ]; then
     q8() { ls $syn/$1*-q8_0.gguf 2>/dev/null | tr '\n' ',' | sed 's/,$//'; }
-    run_bench kv-w8a8 ${HIL_GEN:-128} --model "$(q8 '')" --backend cuda --memory discrete --precision w8a8 --compare-f32-kv ${HIL_KV_COMPARE:-}
-    run_bench kv-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8 --compare-f32-kv ${HIL_KV_COMPARE:-}
+    run_bench kv-w8a8 ${HIL_GEN:-128} --model "$(q8 '')" --backend cuda --memory discrete --precision w8a8 --ablate f32-kv ${HIL_KV_COMPARE:-}
+    run_bench kv-w4a8 ${HIL_GEN:-128} --model "$(q4 '')" --backend cuda --memory discrete --precision w4a8 --ablate f32-kv ${HIL_KV_COMPARE:-}
     for f in ${HIL_KV_LONG_MODELS:-$syn/qwen2.5-1.5b-q8_0.gguf}; do
       n=$(basename "$f" .gguf)
       echo "== long context $n w8a8"
       timeout ${HIL_BENCH_TIMEOUT:-240} $h/leanstream bench --model "$f" --backend cuda --memory discrete --precision w8a8 \
-        --long-context ${HIL_KV_LONG:-8192} --compare-f32-kv --json "$res/long-$n.json" --markdown "$res/long-$n.md" 2>&1 \
+        --long-context ${HIL_KV_LONG:-8192} --ablate f32-kv --json "$res/long-$n.json" --markdown "$res/long-$n.md" 2>&1 \
         | tee "$res/long-$n.txt"
       bench_rc=$(( bench_rc | ${PIPESTATUS[0]} ))
     done

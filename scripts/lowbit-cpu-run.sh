@@ -26,7 +26,7 @@ for shape in ${LOWBIT_SHAPES:-smollm2-135m qwen2.5-0.5b}; do
   [ -f "$model" ] || python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn --types q8_0 >/dev/null || exit 1
   for t in ${LOWBIT_THREADS:-2 8}; do
     echo "== $shape, $t threads"
-    $ls_bin bench --model "$model" --configs f16,w8a8,w8a8+no-vnni,w4a8,w4a8+no-vnni \
+    $ls_bin bench --model "$model" --configs f16,w8a8,w4a8 --ablate no-vnni \
       --threads "$t" --prompt-tokens 16 --gen-tokens ${LOWBIT_GEN:-64} --reps ${LOWBIT_REPS:-5} \
       --json "$res/lowbit-$shape-$t.json" --markdown "$res/lowbit-$shape-$t.md" > "$res/lowbit-$shape-$t.txt" 2>&1
     rc=$(( rc | $? ))

@@ -5,7 +5,8 @@
 //! paid once per token instead of once per kernel.
 
 use super::cuda_options::{
-    int8_kv, CudaOptions, DependentLaunch, InBlockNorm, ProductKernels, IN_BLOCK_NORM_MAX_DIM,
+    CudaOptions, DependentLaunch, InBlockNorm, ProductKernels, INT8_KV_MAX_HEAD_DIM,
+    IN_BLOCK_NORM_MAX_DIM,
 };
 use super::{Arenas, Decoder, EngineError};
 use crate::backend::cuda::driver::{
@@ -298,10 +299,15 @@ impl<'a> CudaEngine<'a> {
                 h.head_dim, h.n_heads, h.n_kv_heads
             )));
         }
-        let mut context = crate::board::MAX_CONTEXT.min(h.ctx_train.max(1));
-        if opts.context > 0 {
-            context = opts.context.min(context);
-        }
+        // The same KV plan as the CPU decoder's (`engine::kv_plan`), at the GPU's head limit.
+        let (shape, int8_kv) = super::kv_plan(
+            &h,
+            opts.context,
+            opts.precision,
+            opts.f32_kv,
+            INT8_KV_MAX_HEAD_DIM,
+        );
+        let context = shape.context;
         let mut gpu = Gpu::open(0).map_err(EngineError::Gpu)?;
         // Dependent launch needs sm_90 (and the compute_90 PTX that `ptx_for` then picks).
         let dependent_launch = if gpu.compute_capability.0 >= 9 {
@@ -380,7 +386,6 @@ impl<'a> CudaEngine<'a> {
             arenas.dense.len() + arenas.ffn.len(),
             "the GPU weight image (dense and FFN budgets together)",
         )?;
-        let int8_kv = int8_kv(opts.precision, opts.f32_kv, h.head_dim);
         let groups = h.head_dim / 32;
         let (kv_bytes, kv_scale_bytes) = if int8_kv {
             (
@@ -1055,7 +1060,7 @@ impl Decoder for CudaEngine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cuda_options::ATTENTION_SLICE;
+    use crate::engine::cuda_options::{int8_kv, ATTENTION_SLICE};
 
     fn mat(ty: GpuType, rows: usize, cols: usize) -> Mat {
         Mat {

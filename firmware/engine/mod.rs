@@ -7,12 +7,16 @@ pub mod cuda;
 pub mod cuda_options;
 pub mod generate;
 pub mod perplexity;
+mod plan;
 pub mod sample;
 pub mod tap;
 
+pub use plan::{kv_plan, BootPlan};
+use plan::{place_vector, Placer};
+
 use crate::backend::cpu::sparse_ffn::SparseFfn;
 use crate::backend::cpu::{
-    for_each_row, matmul_many, matvec, matvec_many, ActScratch, Matrix, WorkerPool,
+    for_each_row, matmul_many, matvec, matvec_many, ActScratch, KernelSet, Matrix, WorkerPool,
 };
 use crate::board::PREFILL_BATCH;
 pub use crate::boot::Arenas;
@@ -65,71 +69,14 @@ impl From<BootError> for EngineError {
     }
 }
 
-/// What booting a model takes of each engine arena (`Engine::plan`): the board config's
-/// budgets are checked against it before anything is placed.
-#[derive(Clone, Debug)]
-pub struct BootPlan {
-    /// The KV cache's dimensions (`shape.context`: the tokens of context planned for).
-    pub shape: Shape,
-    /// Whether the KV cache is int8 (`kv::int8_kv`).
-    pub int8_kv: bool,
-    pub dense: Plan,
-    pub ffn: Plan,
-    pub kv: Plan,
-    pub scratch: Plan,
-}
-
-impl BootPlan {
-    /// Each part: its arena, its bytes, and what it holds.
-    pub fn parts(&self) -> [(ArenaKind, usize, String); 4] {
-        [
-            (
-                ArenaKind::DenseWeights,
-                self.dense.bytes,
-                "the dense weights (embeddings, attention, norms, output)".into(),
-            ),
-            (
-                ArenaKind::FfnCache,
-                self.ffn.bytes,
-                "the FFN weights (all resident until streaming)".into(),
-            ),
-            (
-                ArenaKind::Kv,
-                self.kv.bytes,
-                format!(
-                    "the {} KV cache for {} tokens",
-                    if self.int8_kv { "int8" } else { "f32" },
-                    self.shape.context
-                ),
-            ),
-            (
-                ArenaKind::ActivationScratch,
-                self.scratch.bytes,
-                "the activations".into(),
-            ),
-        ]
-    }
-
-    /// Refuses, naming the budget and the bytes, when a part does not fit its arena.
-    pub fn check(&self, arenas: &Arenas) -> Result<(), BootError> {
-        for (kind, bytes, what) in self.parts() {
-            let available = match kind {
-                ArenaKind::DenseWeights => arenas.dense.len(),
-                ArenaKind::FfnCache => arenas.ffn.len(),
-                ArenaKind::Kv => arenas.kv.len(),
-                _ => arenas.scratch.len(),
-            };
-            Plan { bytes }.check(kind, available, &what)?;
-        }
-        Ok(())
-    }
-}
-
 /// Choices made at boot.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Worker threads for the matrix-vector work (the board's `cpu_threads` by default).
     pub threads: usize,
+    /// The CPU kernels, picked once (`KernelSet::best()` by default; tests and the bench's
+    /// ablations pass others).
+    pub kernels: KernelSet,
     /// Context length; 0 means the smaller of the board's `max_context` and the model's own.
     pub context: usize,
     /// Weight, activation and KV precision (`native` by default: the file's own types).
@@ -139,7 +86,7 @@ pub struct EngineOptions {
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
     /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference a CUDA configuration with an
-    /// f32 cache is checked against (`engine::cuda::int8_kv` says when the GPU's is int8).
+    /// f32 cache is checked against (`engine::cuda_options::int8_kv` says when the GPU's is int8).
     pub f32_kv: bool,
     /// At `native`, keep Q8_0 and Q4_0 matrices in the classic GGML kernels instead of
     /// importing them into w8/w4: the same values, a row's blocks summed in another order. The
@@ -156,6 +103,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             threads: crate::board::CPU_THREADS,
+            kernels: KernelSet::best(),
             context: 0,
             precision: Precision::Native,
             packing: Packing::default(),
@@ -268,6 +216,8 @@ pub struct Engine<'a> {
     /// Scratch the sampler sorts in (vocab entries), handed out by `sampler_buffers`.
     sample_idx: Option<&'a mut [u32]>,
     pool: WorkerPool,
+    /// The CPU kernels every product runs (`EngineOptions::kernels`).
+    kernels: KernelSet,
     act: ActScratch,
     pub precision: Precision,
     /// What boot did to the matrices (imported as is, requantized).
@@ -336,214 +286,7 @@ impl Decoder for Engine<'_> {
     }
 }
 
-/// How boot places matrices: the precision's target per role, and the report of what it did.
-struct Placer {
-    precision: Precision,
-    packing: Packing,
-    /// `EngineOptions::native_classic`.
-    classic: bool,
-    report: ConversionReport,
-    scratch: Vec<f32>,
-}
-
-impl Placer {
-    fn new(opts: &EngineOptions) -> Placer {
-        Placer {
-            precision: opts.precision,
-            packing: opts.packing,
-            classic: opts.native_classic,
-            report: ConversionReport::default(),
-            scratch: Vec::new(),
-        }
-    }
-
-    fn target(&self, t: &TensorRef, role: Role) -> Target {
-        if self.classic && self.precision == Precision::Native {
-            return Target::Keep;
-        }
-        crate::quant::target(self.precision, self.packing, role, t.ty, t.cols)
-    }
-
-    /// Bytes a matrix takes once placed.
-    fn bytes(&self, t: &TensorRef, role: Role) -> usize {
-        crate::quant::target_bytes(self.target(t, role), t)
-    }
-
-    fn place<'a>(
-        &mut self,
-        c: &mut Carver<'a>,
-        t: &TensorRef,
-        role: Role,
-    ) -> Result<Matrix<'a>, BootError> {
-        let target = self.target(t, role);
-        let data = c.take::<u8>(crate::quant::target_bytes(target, t))?;
-        let how = crate::quant::convert(target, t, data, &mut self.scratch);
-        self.report.add(t.ty, target, how, data.len());
-        let (ty, q) = match target {
-            Target::Keep => (t.ty, None),
-            Target::F16 => (crate::model::ggml::GgmlType::F16, None),
-            Target::Q(f) => (f.ggml_type(), Some(f)),
-        };
-        Ok(Matrix {
-            ty,
-            q,
-            rows: t.rows,
-            cols: t.cols,
-            data,
-        })
-    }
-}
-
-fn place_vector<'a>(c: &mut Carver<'a>, t: &TensorRef) -> Result<&'a [f32], BootError> {
-    let n = t.cols * t.rows;
-    let out = c.take::<f32>(n)?;
-    dequantize_row(t.ty, t.data, out);
-    Ok(out)
-}
-
 impl<'a> Engine<'a> {
-    /// What booting `model` with `opts` takes of each of the engine's arenas, computed from the
-    /// file's shapes and types before any arena is touched (`leanstream board --model` prints it;
-    /// [`boot`](Self::boot) checks it against the arenas).
-    pub fn plan(model: &ModelFile, opts: &EngineOptions) -> Result<BootPlan, EngineError> {
-        let h = model.hyper()?;
-        model.validate(&h)?;
-        if h.head_dim % 2 != 0 || h.n_heads % h.n_kv_heads != 0 {
-            return Err(EngineError::Unsupported(format!(
-                "head_dim {} must be even and n_heads {} a multiple of n_kv_heads {}",
-                h.head_dim, h.n_heads, h.n_kv_heads
-            )));
-        }
-        let mut context = crate::board::MAX_CONTEXT.min(h.ctx_train.max(1));
-        if opts.context > 0 {
-            context = opts.context.min(context);
-        }
-        let kv_dim = h.n_kv_heads * h.head_dim;
-        let q_dim = h.n_heads * h.head_dim;
-        let placer = Placer::new(opts);
-        let emb = Role::EmbedOrOutput;
-        // Each layer matrix's role, by its full name (the first and last layer keep more bits).
-        let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
-        let int8_kv = crate::kv::int8_kv(
-            opts.precision,
-            opts.f32_kv,
-            h.head_dim,
-            crate::kv::MAX_HEAD_DIM,
-        );
-        let shape = Shape {
-            n_layers: h.n_layers,
-            kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            context,
-        };
-        opts.ffn.check(h.n_layers).map_err(EngineError::Options)?;
-        let sparse = opts.ffn.mode != FfnMode::Dense;
-        if let Some(t) = &opts.tap {
-            if sparse {
-                return Err(EngineError::Options(
-                    "activation traces are recorded in dense mode only".into(),
-                ));
-            }
-            if let Some(th) = &t.thresholds {
-                if th.len() != h.n_layers {
-                    return Err(EngineError::Options(format!(
-                        "{} trace thresholds for {} layers",
-                        th.len(),
-                        h.n_layers
-                    )));
-                }
-            }
-        }
-
-        // Plan every arena and refuse before touching any of them.
-        let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
-        let mut dense = Plan::default();
-        let mut ffn = Plan::default();
-        dense.add_bytes(placer.bytes(&model.tensor("token_embd.weight")?, emb));
-        dense.add::<f32>(h.dim);
-        if !h.tied_output {
-            dense.add_bytes(placer.bytes(&model.tensor("output.weight")?, emb));
-        }
-        for i in 0..h.n_layers {
-            for n in [
-                "attn_q.weight",
-                "attn_k.weight",
-                "attn_v.weight",
-                "attn_output.weight",
-            ] {
-                dense.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, role(i, n)));
-            }
-            dense.add::<f32>(2 * h.dim);
-            if h.qkv_bias {
-                dense.add::<f32>(q_dim + 2 * kv_dim);
-            }
-            if sparse {
-                let t = |n: &str| model.tensor(&layer_name(i, n));
-                let (g, u, d) = (
-                    t("ffn_gate.weight")?,
-                    t("ffn_up.weight")?,
-                    t("ffn_down.weight")?,
-                );
-                Bundles::plan(&mut ffn, &g, &u, &d, opts.ffn.bundle_down)
-                    .map_err(EngineError::Unsupported)?;
-            } else {
-                for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
-                    ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, role(i, n)));
-                }
-            }
-        }
-        let mut kv = Plan::default();
-        if int8_kv {
-            kv.add::<i8>(shape.i8_values());
-            kv.add::<i8>(shape.i8_values());
-            kv.add::<f32>(shape.i8_scales());
-            kv.add::<f32>(shape.i8_scales());
-        } else {
-            kv.add::<f32>(h.n_layers * context * kv_dim);
-            kv.add::<f32>(h.n_layers * context * kv_dim);
-        }
-        let mut scratch = Plan::default();
-        for n in [
-            h.dim,
-            h.dim,
-            h.dim.max(q_dim),
-            q_dim,
-            h.hidden_dim,
-            h.hidden_dim,
-            h.n_heads * context,
-            h.vocab_size,
-            kv_dim,
-            kv_dim,
-            h.head_dim / 2,
-            h.head_dim / 2,
-        ] {
-            scratch.add::<f32>(n);
-        }
-        let scale_keys = int8_kv && h.qkv_bias;
-        if scale_keys {
-            scratch.add::<f32>(h.n_layers * kv_dim);
-        }
-        for n in Batch::sizes(&h, context) {
-            scratch.add::<f32>(n);
-        }
-        scratch.add::<u32>(h.vocab_size);
-        if sparse {
-            SparseFfn::plan(&mut scratch, h.n_layers, h.hidden_dim, h.dim);
-        }
-        if let Some(t) = &opts.tap {
-            Tap::plan(&mut scratch, h.n_layers, h.dim, h.hidden_dim, t.stages);
-        }
-
-        Ok(BootPlan {
-            shape,
-            int8_kv,
-            dense,
-            ffn,
-            kv,
-            scratch,
-        })
-    }
-
     /// Checks that the model fits the board ([`plan`](Self::plan)), then places it in the
     /// arenas. Nothing is decoded before every budget has been checked.
     pub fn boot(
@@ -735,7 +478,7 @@ impl<'a> Engine<'a> {
         };
         s.att.fill(0.0);
         let mut kv = KvCache::new(shape, store, opts.kv_policy);
-        kv.set_avx2(crate::backend::cpu::matvec::kernel() == crate::backend::cpu::Kernel::Avx2);
+        kv.set_avx2(opts.kernels.kernel == crate::backend::cpu::Kernel::Avx2);
         if scale_keys {
             let scales = c.take::<f32>(h.n_layers * kv_dim)?;
             let half = h.head_dim / 2;
@@ -762,6 +505,7 @@ impl<'a> Engine<'a> {
             b,
             sample_idx,
             pool: WorkerPool::new(opts.threads.max(1)),
+            kernels: opts.kernels,
             act: ActScratch::new(max_cols),
             precision: opts.precision,
             conversions: placer.report,
@@ -882,7 +626,7 @@ impl<'a> Engine<'a> {
         let group = n_heads / h.n_kv_heads;
         let ctx = self.context;
         let s = &mut self.s;
-        let pool = &self.pool;
+        let (pool, ks) = (&self.pool, self.kernels);
         let act = &mut self.act;
 
         // Embedding of the token.
@@ -896,6 +640,7 @@ impl<'a> Engine<'a> {
             rmsnorm(s.xb, s.x, w.attn_norm, h.norm_eps);
             let (k, v) = self.kv.rows(l, pos);
             matvec_many(
+                ks,
                 pool,
                 &mut [(&w.wq, &mut *s.q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
                 s.xb,
@@ -932,7 +677,7 @@ impl<'a> Engine<'a> {
                     o,
                 );
             });
-            matvec(pool, &w.wo, &s.xb2[..q_dim], act, s.xb);
+            matvec(ks, pool, &w.wo, &s.xb2[..q_dim], act, s.xb);
             add(s.x, s.xb);
 
             // Feed-forward: SwiGLU over every neuron, or over the ones this token needs.
@@ -940,29 +685,30 @@ impl<'a> Engine<'a> {
             match &w.ffn {
                 LayerFfn::Dense { gate, up, down } => {
                     matvec_many(
+                        ks,
                         pool,
                         &mut [(gate, &mut *s.hb), (up, &mut *s.hb2)],
                         s.xb,
                         act,
                     );
                     if let Some(tap) = self.tap.as_mut() {
-                        tap.record(l, s.x, s.xb, s.hb, s.hb2, down, pool, act);
+                        tap.record(l, s.x, s.xb, s.hb, s.hb2, down, ks, pool, act);
                     }
                     for (g, u) in s.hb.iter_mut().zip(s.hb2.iter()) {
                         *g = silu(*g) * u;
                     }
-                    matvec(pool, down, s.hb, act, s.xb);
+                    matvec(ks, pool, down, s.hb, act, s.xb);
                 }
                 LayerFfn::Bundles(b) => {
                     let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
-                    sparse.forward(l, b, pool, s.xb, act);
+                    sparse.forward(l, b, ks, pool, s.xb, act);
                 }
             }
             add(s.x, s.xb);
         }
 
         rmsnorm(s.xb, s.x, self.output_norm, h.norm_eps);
-        matvec(pool, &self.output, s.xb, act, s.logits);
+        matvec(ks, pool, &self.output, s.xb, act, s.logits);
         debug_assert_eq!(dim, s.x.len());
         s.logits
     }
@@ -991,6 +737,7 @@ impl Engine<'_> {
         let x = &self.b.x[(last % PREFILL_BATCH) * dim..][..dim];
         rmsnorm(self.s.xb, x, self.output_norm, self.hyper.norm_eps);
         matvec(
+            self.kernels,
             &self.pool,
             &self.output,
             self.s.xb,
@@ -1024,6 +771,7 @@ impl Engine<'_> {
             }
             let logits = &mut b.logits[..n * vocab];
             matmul_many(
+                self.kernels,
                 &self.pool,
                 &mut [(&self.output, &mut *logits)],
                 &b.xb[..n * dim],
@@ -1056,7 +804,7 @@ impl Engine<'_> {
         let half = head_dim / 2;
         let ctx = self.context;
         let b = &mut self.b;
-        let pool = &self.pool;
+        let (pool, ks) = (&self.pool, self.kernels);
         let acts = &mut b.acts[..n];
         let (x, xb, xo) = (
             &mut b.x[..n * dim],
@@ -1093,6 +841,7 @@ impl Engine<'_> {
                 rmsnorm(xbt, &x[t * dim..][..dim], w.attn_norm, h.norm_eps)
             });
             matmul_many(
+                ks,
                 pool,
                 &mut [(&w.wq, &mut *q), (&w.wk, &mut *k), (&w.wv, &mut *v)],
                 xb,
@@ -1142,7 +891,7 @@ impl Engine<'_> {
                     o,
                 );
             });
-            matmul_many(pool, &mut [(&w.wo, &mut *xb)], xo, acts);
+            matmul_many(ks, pool, &mut [(&w.wo, &mut *xb)], xo, acts);
             add(x, xb);
 
             // Feed-forward: SwiGLU over every neuron, or over the ones each token needs.
@@ -1151,19 +900,19 @@ impl Engine<'_> {
             });
             match &w.ffn {
                 LayerFfn::Dense { gate, up, down } => {
-                    matmul_many(pool, &mut [(gate, &mut *hb), (up, &mut *hb2)], xb, acts);
+                    matmul_many(ks, pool, &mut [(gate, &mut *hb), (up, &mut *hb2)], xb, acts);
                     let up_out = &*hb2;
                     for_each_row(pool, hb, hidden, &|t, gt| {
                         for (g, u) in gt.iter_mut().zip(&up_out[t * hidden..][..hidden]) {
                             *g = silu(*g) * u;
                         }
                     });
-                    matmul_many(pool, &mut [(down, &mut *xb)], hb, acts);
+                    matmul_many(ks, pool, &mut [(down, &mut *xb)], hb, acts);
                 }
                 LayerFfn::Bundles(bundles) => {
                     let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
                     for xbt in xb.chunks_exact_mut(dim) {
-                        sparse.forward(l, bundles, pool, xbt, &mut acts[0]);
+                        sparse.forward(l, bundles, ks, pool, xbt, &mut acts[0]);
                     }
                 }
             }

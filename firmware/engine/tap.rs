@@ -2,7 +2,7 @@
 //! `Engine::forward` in dense mode, carved from the scratch arena at boot). Calibration
 //! (`crate::offline::calibrate`) and traces (`crate::offline::trace`) read it.
 
-use crate::backend::cpu::{matvec, ActScratch, Matrix, WorkerPool};
+use crate::backend::cpu::{matvec, ActScratch, KernelSet, Matrix, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::ops::silu;
 
@@ -94,6 +94,7 @@ impl<'a> Tap<'a> {
         g: &[f32],
         u: &[f32],
         down: &Matrix,
+        ks: KernelSet,
         pool: &WorkerPool,
         act: &mut ActScratch,
     ) {
@@ -141,7 +142,7 @@ impl<'a> Tap<'a> {
                     self.mask[j as usize] = h[j as usize];
                 }
                 at = end;
-                matvec(pool, down, &self.mask[..n], act, self.tmp);
+                matvec(ks, pool, down, &self.mask[..n], act, self.tmp);
                 for ((oi, xi), di) in o.iter_mut().zip(x).zip(self.tmp.iter()) {
                     *oi = xi + di;
                 }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::backend::cpu::matvec::{best_kernel, matvec_with, ActScratch, Kernel, Matrix};
+use crate::backend::cpu::matvec::{best_kernel, matvec, ActScratch, Kernel, KernelSet, Matrix};
 use crate::backend::cpu::WorkerPool;
 use crate::model::ggml::f16_to_f32;
 
@@ -263,7 +263,7 @@ fn integer_kernels_match_scalar_reference_exactly() {
                 .collect();
             for k in kernels() {
                 let mut out = vec![0f32; rows];
-                matvec_with(k, &pool, &m, &x, &mut act, &mut out);
+                matvec(KernelSet::with(k), &pool, &m, &x, &mut act, &mut out);
                 assert_eq!(out, want, "{} {k:?} {rows}x{cols}", f.name());
             }
             if f != QFormat::W8 {

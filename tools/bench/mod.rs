@@ -4,15 +4,18 @@
 //! timed, and refused if it differs; its figures come with the memory-bandwidth bound (weight
 //! bytes per token over a device-to-device copy bandwidth measured in the same run).
 
+pub mod ablate;
 pub mod plot;
 
+pub use ablate::Ablation;
 #[cfg(feature = "cuda")]
-use leanstream::backend::cpu::matvec::{best_kernel, set_kernel};
+use leanstream::backend::cpu::matvec::best_kernel;
 #[cfg(feature = "cuda")]
 use leanstream::backend::cpu::Kernel;
+use leanstream::backend::cpu::KernelSet;
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{AnyEngine, Backend};
-use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use leanstream::engine::cuda_options::CudaOptions;
 #[cfg(feature = "cuda")]
 use leanstream::engine::sample::argmax;
 #[cfg(feature = "cuda")]
@@ -27,25 +30,14 @@ pub struct Config {
     pub model: PathBuf,
     pub tokenizer: Option<PathBuf>,
     pub backend: Backend,
+    /// CUDA: where the weights and buffers live.
     pub memory: MemoryModel,
-    pub graph: bool,
-    /// CUDA: which product kernels (Narrow: the ablation of the wide ones).
-    pub products: ProductKernels,
-    /// CUDA: where the products that read the normed residual get it (ablations: always in
-    /// the block, always in the tail).
-    pub in_block_norm: InBlockNorm,
-    /// CUDA: weights pulled into L2 during attention (false: the ablation).
-    pub prefetch: bool,
-    /// CUDA: `CudaOptions::attention_slice` (0: one block a head, the ablation).
-    pub attention_slice: usize,
-    /// CUDA: `CudaOptions::dependent_launch` (Off and Prefetch: the ablations).
-    pub dependent_launch: DependentLaunch,
-    /// CUDA: `CudaOptions::f32_kv` (true at w8a8/w4a8: the ablation of the int8 cache).
-    pub f32_kv: bool,
     pub threads: usize,
     /// Weight precision on both backends (CUDA runs native and f16).
     pub precision: leanstream::quant::Precision,
     pub packing: leanstream::quant::Packing,
+    /// The one fast path this configuration turns off (`--ablate`), if any.
+    pub ablation: Option<Ablation>,
 }
 
 impl Config {
@@ -59,36 +51,35 @@ impl Config {
             leanstream::quant::Precision::Native => model,
             p => format!("{model} {p}"),
         };
-        match self.backend {
+        let base = match self.backend {
             Backend::Cpu => format!("{model} cpu x{}", self.threads),
-            Backend::Cuda => format!(
-                "{model} cuda {}{}{}{}{}{}{}{}",
-                memory_name(self.memory),
-                if self.graph { "" } else { " no-graph" },
-                match self.products {
-                    ProductKernels::Narrow => " narrow",
-                    ProductKernels::Wide => " wide",
-                    ProductKernels::Auto => "",
-                },
-                match self.in_block_norm {
-                    InBlockNorm::Auto => "",
-                    InBlockNorm::Always => " norm-in-block",
-                    InBlockNorm::Never => " norm-tail",
-                },
-                if self.prefetch { "" } else { " no-prefetch" },
-                match self.attention_slice {
-                    0 => " no-split-attention".to_string(),
-                    leanstream::engine::cuda_options::ATTENTION_SLICE => String::new(),
-                    n => format!(" split-every-{n}"),
-                },
-                match self.dependent_launch {
-                    DependentLaunch::On => "",
-                    DependentLaunch::Prefetch => " pdl-prefetch",
-                    DependentLaunch::Off => " no-pdl",
-                },
-                if self.f32_kv { " f32-kv" } else { "" },
-            ),
+            Backend::Cuda => format!("{model} cuda {}", memory_name(self.memory)),
+        };
+        match self.ablation {
+            Some(a) => format!("{base} {}", a.name()),
+            None => base,
         }
+    }
+
+    /// The CPU kernels it runs: the best, less its ablation.
+    pub fn kernels(&self) -> KernelSet {
+        let mut k = KernelSet::best();
+        if let Some(a) = self.ablation {
+            a.apply_cpu(&mut k);
+        }
+        k
+    }
+
+    /// The CUDA decoder's options: the defaults in its memory model, less its ablation.
+    pub fn cuda_options(&self) -> CudaOptions {
+        let mut o = CudaOptions {
+            memory: self.memory,
+            ..CudaOptions::default()
+        };
+        if let Some(a) = self.ablation {
+            a.apply_cuda(&mut o);
+        }
+        o
     }
 }
 
@@ -194,23 +185,14 @@ pub fn run(
         prompt.truncate(s.prompt_tokens.max(1));
         let opts = EngineOptions {
             threads: c.threads,
+            kernels: c.kernels(),
             context: prompt.len() + s.gen_tokens + 1,
             precision: c.precision,
             packing: c.packing,
             ..EngineOptions::default()
         };
         // f16 weights follow the precision (AnyEngine::boot).
-        let cuda = CudaOptions {
-            memory: c.memory,
-            graph: c.graph,
-            products: c.products,
-            in_block_norm: c.in_block_norm,
-            prefetch: c.prefetch,
-            attention_slice: c.attention_slice,
-            dependent_launch: c.dependent_launch,
-            f32_kv: c.f32_kv,
-            ..CudaOptions::default()
-        };
+        let cuda = c.cuda_options();
         let mut row = Row {
             label: c.label(),
             model: c
@@ -243,16 +225,15 @@ pub fn run(
                     f32_kv: !gpu_int8_kv,
                     native_classic: classic,
                     precision,
+                    kernels: KernelSet::with(kernel),
                     ..opts.clone()
                 };
                 let mut cpu = Engine::boot(&mut cpu_arenas, &file, reference)
                     .map_err(|e| format!("{}: cpu reference: {e}", c.label()))?;
-                set_kernel(kernel);
                 let mut last = Vec::new();
                 for (pos, &t) in check.iter().enumerate() {
                     last = cpu.forward(t, pos).to_vec();
                 }
-                set_kernel(best_kernel());
                 Ok(last)
             };
             let want = cpu_logits(best_kernel(), false, c.precision)?;

@@ -23,45 +23,6 @@ pub struct BenchArgs {
     /// CUDA memory models, comma-separated: unified, discrete (default: the board's).
     #[arg(long, value_delimiter = ',')]
     memory: Vec<String>,
-    /// CUDA: also time without the per-token graph (every kernel launched).
-    #[arg(long)]
-    compare_graph: bool,
-    /// CUDA: also time with every product kernel narrow (the ablation of the wide kernels that
-    /// big products take).
-    #[arg(long)]
-    compare_narrow: bool,
-    /// CUDA: also time with every product kernel wide (small products too).
-    #[arg(long)]
-    compare_wide: bool,
-    /// CUDA: also time with the residual's norm made once by the last block of the product
-    /// before (the ablation of products that norm their own input in each block).
-    #[arg(long)]
-    compare_norm_tail: bool,
-    /// CUDA: also time with every product that reads the normed residual norming it in each
-    /// block, at any model size (the default does so up to dim 1536).
-    #[arg(long)]
-    compare_norm_in_block: bool,
-    /// CUDA: also time without pulling the next weights into L2 during attention.
-    #[arg(long)]
-    compare_no_prefetch: bool,
-    /// CUDA: also time with each head's attention in one block at any context length.
-    #[arg(long)]
-    compare_no_split_attention: bool,
-    /// CUDA: also time with each head's attention split over one more block every N
-    /// positions (the default is every 256).
-    #[arg(long, value_name = "N")]
-    compare_attention_slice: Option<usize>,
-    /// CUDA (sm_90): also time with every kernel launched after the one before has finished.
-    #[arg(long)]
-    compare_no_pdl: bool,
-    /// CUDA (sm_90): also time with each product block pulling its first weights into L2
-    /// while it waits for the kernel before.
-    #[arg(long)]
-    compare_pdl_prefetch: bool,
-    /// CUDA at w8a8/w4a8: also time with the KV cache in f32 (the ablation of the int8 cache;
-    /// with --long-context too).
-    #[arg(long)]
-    compare_f32_kv: bool,
     /// CPU worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -83,9 +44,10 @@ pub struct BenchArgs {
     /// Where to write the PNG plot.
     #[arg(long, default_value = "bench.png")]
     png: PathBuf,
-    /// Configurations to run side by side, comma-separated: PRECISION[/PACKING][+FLAG]...,
-    /// flags `no-adaptive-kv` (one token-major KV segment), `head-tiles` (one head-tiled
-    /// segment), `no-deferred-dequant`, `no-vnni`, `no-avx512`; e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`.
+    /// Configurations to run side by side, comma-separated: PRECISION[/PACKING][+LAYOUT],
+    /// layouts `no-adaptive-kv` (one token-major KV segment) and `head-tiles` (one head-tiled
+    /// segment); e.g. `native,f16,w8a8,w4a8/swizzled+no-adaptive-kv`. `--ablate` adds each
+    /// configuration again with each CPU ablation.
     /// Default: the one configuration the model flags give.
     #[arg(long)]
     configs: Option<String>,
@@ -98,9 +60,7 @@ pub struct BenchArgs {
 /// One bench configuration: its label and low-bit options.
 fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), String> {
     let mut low = base.clone();
-    low.no_deferred_dequant = false;
-    low.no_vnni = false;
-    low.no_avx512 = false;
+    low.ablate.clear();
     low.kv_layout = "adaptive".into();
     let mut parts = spec.split('+');
     let head = parts.next().unwrap_or_default();
@@ -116,12 +76,9 @@ fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), S
         match flag {
             "no-adaptive-kv" => low.kv_layout = "token-major".into(),
             "head-tiles" => low.kv_layout = "head-tiles".into(),
-            "no-deferred-dequant" => low.no_deferred_dequant = true,
-            "no-vnni" => low.no_vnni = true,
-            "no-avx512" => low.no_avx512 = true,
             _ => {
                 return Err(format!(
-                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles, no-deferred-dequant, no-vnni, no-avx512)"
+                    "unknown bench flag '{flag}' in '{spec}' (no-adaptive-kv, head-tiles; ablations go in --ablate)"
                 ))
             }
         }
@@ -140,9 +97,10 @@ pub fn cmd_bench(a: BenchArgs) -> Result<(), String> {
             || a.backend.iter().any(|b| b != "cpu")
             || a.configs.is_some()
             || a.long_context.is_some()
+            || !a.low.ablate.is_empty()
         {
             return Err(
-                "the sparse FFN runs on the CPU backend only for now: sparse --ffn takes one model on the cpu backend, without --configs or --long-context".into(),
+                "the sparse FFN runs on the CPU backend only for now: sparse --ffn takes one model on the cpu backend, without --configs, --long-context or --ablate".into(),
             );
         }
         return cmd_bench_ffn(a);
@@ -188,81 +146,31 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
                 tokenizer: a.tokenizer.clone(),
                 backend,
                 memory: MemoryModel::None,
-                graph: true,
-                products: ProductKernels::Auto,
-                in_block_norm: InBlockNorm::Auto,
-                prefetch: true,
-                attention_slice: leanstream::engine::cuda_options::ATTENTION_SLICE,
-                dependent_launch: DependentLaunch::On,
-                f32_kv: false,
                 threads,
                 precision: a.low.precision,
                 packing: a.low.packing,
+                ablation: None,
             };
+            // Each ablation of this backend is timed beside its configuration.
+            let ablations = a.low.ablate.iter().filter(|x| x.backend() == backend);
+            let variants: Vec<Option<Ablation>> = std::iter::once(None)
+                .chain(ablations.map(|x| Some(*x)))
+                .collect();
             match backend {
-                Backend::Cpu => configs.push(base),
+                Backend::Cpu => {
+                    for ablation in variants {
+                        configs.push(bench::Config {
+                            ablation,
+                            ..base.clone()
+                        });
+                    }
+                }
                 Backend::Cuda => {
                     for &memory in &memories {
-                        let mut push = |graph, products, in_block_norm, prefetch| {
+                        for &ablation in &variants {
                             configs.push(bench::Config {
                                 memory,
-                                graph,
-                                products,
-                                in_block_norm,
-                                prefetch,
-                                ..base.clone()
-                            })
-                        };
-                        let auto = InBlockNorm::Auto;
-                        push(true, ProductKernels::Auto, auto, true);
-                        if a.compare_graph {
-                            push(false, ProductKernels::Auto, auto, true);
-                        }
-                        if a.compare_narrow {
-                            push(true, ProductKernels::Narrow, auto, true);
-                        }
-                        if a.compare_wide {
-                            push(true, ProductKernels::Wide, auto, true);
-                        }
-                        if a.compare_norm_tail {
-                            push(true, ProductKernels::Auto, InBlockNorm::Never, true);
-                        }
-                        if a.compare_norm_in_block {
-                            push(true, ProductKernels::Auto, InBlockNorm::Always, true);
-                        }
-                        if a.compare_no_prefetch {
-                            push(true, ProductKernels::Auto, auto, false);
-                        }
-                        if a.compare_no_split_attention {
-                            configs.push(bench::Config {
-                                memory,
-                                attention_slice: 0,
-                                ..base.clone()
-                            });
-                        }
-                        if let Some(n) = a.compare_attention_slice {
-                            configs.push(bench::Config {
-                                memory,
-                                attention_slice: n,
-                                ..base.clone()
-                            });
-                        }
-                        for (asked, pdl) in [
-                            (a.compare_no_pdl, DependentLaunch::Off),
-                            (a.compare_pdl_prefetch, DependentLaunch::Prefetch),
-                        ] {
-                            if asked {
-                                configs.push(bench::Config {
-                                    memory,
-                                    dependent_launch: pdl,
-                                    ..base.clone()
-                                });
-                            }
-                        }
-                        if a.compare_f32_kv {
-                            configs.push(bench::Config {
-                                memory,
-                                f32_kv: true,
+                                ablation,
                                 ..base.clone()
                             });
                         }
@@ -317,7 +225,6 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
         threads: a.threads.map(threads_at_least_one),
         backend: "cpu".into(),
         memory: None,
-        no_graph: false,
         low: a.low.clone(),
         sparsity: a.sparsity.clone(),
     };
@@ -439,7 +346,6 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         threads: a.threads.map(threads_at_least_one),
         backend: "cpu".into(),
         memory: None,
-        no_graph: false,
         low: a.low.clone(),
         sparsity: a.sparsity.clone(),
     };
@@ -450,13 +356,27 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let configs: Vec<(String, LowBitArgs)> = match &a.configs {
-        None => vec![(model.low.precision.to_string(), model.low.clone())],
+    let mut configs: Vec<(String, LowBitArgs)> = match &a.configs {
+        None => {
+            let mut low = model.low.clone();
+            low.ablate.clear();
+            vec![(model.low.precision.to_string(), low)]
+        }
         Some(list) => list
             .split(',')
             .map(|c| parse_config(c.trim(), &model.low))
             .collect::<Result<_, _>>()?,
     };
+    // Each CPU ablation is timed beside each configuration, labelled `CONFIG+ABLATION`.
+    let plain = configs.len();
+    for ablation in a.low.ablate.iter().filter(|x| x.backend() == Backend::Cpu) {
+        for i in 0..plain {
+            let (label, low) = &configs[i];
+            let mut low = low.clone();
+            low.ablate = vec![*ablation];
+            configs.push((format!("{label}+{}", ablation.name()), low));
+        }
+    }
     let prompt = bench_prompt(&tok, a.prompt_tokens);
     // Every configuration is booted at once, each in its own arenas (mapped at the board's
     // budgets, backed only where touched), and the repetitions go round-robin over them, so a
@@ -476,8 +396,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
     let mut rows_json = Vec::new();
     let mut rows_md = Vec::new();
     if let Some(n) = a.long_context {
-        for ((engine, sampler), (label, low)) in engines.iter_mut().zip(&configs) {
-            low.set_kernels();
+        for ((engine, sampler), (label, _)) in engines.iter_mut().zip(&configs) {
             let step = |e: &mut Engine, t: u32, p: usize| sampler.sample(e.forward(t, p));
             let (json, md) = long_context(engine, step, &prompt, n, label, segments_text)?;
             rows_json.push(json);
@@ -498,21 +417,16 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
         let mut prefill = vec![Vec::new(); configs.len()];
         let mut decode = vec![Vec::new(); configs.len()];
         let n = configs.len();
-        let set_flags = |low: &LowBitArgs| low.set_kernels();
         for _ in 0..a.reps.max(1) {
             let (mut tp, mut td) = (vec![0f64; n], vec![0f64; n]);
             let mut next = vec![0u32; n];
-            for (i, ((engine, sampler), (_, low))) in engines.iter_mut().zip(&configs).enumerate() {
-                set_flags(low);
+            for (i, (engine, sampler)) in engines.iter_mut().enumerate() {
                 let t0 = Instant::now();
                 next[i] = sampler.sample(engine.prefill(&prompt, 0));
                 tp[i] = t0.elapsed().as_secs_f64();
             }
             for pos in prompt.len()..prompt.len() + a.gen_tokens {
-                for (i, ((engine, sampler), (_, low))) in
-                    engines.iter_mut().zip(&configs).enumerate()
-                {
-                    set_flags(low);
+                for (i, (engine, sampler)) in engines.iter_mut().enumerate() {
                     let t0 = Instant::now();
                     next[i] = sampler.sample(engine.forward(next[i], pos));
                     td[i] += t0.elapsed().as_secs_f64();
@@ -540,7 +454,6 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
             ));
         }
     }
-    leanstream::backend::cpu::lowbit::set_deferred_dequant(true);
     let header = if a.long_context.is_some() {
         long_context_header("KV segments")
     } else {
@@ -574,9 +487,8 @@ fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
 }
 
 /// `--long-context N --backend cuda`: the latency per token from position 0 to N on the GPU,
-/// each token's greedy pick made on the device, per 512-token window as the CPU's mode; with
-/// `--compare-no-split-attention`, also with each head's attention in one block, and with
-/// `--compare-no-pdl`, also without dependent launch.
+/// each token's greedy pick made on the device, per 512-token window as the CPU's mode; each
+/// CUDA ablation of `--ablate` (e.g. `no-split-attention`, `no-pdl`, `f32-kv`) beside it.
 #[cfg(not(feature = "cuda"))]
 fn cmd_bench_long_cuda(_: BenchArgs) -> Result<(), String> {
     Err(leanstream::engine::any::NO_CUDA.into())
@@ -598,27 +510,11 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
     if let Some(m) = a.memory.first() {
         base.memory = parse_memory(m)?;
     }
-    let mut configs = vec![("split attention", base)];
-    if a.compare_no_split_attention {
-        let one = CudaOptions {
-            attention_slice: 0,
-            ..base
-        };
-        configs.push(("one block a head", one));
-    }
-    if a.compare_no_pdl {
-        let off = CudaOptions {
-            dependent_launch: DependentLaunch::Off,
-            ..base
-        };
-        configs.push(("no dependent launch", off));
-    }
-    if a.compare_f32_kv {
-        let f32_kv = CudaOptions {
-            f32_kv: true,
-            ..base
-        };
-        configs.push(("f32 KV cache", f32_kv));
+    let mut configs = vec![("default".to_string(), base)];
+    for ablation in a.low.ablate.iter().filter(|x| x.backend() == Backend::Cuda) {
+        let mut o = base;
+        ablation.apply_cuda(&mut o);
+        configs.push((ablation.name(), o));
     }
     let (mut rows_json, mut rows_md, mut gpu) = (Vec::new(), Vec::new(), String::new());
     for (label, opts) in configs {
@@ -631,7 +527,7 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         let kv = |e: &leanstream::engine::cuda::CudaEngine| {
             format!("{} token-major", if e.int8_kv { "int8" } else { "f32" })
         };
-        let (json, md) = long_context(&mut engine, step, &prompt, n, label, kv)?;
+        let (json, md) = long_context(&mut engine, step, &prompt, n, &label, kv)?;
         rows_json.push(json);
         rows_md.push(md);
     }

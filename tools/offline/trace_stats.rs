@@ -16,7 +16,7 @@
 //!   guess / sum over A.
 
 use super::trace::TraceReader;
-use leanstream::backend::cpu::{matvec_many, ActScratch, Matrix, WorkerPool};
+use leanstream::backend::cpu::{matvec_many, ActScratch, KernelSet, Matrix, WorkerPool};
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
 use leanstream::ops::{rmsnorm, silu};
@@ -203,6 +203,7 @@ pub fn trace_stats(
                     };
                     rmsnorm(&mut z, f, &norm_w, h.norm_eps);
                     matvec_many(
+                        KernelSet::best(),
                         &pool,
                         &mut [(&gate, &mut g[..]), (&up, &mut u[..])],
                         &z,

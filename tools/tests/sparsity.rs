@@ -5,6 +5,7 @@
 mod common;
 
 use leanstream::backend::cpu::sparse_ffn::{ffn_subset, partials_len};
+use leanstream::backend::cpu::KernelSet;
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::tap::TapOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
@@ -272,6 +273,7 @@ fn smollm2_bundles_equal_dense_restricted() {
         let mut partials = vec![0f32; partials_len(n, dim)];
         ffn_subset(
             &b,
+            KernelSet::best(),
             &pool,
             &x,
             &set,
@@ -285,6 +287,7 @@ fn smollm2_bundles_equal_dense_restricted() {
         set.reverse();
         ffn_subset(
             &b,
+            KernelSet::best(),
             &pool,
             &x,
             &set,

@@ -7,7 +7,7 @@
 //! Kernels: AVX2+FMA+F16C for Q4_0, Q4_1 and Q8_0 (what bundles of the models we run hold),
 //! a scalar path for the other types that bundles may hold (Q5_0, Q5_1, F32, F16, BF16).
 
-use super::matvec::{kernel, Kernel, Rows};
+use super::matvec::{Kernel, KernelSet, Rows};
 use super::pool::WorkerPool;
 use super::{prefetch_gathered, sum_partials, OutPtr};
 use crate::model::ggml::{dequantize_row, GgmlType, QK};
@@ -57,6 +57,7 @@ pub fn partials_len(max_rows: usize, cols: usize) -> usize {
 /// within each run of `ROWS_PER_TASK`, those runs' sums in order. `partials` is scratch of at
 /// least `partials_len(idx.len(), w.cols)`.
 pub fn axpy_rows(
+    ks: KernelSet,
     pool: &WorkerPool,
     w: Rows,
     idx: &[u32],
@@ -64,19 +65,11 @@ pub fn axpy_rows(
     partials: &mut [f32],
     out: &mut [f32],
 ) {
-    axpy_rows_with(kernel(), pool, w, idx, h, partials, out)
-}
-
-/// `axpy_rows` with the kernel chosen by the caller.
-pub fn axpy_rows_with(
-    k: Kernel,
-    pool: &WorkerPool,
-    w: Rows,
-    idx: &[u32],
-    h: &[f32],
-    partials: &mut [f32],
-    out: &mut [f32],
-) {
+    let k = ks.kernel;
+    assert!(
+        crate::backend::cpu::kernel::kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
     assert!(
         column_type_supported(w.ty),
         "no axpy kernel for {}",
@@ -136,8 +129,8 @@ pub fn axpy_rows_with(
         }
         while i < ids.len() {
             prefetch_ahead(i);
-            // SAFETY: `axpy_fn` picked a kernel this CPU supports (callers pass `kernel()` or a
-            // supported one); the row holds the `cols` values `o` covers.
+            // SAFETY: `axpy_fn` picked a kernel this CPU supports (asserted above); the row holds
+            // the `cols` values `o` covers.
             unsafe { f(w.ty, row(ids[i]), hs[i], o) };
             i += 1;
         }
@@ -369,9 +362,25 @@ mod tests {
             for k in [Kernel::Scalar, crate::backend::cpu::matvec::best_kernel()] {
                 let mut out = vec![9f32; cols];
                 let mut partials = vec![7f32; partials_len(idx.len(), cols)];
-                axpy_rows_with(k, &pool, w, &idx, &h, &mut partials, &mut out);
+                axpy_rows(
+                    KernelSet::with(k),
+                    &pool,
+                    w,
+                    &idx,
+                    &h,
+                    &mut partials,
+                    &mut out,
+                );
                 let mut out1 = vec![5f32; cols];
-                axpy_rows_with(k, &one_thread, w, &idx, &h, &mut partials, &mut out1);
+                axpy_rows(
+                    KernelSet::with(k),
+                    &one_thread,
+                    w,
+                    &idx,
+                    &h,
+                    &mut partials,
+                    &mut out1,
+                );
                 assert_eq!(out, out1, "{ty:?} {k:?}: 1 and 2 threads differ");
                 for (a, b) in out.iter().zip(&want) {
                     assert!(

@@ -4,7 +4,7 @@
 //! Every kernel computes the same integers and the same fused multiply-adds per output, so the
 //! scalar, AVX2 and NEON kernels agree bit for bit, and the result does not depend on the
 //! thread count (tiles are split into fixed tasks whose partial sums are added in order).
-use super::matvec::{kernel, Kernel};
+use super::matvec::{Kernel, KernelSet};
 use super::pool::WorkerPool;
 use super::{prefetch, sum_partials, OutPtr};
 use crate::model::ggml::QK;
@@ -24,6 +24,7 @@ pub fn partials_len(n: usize, dim: usize) -> usize {
 /// `out = sum over idx of h[i] * down column idx[i]`. `idx` must be ascending (the order the
 /// sparse FFN chooses neurons in); `partials` holds `partials_len(w.n, w.dim)` values.
 pub fn axpy_tiles(
+    ks: KernelSet,
     pool: &WorkerPool,
     w: DownTiles,
     idx: &[u32],
@@ -31,19 +32,11 @@ pub fn axpy_tiles(
     partials: &mut [f32],
     out: &mut [f32],
 ) {
-    axpy_tiles_with(kernel(), pool, w, idx, h, partials, out)
-}
-
-/// `axpy_tiles` with a chosen kernel (tests compare them).
-pub fn axpy_tiles_with(
-    k: Kernel,
-    pool: &WorkerPool,
-    w: DownTiles,
-    idx: &[u32],
-    h: &[f32],
-    partials: &mut [f32],
-    out: &mut [f32],
-) {
+    let k = ks.kernel;
+    assert!(
+        crate::backend::cpu::kernel::kernel_supported(k),
+        "{k:?} kernels are not supported on this CPU"
+    );
     let dim = w.dim;
     assert!(
         dim.is_multiple_of(QK),
@@ -593,7 +586,15 @@ mod tests {
                     let pool = WorkerPool::new(threads);
                     for &k in &kernels() {
                         let mut out = vec![9f32; dim];
-                        axpy_tiles_with(k, &pool, tiles, &idx, &h, &mut partials, &mut out);
+                        axpy_tiles(
+                            KernelSet::with(k),
+                            &pool,
+                            tiles,
+                            &idx,
+                            &h,
+                            &mut partials,
+                            &mut out,
+                        );
                         for (a, b) in out.iter().zip(&want) {
                             assert!(
                                 (*a as f64 - b).abs() < 1e-3 * (1.0 + b.abs()),
@@ -628,6 +629,14 @@ mod tests {
         let mut partials = vec![0f32; partials_len(32, dim)];
         let mut out = vec![0f32; dim];
         let pool = WorkerPool::new(1);
-        axpy_tiles(&pool, tiles, &[3, 1], &[1.0, 1.0], &mut partials, &mut out);
+        axpy_tiles(
+            KernelSet::best(),
+            &pool,
+            tiles,
+            &[3, 1],
+            &[1.0, 1.0],
+            &mut partials,
+            &mut out,
+        );
     }
 }

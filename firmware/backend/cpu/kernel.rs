@@ -3,8 +3,6 @@
 //! function types of the low-bit kernels. It sits below both the dispatcher (`matvec`) and the
 //! kernels (`lowbit`), so neither imports the other's internals.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 /// Which implementation the kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -13,17 +11,6 @@ pub enum Kernel {
     Avx2,
     /// aarch64 NEON (classic quant types; the others run the scalar code).
     Neon,
-}
-
-const K_UNSET: u8 = 0;
-static KERNEL: AtomicU8 = AtomicU8::new(K_UNSET);
-
-fn encode(k: Kernel) -> u8 {
-    match k {
-        Kernel::Scalar => 1,
-        Kernel::Avx2 => 2,
-        Kernel::Neon => 3,
-    }
 }
 
 /// The fastest kernel this CPU supports.
@@ -51,28 +38,53 @@ pub fn kernel_supported(k: Kernel) -> bool {
     k == Kernel::Scalar || k == best_kernel()
 }
 
-/// The kernel `matvec` uses: the one set with [`set_kernel`], else [`best_kernel`] (detected
-/// once).
-pub fn kernel() -> Kernel {
-    match KERNEL.load(Ordering::Relaxed) {
-        1 => Kernel::Scalar,
-        2 => Kernel::Avx2,
-        3 => Kernel::Neon,
-        _ => {
-            let k = best_kernel();
-            KERNEL.store(encode(k), Ordering::Relaxed);
-            k
+/// The CPU kernels one engine runs: picked once at boot ([`KernelSet::best`], or an
+/// ablation's) and passed by value to every product, so two engines in one process (a test
+/// comparing kernels, a bench row beside another) never share a switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSet {
+    pub kernel: Kernel,
+    /// Low-bit weights: an integer dot with one dequantization per group (BitLLM 4.4).
+    /// `false` is the "convert, then compute" ablation: every group dequantized to f32 first.
+    pub deferred_dequant: bool,
+    /// x86: VNNI's `vpdpbusd` where the CPU has it (`false`: the AVX2 `maddubs` + `madd` dot).
+    pub vnni: bool,
+    /// x86: the sixteen-row AVX-512 low-bit kernels where the CPU has AVX-512 VNNI (`false`:
+    /// the eight-row ymm ones).
+    pub avx512: bool,
+}
+
+impl KernelSet {
+    /// The fastest set this CPU runs.
+    pub fn best() -> KernelSet {
+        KernelSet::with(best_kernel())
+    }
+
+    /// `kernel` with every fast path it has on. Panics if this CPU cannot run it (a fault in
+    /// the caller: boot picks from [`best_kernel`], tests from [`kernel_supported`]).
+    pub fn with(kernel: Kernel) -> KernelSet {
+        assert!(
+            kernel_supported(kernel),
+            "{kernel:?} kernels are not supported on this CPU"
+        );
+        KernelSet {
+            kernel,
+            deferred_dequant: true,
+            vnni: true,
+            avx512: true,
         }
+    }
+
+    /// The portable scalar kernels (the reference the others are tested against).
+    pub fn scalar() -> KernelSet {
+        KernelSet::with(Kernel::Scalar)
     }
 }
 
-/// Forces the kernel `matvec` uses. Panics if this CPU cannot run it.
-pub fn set_kernel(k: Kernel) {
-    assert!(
-        kernel_supported(k),
-        "{k:?} kernels are not supported on this CPU"
-    );
-    KERNEL.store(encode(k), Ordering::Relaxed);
+impl Default for KernelSet {
+    fn default() -> KernelSet {
+        KernelSet::best()
+    }
 }
 
 /// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:

@@ -16,10 +16,9 @@
 //! NEON kernels are built and tested here under qemu (`scripts/test-aarch64.sh`); the VNNI ones
 //! where the CPU has it (the GPU machine's Xeon; the developer VM has none).
 
-use super::kernel::{Act, Kernel, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn};
+use super::kernel::{Act, Kernel, KernelSet, QChunkFn as ChunkFn, QChunkManyFn as ChunkManyFn};
 use crate::model::ggml::f16_to_f32;
 use crate::quant::{Packing, QFormat, GROUP, SWIZZLE_ROWS, SWIZZLE_TILE_BYTES, W4_GROUP_BYTES};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Register byte `i` of an unpacked lane-interleaved group holds element `PERM[i]`: the low
 /// nibbles of the four words (elements 0-3, 8-11, 16-19, 24-27), then the high nibbles.
@@ -44,30 +43,11 @@ pub fn permute_act(qs: &[i8], qp: &mut [i8]) {
     }
 }
 
-static DEFERRED: AtomicBool = AtomicBool::new(true);
-
-/// Ablation switch: `false` dequantizes every weight group to f32 (times its scale) before an
-/// f32 dot product with the unquantized activations ("convert, then compute"), instead of the
-/// integer dot with one dequantization per group. Default `true`.
-pub fn set_deferred_dequant(on: bool) {
-    DEFERRED.store(on, Ordering::Relaxed);
-}
-
-pub fn deferred_dequant() -> bool {
-    DEFERRED.load(Ordering::Relaxed)
-}
-
-static VNNI: AtomicBool = AtomicBool::new(true);
-
-/// Ablation switch (`+no-vnni` on bench): `false` keeps the AVX2 `maddubs`+`madd` dot where the
-/// CPU has VNNI. Default `true`.
-pub fn set_vnni(on: bool) {
-    VNNI.store(on, Ordering::Relaxed);
-}
-
-pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
+/// The kernel of `f` under `ks`.
+pub(crate) fn chunk_fn(f: QFormat, ks: KernelSet) -> ChunkFn {
+    let k = ks.kernel;
     #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 && !deferred_dequant() {
+    if k == Kernel::Avx2 && !ks.deferred_dequant {
         return match f {
             QFormat::W8 => x86::chunk_eager::<FMT_W8>,
             QFormat::W4(Packing::Contiguous) => x86::chunk_eager::<FMT_W4C>,
@@ -77,10 +57,10 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 {
-        return match vnni_form() {
-            x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f),
-            x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f),
-            _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f),
+        return match vnni_form(ks) {
+            x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f, ks.avx512),
+            x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f, ks.avx512),
+            _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f, ks.avx512),
         };
     }
     #[cfg(target_arch = "aarch64")]
@@ -105,19 +85,11 @@ pub(crate) fn chunk_fn(f: QFormat, k: Kernel) -> ChunkFn {
     }
 }
 
-static AVX512: AtomicBool = AtomicBool::new(true);
-
-/// Ablation switch (`+no-avx512` on bench): `false` keeps the eight-row (ymm) kernels where
-/// the CPU has AVX-512 VNNI, instead of the sixteen-row ones. Default `true`.
-pub fn set_avx512(on: bool) {
-    AVX512.store(on, Ordering::Relaxed);
-}
-
-/// The VNNI form the x86 integer kernels use: what this CPU has, unless the `+no-vnni`
-/// ablation turned it off. Shared with the classic GGML kernels (`backend::cpu::matvec`).
+/// The VNNI form the x86 integer kernels use: what this CPU has, unless `ks` turns VNNI off
+/// (the `no-vnni` ablation). Shared with the classic GGML kernels (`backend::cpu::matvec`).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn vnni_form() -> u8 {
-    if VNNI.load(Ordering::Relaxed) {
+pub(crate) fn vnni_form(ks: KernelSet) -> u8 {
+    if ks.vnni {
         x86::vnni()
     } else {
         x86::VNNI_NONE
@@ -126,16 +98,16 @@ pub(crate) fn vnni_form() -> u8 {
 
 /// The many-input kernel of `f` under `k`, where there is one (AVX2 with deferred
 /// dequantization); elsewhere the caller runs `chunk_fn` once per input.
-pub(crate) fn chunk_many_fn(f: QFormat, k: Kernel) -> Option<ChunkManyFn> {
+pub(crate) fn chunk_many_fn(f: QFormat, ks: KernelSet) -> Option<ChunkManyFn> {
     #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 && deferred_dequant() {
-        return Some(match vnni_form() {
-            x86::VNNI_VEX => x86::chunk_many_for::<{ x86::VNNI_VEX }>(f),
-            x86::VNNI_EVEX => x86::chunk_many_for::<{ x86::VNNI_EVEX }>(f),
-            _ => x86::chunk_many_for::<{ x86::VNNI_NONE }>(f),
+    if ks.kernel == Kernel::Avx2 && ks.deferred_dequant {
+        return Some(match vnni_form(ks) {
+            x86::VNNI_VEX => x86::chunk_many_for::<{ x86::VNNI_VEX }>(f, ks.avx512),
+            x86::VNNI_EVEX => x86::chunk_many_for::<{ x86::VNNI_EVEX }>(f, ks.avx512),
+            _ => x86::chunk_many_for::<{ x86::VNNI_NONE }>(f, ks.avx512),
         });
     }
-    let _ = (f, k);
+    let _ = (f, ks);
     None
 }
 
@@ -313,30 +285,33 @@ pub(crate) mod x86 {
 
     /// Where VNNI is in use (any form: a CPU with both prefers the VEX one for ymm) and the CPU
     /// has AVX-512 F, BW, VL and VNNI, the kernels below take sixteen rows per zmm register
-    /// (they name their own features, whatever form `V` is), unless `+no-avx512` is set.
-    fn sixteen<const V: u8>() -> bool {
-        V != VNNI_NONE && has_avx512_vnni() && super::AVX512.load(Ordering::Relaxed)
+    /// (they name their own features, whatever form `V` is), unless `avx512` is off (the
+    /// `no-avx512` ablation).
+    fn sixteen<const V: u8>(avx512: bool) -> bool {
+        V != VNNI_NONE && has_avx512_vnni() && avx512
     }
 
-    pub(super) fn chunk_for<const V: u8>(f: QFormat) -> ChunkFn {
+    pub(super) fn chunk_for<const V: u8>(f: QFormat, avx512: bool) -> ChunkFn {
+        let sixteen = || sixteen::<V>(avx512);
         match f {
             QFormat::W8 => chunk::<FMT_W8, V>,
             QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
             QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
-            QFormat::W4(Packing::Swizzled) if sixteen::<V>() => chunk_swizzled16,
+            QFormat::W4(Packing::Swizzled) if sixteen() => chunk_swizzled16,
             QFormat::W4(Packing::Swizzled) => chunk_swizzled::<V>,
         }
     }
 
-    pub(super) fn chunk_many_for<const V: u8>(f: QFormat) -> ChunkManyFn {
+    pub(super) fn chunk_many_for<const V: u8>(f: QFormat, avx512: bool) -> ChunkManyFn {
+        let sixteen = || sixteen::<V>(avx512);
         match f {
-            QFormat::W8 if sixteen::<V>() => chunk_many16::<FMT_W8>,
-            QFormat::W4(Packing::Contiguous) if sixteen::<V>() => chunk_many16::<FMT_W4C>,
-            QFormat::W4(Packing::Interleaved) if sixteen::<V>() => chunk_many16::<FMT_W4I>,
+            QFormat::W8 if sixteen() => chunk_many16::<FMT_W8>,
+            QFormat::W4(Packing::Contiguous) if sixteen() => chunk_many16::<FMT_W4C>,
+            QFormat::W4(Packing::Interleaved) if sixteen() => chunk_many16::<FMT_W4I>,
             QFormat::W8 => chunk_many::<FMT_W8, V>,
             QFormat::W4(Packing::Contiguous) => chunk_many::<FMT_W4C, V>,
             QFormat::W4(Packing::Interleaved) => chunk_many::<FMT_W4I, V>,
-            QFormat::W4(Packing::Swizzled) if sixteen::<V>() => chunk_many_swizzled16,
+            QFormat::W4(Packing::Swizzled) if sixteen() => chunk_many_swizzled16,
             QFormat::W4(Packing::Swizzled) => chunk_many_swizzled::<V>,
         }
     }

@@ -7,12 +7,12 @@
 //! K-quants (Q4_K, Q6_K) are dequantized a block at a time and dotted in f32 with `x` directly.
 //!
 //! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; classic types),
-//! and a portable scalar fallback that is always compiled. [`set_kernel`] forces one (tests and
-//! benches use [`matvec_with`] to pick per call instead).
+//! and a portable scalar fallback that is always compiled. Every entry point takes the
+//! [`KernelSet`] its caller picked at boot (tests and ablations pass another).
 //!
 //! Rows are split across the pool's threads in chunks of 16-64 rows (a multiple of 4).
 
-pub use super::kernel::{best_kernel, kernel, kernel_supported, set_kernel, Kernel, MAX_INPUTS};
+pub use super::kernel::{best_kernel, kernel_supported, Kernel, KernelSet, MAX_INPUTS};
 use super::kernel::{Act, QChunkFn, QChunkManyFn, LANES};
 use super::pool::WorkerPool;
 use super::{prefetch_gathered, OutPtr};
@@ -154,44 +154,38 @@ fn uses_q8(ty: GgmlType) -> bool {
 }
 
 /// `out[r] = sum_c w[r, c] * x[c]`.
-pub fn matvec(pool: &WorkerPool, w: &Matrix, x: &[f32], act: &mut ActScratch, out: &mut [f32]) {
-    matvec_with(kernel(), pool, w, x, act, out)
-}
-
-/// Several matrices sharing the input `x` (q/k/v; gate/up), in one pool dispatch.
-pub fn matvec_many(
-    pool: &WorkerPool,
-    jobs: &mut [(&Matrix, &mut [f32])],
-    x: &[f32],
-    act: &mut ActScratch,
-) {
-    matvec_many_with(kernel(), pool, jobs, x, act)
-}
-
-/// `matvec` with the kernel chosen by the caller (panics if unsupported here).
-pub fn matvec_with(
-    k: Kernel,
+pub fn matvec(
+    ks: KernelSet,
     pool: &WorkerPool,
     w: &Matrix,
     x: &[f32],
     act: &mut ActScratch,
     out: &mut [f32],
 ) {
-    matvec_many_with(k, pool, &mut [(w, out)], x, act)
+    matvec_many(ks, pool, &mut [(w, out)], x, act)
+}
+
+/// The kernels' safety rests on this: a set naming a kernel this CPU lacks is a fault.
+fn assert_supported(ks: KernelSet) {
+    assert!(
+        kernel_supported(ks.kernel),
+        "{:?} kernels are not supported on this CPU",
+        ks.kernel
+    );
 }
 
 /// Most matrices one `matvec_many` call takes.
 pub const MAX_JOBS: usize = 8;
 
-/// `matvec_many` with the kernel chosen by the caller (panics if unsupported here).
-pub fn matvec_many_with(
-    k: Kernel,
+/// Several matrices sharing the input `x` (q/k/v; gate/up), in one pool dispatch.
+pub fn matvec_many(
+    ks: KernelSet,
     pool: &WorkerPool,
     jobs: &mut [(&Matrix, &mut [f32])],
     x: &[f32],
     act: &mut ActScratch,
 ) {
-    matmul_many_with(k, pool, jobs, x, std::slice::from_mut(act))
+    matmul_many(ks, pool, jobs, x, std::slice::from_mut(act))
 }
 
 /// `out[t * rows + r] = row r . xs[t]` for each input `t` of `xs` (one per `acts` entry, `cols`
@@ -200,17 +194,7 @@ pub fn matvec_many_with(
 /// once per batch instead of once per token. Row for row and input for input it is the same
 /// arithmetic as `matvec_many` on that input alone, so the results are bit-identical.
 pub fn matmul_many(
-    pool: &WorkerPool,
-    jobs: &mut [(&Matrix, &mut [f32])],
-    xs: &[f32],
-    acts: &mut [ActScratch],
-) {
-    matmul_many_with(kernel(), pool, jobs, xs, acts)
-}
-
-/// `matmul_many` with the kernel chosen by the caller (panics if unsupported here).
-pub fn matmul_many_with(
-    k: Kernel,
+    ks: KernelSet,
     pool: &WorkerPool,
     jobs: &mut [(&Matrix, &mut [f32])],
     xs: &[f32],
@@ -225,11 +209,12 @@ pub fn matmul_many_with(
     for (slot, (w, out)) in rows.iter_mut().zip(jobs.iter_mut()) {
         *slot = Some((Rows::from(*w), &mut **out));
     }
-    rows_many_with(k, pool, &mut rows[..n], xs, acts)
+    rows_many(ks, pool, &mut rows[..n], xs, acts)
 }
 
 /// `out[r] = row r . x` for several row sets sharing the input `x`, in one pool dispatch.
 pub fn matvec_rows_many(
+    ks: KernelSet,
     pool: &WorkerPool,
     jobs: &mut [(Rows, &mut [f32])],
     x: &[f32],
@@ -244,17 +229,12 @@ pub fn matvec_rows_many(
     for (slot, (w, out)) in slots.iter_mut().zip(jobs.iter_mut()) {
         *slot = Some((*w, &mut **out));
     }
-    rows_many_with(
-        kernel(),
-        pool,
-        &mut slots[..n],
-        x,
-        std::slice::from_mut(act),
-    )
+    rows_many(ks, pool, &mut slots[..n], x, std::slice::from_mut(act))
 }
 
 /// `out[i] = row idx[i] . x`: the rows named by `idx`, in the order given.
 pub fn matvec_gather(
+    ks: KernelSet,
     pool: &WorkerPool,
     w: Rows,
     idx: &[u32],
@@ -262,23 +242,7 @@ pub fn matvec_gather(
     act: &mut ActScratch,
     out: &mut [f32],
 ) {
-    matvec_gather_with(kernel(), pool, w, idx, x, act, out)
-}
-
-/// `matvec_gather` with the kernel chosen by the caller (panics if unsupported here).
-pub fn matvec_gather_with(
-    k: Kernel,
-    pool: &WorkerPool,
-    w: Rows,
-    idx: &[u32],
-    x: &[f32],
-    act: &mut ActScratch,
-    out: &mut [f32],
-) {
-    assert!(
-        kernel_supported(k),
-        "{k:?} kernels are not supported on this CPU"
-    );
+    assert_supported(ks);
     assert_eq!(
         w.cols,
         x.len(),
@@ -303,8 +267,8 @@ pub fn matvec_gather_with(
     } else {
         Act::plain(x)
     };
-    let f = chunk_fn(w.ty, k);
-    let f4 = dot4_fn(w.ty, k);
+    let f = chunk_fn(w.ty, ks);
+    let f4 = dot4_fn(w.ty, ks);
     let nb = row_bytes / w.ty.block_bytes();
     let n = pool.n_threads();
     let chunk = (idx.len().div_ceil(4 * n)).clamp(8, 64);
@@ -346,6 +310,7 @@ pub fn matvec_gather_with(
 /// per-row work after the products is spread over the pool too.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_pairs(
+    ks: KernelSet,
     pool: &WorkerPool,
     a: Rows,
     b: Rows,
@@ -355,10 +320,10 @@ pub fn matvec_pairs(
     out_b: &mut [f32],
     then: &(dyn Fn(&mut [f32], &mut [f32]) + Sync),
 ) {
-    let k = kernel();
-    let f4 = dot4_fn(a.ty, k).filter(|_| a.ty == b.ty && a.q.is_none() && b.q.is_none());
+    assert_supported(ks);
+    let f4 = dot4_fn(a.ty, ks).filter(|_| a.ty == b.ty && a.q.is_none() && b.q.is_none());
     let Some(f4) = f4 else {
-        matvec_rows_many(pool, &mut [(a, &mut *out_a), (b, &mut *out_b)], x, act);
+        matvec_rows_many(ks, pool, &mut [(a, &mut *out_a), (b, &mut *out_b)], x, act);
         return then(out_a, out_b);
     };
     assert!(
@@ -384,7 +349,7 @@ pub fn matvec_pairs(
     let row_bytes = a.row_bytes();
     let _ = b.row_bytes();
     let nb = row_bytes / a.ty.block_bytes();
-    let f = chunk_fn(a.ty, k);
+    let f = chunk_fn(a.ty, ks);
     let act = act.quantize(x, false);
     let rows = a.rows;
     let chunk = rows
@@ -409,7 +374,7 @@ pub fn matvec_pairs(
             // Within `data`: `row_bytes()` above checked that the last row ends inside it.
             let (a0, b0) = (da.wrapping_add(o0), db.wrapping_add(o0));
             let (a1, b1) = (da.wrapping_add(o1), db.wrapping_add(o1));
-            // SAFETY: a kernel this CPU supports (`kernel()`), whole rows of `nb` blocks, `act`
+            // SAFETY: a kernel this CPU supports (asserted above), whole rows of `nb` blocks, `act`
             // covers their `cols` values; the prefetch 4 rows on is a hint, never a load.
             let o = unsafe { f4([a0, b0, a1, b1], nb, 4 * a.stride, &act) };
             (oa[r - r0], ob[r - r0], oa[r + 1 - r0], ob[r + 1 - r0]) = (o[0], o[1], o[2], o[3]);
@@ -428,17 +393,14 @@ pub fn matvec_pairs(
 
 /// The one dispatch behind every product: `acts.len()` inputs of `cols` values in `xs`, each
 /// job's `out` holding one row set's results per input (input-major).
-fn rows_many_with(
-    k: Kernel,
+fn rows_many(
+    ks: KernelSet,
     pool: &WorkerPool,
     jobs: &mut [Option<(Rows, &mut [f32])>],
     xs: &[f32],
     acts: &mut [ActScratch],
 ) {
-    assert!(
-        kernel_supported(k),
-        "{k:?} kernels are not supported on this CPU"
-    );
+    assert_supported(ks);
     assert!(
         jobs.len() <= MAX_JOBS,
         "matvec_many takes at most {MAX_JOBS} matrices"
@@ -530,11 +492,11 @@ fn rows_many_with(
                 Some(f) => {
                     assert_eq!(w.stride, row_bytes, "low-bit rows must be adjacent");
                     PartFn::Low(
-                        crate::backend::cpu::lowbit::chunk_fn(f, k),
-                        crate::backend::cpu::lowbit::chunk_many_fn(f, k),
+                        crate::backend::cpu::lowbit::chunk_fn(f, ks),
+                        crate::backend::cpu::lowbit::chunk_many_fn(f, ks),
                     )
                 }
-                None => PartFn::Ggml(chunk_fn(w.ty, k), many_fn(w.ty, k)),
+                None => PartFn::Ggml(chunk_fn(w.ty, ks), many_fn(w.ty, ks)),
             },
             out: OutPtr(out.as_mut_ptr()),
         });
@@ -635,39 +597,39 @@ enum PartFn {
 /// present, each address must hold `nb` blocks, and `act` must cover them.
 type Dot4Fn = unsafe fn(rows: [*const u8; 4], nb: usize, pf: usize, act: &Act) -> [f32; 4];
 
-/// The four-row kernel of `ty` under `k`, where there is one (AVX2, 32-value block types).
-fn dot4_fn(ty: GgmlType, k: Kernel) -> Option<Dot4Fn> {
+/// The four-row kernel of `ty` under `ks`, where there is one (AVX2, 32-value block types).
+fn dot4_fn(ty: GgmlType, ks: KernelSet) -> Option<Dot4Fn> {
     #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 {
-        return x86::dot4_fn(ty);
+    if ks.kernel == Kernel::Avx2 {
+        return x86::dot4_fn(ty, ks);
     }
-    let _ = (ty, k);
+    let _ = (ty, ks);
     None
 }
 
-/// The many-input kernel of `ty` under `k`, where there is one (AVX2, 32-value block types);
+/// The many-input kernel of `ty` under `ks`, where there is one (AVX2, 32-value block types);
 /// elsewhere each input runs `chunk_fn`'s kernel in turn.
-fn many_fn(ty: GgmlType, k: Kernel) -> Option<ChunkManyFn> {
+fn many_fn(ty: GgmlType, ks: KernelSet) -> Option<ChunkManyFn> {
     #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 {
-        return x86::many_fn(ty);
+    if ks.kernel == Kernel::Avx2 {
+        return x86::many_fn(ty, ks);
     }
-    let _ = (ty, k);
+    let _ = (ty, ks);
     None
 }
 
-fn chunk_fn(ty: GgmlType, k: Kernel) -> ChunkFn {
+fn chunk_fn(ty: GgmlType, ks: KernelSet) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 {
-        return x86::chunk_fn(ty);
+    if ks.kernel == Kernel::Avx2 {
+        return x86::chunk_fn(ty, ks);
     }
     #[cfg(target_arch = "aarch64")]
-    if k == Kernel::Neon {
+    if ks.kernel == Kernel::Neon {
         if let Some(f) = neon::chunk_fn(ty) {
             return f;
         }
     }
-    let _ = k;
+    let _ = ks;
     scalar::chunk_fn(ty)
 }
 
@@ -869,10 +831,11 @@ mod x86 {
     };
     use std::arch::x86_64::*;
 
-    /// `f::<V>` for the VNNI form `V` this CPU has (`backend::cpu::lowbit::vnni_form`).
+    /// `f::<V>` for the VNNI form `V` that `ks` uses on this CPU
+    /// (`backend::cpu::lowbit::vnni_form`).
     macro_rules! by_vnni {
-        ($f:ident) => {
-            match vnni_form() {
+        ($f:ident, $ks:expr) => {
+            match vnni_form($ks) {
                 VNNI_VEX => $f::<VNNI_VEX>,
                 VNNI_EVEX => $f::<VNNI_EVEX>,
                 _ => $f::<VNNI_NONE>,
@@ -880,13 +843,13 @@ mod x86 {
         };
     }
 
-    pub(super) fn chunk_fn(ty: GgmlType) -> ChunkFn {
+    pub(super) fn chunk_fn(ty: GgmlType, ks: KernelSet) -> ChunkFn {
         match ty {
-            GgmlType::Q4_0 => by_vnni!(chunk_q4_0),
-            GgmlType::Q4_1 => by_vnni!(chunk_q4_1),
-            GgmlType::Q5_0 => by_vnni!(chunk_q5_0),
-            GgmlType::Q5_1 => by_vnni!(chunk_q5_1),
-            GgmlType::Q8_0 => by_vnni!(chunk_q8_0),
+            GgmlType::Q4_0 => by_vnni!(chunk_q4_0, ks),
+            GgmlType::Q4_1 => by_vnni!(chunk_q4_1, ks),
+            GgmlType::Q5_0 => by_vnni!(chunk_q5_0, ks),
+            GgmlType::Q5_1 => by_vnni!(chunk_q5_1, ks),
+            GgmlType::Q8_0 => by_vnni!(chunk_q8_0, ks),
             GgmlType::F32 => chunk_f32,
             GgmlType::F16 => chunk_f16,
             GgmlType::BF16 => chunk_bf16,
@@ -987,25 +950,25 @@ mod x86 {
     }
 
     /// The many-input kernel for the 32-value block types (batched prefill).
-    pub(super) fn many_fn(ty: GgmlType) -> Option<ChunkManyFn> {
+    pub(super) fn many_fn(ty: GgmlType, ks: KernelSet) -> Option<ChunkManyFn> {
         Some(match ty {
-            GgmlType::Q4_0 => by_vnni!(many_q4_0),
-            GgmlType::Q4_1 => by_vnni!(many_q4_1),
-            GgmlType::Q5_0 => by_vnni!(many_q5_0),
-            GgmlType::Q5_1 => by_vnni!(many_q5_1),
-            GgmlType::Q8_0 => by_vnni!(many_q8_0),
+            GgmlType::Q4_0 => by_vnni!(many_q4_0, ks),
+            GgmlType::Q4_1 => by_vnni!(many_q4_1, ks),
+            GgmlType::Q5_0 => by_vnni!(many_q5_0, ks),
+            GgmlType::Q5_1 => by_vnni!(many_q5_1, ks),
+            GgmlType::Q8_0 => by_vnni!(many_q8_0, ks),
             _ => return None,
         })
     }
 
     /// The four-row kernel for the 32-value block types (gathered and paired rows).
-    pub(super) fn dot4_fn(ty: GgmlType) -> Option<Dot4Fn> {
+    pub(super) fn dot4_fn(ty: GgmlType, ks: KernelSet) -> Option<Dot4Fn> {
         Some(match ty {
-            GgmlType::Q4_0 => by_vnni!(dot4_q4_0),
-            GgmlType::Q4_1 => by_vnni!(dot4_q4_1),
-            GgmlType::Q5_0 => by_vnni!(dot4_q5_0),
-            GgmlType::Q5_1 => by_vnni!(dot4_q5_1),
-            GgmlType::Q8_0 => by_vnni!(dot4_q8_0),
+            GgmlType::Q4_0 => by_vnni!(dot4_q4_0, ks),
+            GgmlType::Q4_1 => by_vnni!(dot4_q4_1, ks),
+            GgmlType::Q5_0 => by_vnni!(dot4_q5_0, ks),
+            GgmlType::Q5_1 => by_vnni!(dot4_q5_1, ks),
+            GgmlType::Q8_0 => by_vnni!(dot4_q8_0, ks),
             _ => return None,
         })
     }

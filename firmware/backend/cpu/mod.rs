@@ -9,7 +9,9 @@ pub mod matvec;
 pub mod pool;
 pub mod sparse_ffn;
 
-pub use matvec::{matmul_many, matvec, matvec_many, ActScratch, Kernel, Matrix, Rows, Tile};
+pub use matvec::{
+    matmul_many, matvec, matvec_many, ActScratch, Kernel, KernelSet, Matrix, Rows, Tile,
+};
 pub use pool::WorkerPool;
 
 /// An output buffer handed to pool tasks, each of which writes its own disjoint range (of

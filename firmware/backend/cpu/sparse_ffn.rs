@@ -6,7 +6,7 @@
 use super::axpy::{self, axpy_rows};
 use super::down_tiles::{self, axpy_tiles};
 use super::matvec::{matvec_gather, matvec_pairs, matvec_rows_many};
-use super::{ActScratch, WorkerPool};
+use super::{ActScratch, KernelSet, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::ops::silu;
 use crate::sparsity::bundle::{Bundles, Down};
@@ -24,6 +24,7 @@ pub fn partials_len(hidden: usize, dim: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 pub fn ffn_subset(
     b: &Bundles,
+    ks: KernelSet,
     pool: &WorkerPool,
     x: &[f32],
     idx: &[u32],
@@ -36,17 +37,18 @@ pub fn ffn_subset(
     let mut idx = idx.to_vec();
     idx.sort_unstable();
     let k = idx.len();
-    matvec_gather(pool, b.gate, &idx, x, act, &mut g[..k]);
-    matvec_gather(pool, b.up, &idx, x, act, &mut h[..k]);
+    matvec_gather(ks, pool, b.gate, &idx, x, act, &mut g[..k]);
+    matvec_gather(ks, pool, b.up, &idx, x, act, &mut h[..k]);
     for (hv, gv) in h[..k].iter_mut().zip(&g[..k]) {
         *hv *= silu(*gv);
     }
-    down(b, pool, &idx, &h[..k], partials, out);
+    down(b, ks, pool, &idx, &h[..k], partials, out);
 }
 
 /// `out = sum over idx of h[i] * down column idx[i]`, `idx` ascending.
 fn down(
     b: &Bundles,
+    ks: KernelSet,
     pool: &WorkerPool,
     idx: &[u32],
     h: &[f32],
@@ -54,8 +56,8 @@ fn down(
     out: &mut [f32],
 ) {
     match b.down {
-        Down::Tiles(t) => axpy_tiles(pool, t, idx, h, partials, out),
-        Down::Columns(r) => axpy_rows(pool, r, idx, h, partials, out),
+        Down::Tiles(t) => axpy_tiles(ks, pool, t, idx, h, partials, out),
+        Down::Columns(r) => axpy_rows(ks, pool, r, idx, h, partials, out),
     }
 }
 
@@ -181,6 +183,7 @@ impl<'a> SparseFfn<'a> {
         &mut self,
         l: usize,
         b: &Bundles,
+        ks: KernelSet,
         pool: &WorkerPool,
         x: &mut [f32],
         act: &mut ActScratch,
@@ -202,11 +205,11 @@ impl<'a> SparseFfn<'a> {
                         *uv *= *gv;
                     }
                 };
-                matvec_pairs(pool, b.gate, b.up, x, act, g, u, &swiglu);
+                matvec_pairs(ks, pool, b.gate, b.up, x, act, g, u, &swiglu);
                 u
             }
             Score::Gate => {
-                matvec_rows_many(pool, &mut [(b.gate, &mut *g)], x, act);
+                matvec_rows_many(ks, pool, &mut [(b.gate, &mut *g)], x, act);
                 for gv in g.iter_mut() {
                     *gv = silu(*gv);
                 }
@@ -235,13 +238,13 @@ impl<'a> SparseFfn<'a> {
                 }
             }
             Score::Gate => {
-                matvec_gather(pool, b.up, idx, x, act, &mut u[..k]);
+                matvec_gather(ks, pool, b.up, idx, x, act, &mut u[..k]);
                 for ((hv, uv), &j) in h[..k].iter_mut().zip(&u[..k]).zip(idx) {
                     *hv = g[j as usize] * uv - mean[j as usize];
                 }
             }
         }
-        down(b, pool, idx, &h[..k], self.partials, x);
+        down(b, ks, pool, idx, &h[..k], self.partials, x);
         for (y, o) in x.iter_mut().zip(&self.dropped_offset[l * b.dim..][..b.dim]) {
             *y += o;
         }
@@ -479,6 +482,7 @@ mod tests {
                 let mut partials = vec![0f32; partials_len(n, dim)];
                 ffn_subset(
                     &b,
+                    KernelSet::best(),
                     &pool,
                     &x,
                     &set,
@@ -494,6 +498,7 @@ mod tests {
                 let mut out2 = vec![0f32; dim];
                 ffn_subset(
                     &b,
+                    KernelSet::best(),
                     &pool,
                     &x,
                     &rev,
@@ -602,7 +607,7 @@ mod tests {
                     ffn.set(&opts).unwrap();
                 }
                 let mut y = x.clone();
-                ffn.forward(0, &b, &pool, &mut y, &mut act);
+                ffn.forward(0, &b, KernelSet::best(), &pool, &mut y, &mut act);
                 let mut want = vec![0f64; dim];
                 for j in 0..n {
                     let hj = if h[j].abs() >= th as f64 {

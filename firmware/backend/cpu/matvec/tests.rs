@@ -136,7 +136,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, seed: u64) {
         let pool = WorkerPool::new(threads);
         for k in kernels() {
             let mut out = vec![f32::NAN; rows];
-            matvec_with(k, &pool, &m, &x, &mut act, &mut out);
+            matvec(KernelSet::with(k), &pool, &m, &x, &mut act, &mut out);
             for (r, (&got, &(v, mag))) in out.iter().zip(&want).enumerate() {
                 let tol = 1e-5 * mag + 1e-6;
                 assert!(
@@ -216,7 +216,7 @@ fn classic_integer_dots_exact() {
             let pool = WorkerPool::new(2);
             for k in kernels() {
                 let mut out = vec![0f32; rows];
-                matvec_with(k, &pool, &m, &x, &mut act, &mut out);
+                matvec(KernelSet::with(k), &pool, &m, &x, &mut act, &mut out);
                 for (got, (v, _)) in out.iter().zip(&want) {
                     assert_eq!(*got as f64, *v, "{} {k:?} cols {cols}", ty.name());
                 }
@@ -275,7 +275,7 @@ fn matvec_many_equals_separate() {
                 .iter()
                 .map(|m| {
                     let mut o = vec![0f32; m.rows];
-                    matvec_with(k, &pool, m, &x, &mut act, &mut o);
+                    matvec(KernelSet::with(k), &pool, m, &x, &mut act, &mut o);
                     o
                 })
                 .collect();
@@ -285,7 +285,7 @@ fn matvec_many_equals_separate() {
                 .zip(outs.iter_mut())
                 .map(|(m, o)| (m, &mut o[..]))
                 .collect();
-            matvec_many_with(k, &pool, &mut jobs, &x, &mut act);
+            matvec_many(KernelSet::with(k), &pool, &mut jobs, &x, &mut act);
             assert_eq!(outs, separate, "{k:?} threads {threads}");
         }
     }
@@ -313,10 +313,16 @@ fn matmul_many_equals_matvec_per_input() {
             for k in kernels() {
                 let mut want = vec![0f32; n * rows];
                 for (x, o) in xs.chunks_exact(cols).zip(want.chunks_exact_mut(rows)) {
-                    matvec_with(k, &pool, &m, x, &mut acts[0], o);
+                    matvec(KernelSet::with(k), &pool, &m, x, &mut acts[0], o);
                 }
                 let mut got = vec![f32::NAN; n * rows];
-                matmul_many_with(k, &pool, &mut [(&m, &mut got[..])], &xs, &mut acts);
+                matmul_many(
+                    KernelSet::with(k),
+                    &pool,
+                    &mut [(&m, &mut got[..])],
+                    &xs,
+                    &mut acts,
+                );
                 let same = got
                     .iter()
                     .zip(&want)

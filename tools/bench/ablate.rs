@@ -1,0 +1,223 @@
+//! Ablations: one fast path turned off (or a variant chosen) to measure what it is worth.
+//! `leanstream bench --ablate a,b,...` times each beside the configuration it changes;
+//! `generate` and `perplexity` run with the CPU ones (`--ablate no-vnni`, say). Each is a
+//! value applied to the options an engine boots with ([`KernelSet`], [`CudaOptions`]): no
+//! process-wide switch, so configurations timed side by side never share one.
+
+use leanstream::backend::cpu::KernelSet;
+use leanstream::engine::any::Backend;
+use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ablation {
+    /// CPU, w8a8/w4a8: every weight group dequantized to f32 before the dot product.
+    NoDeferredDequant,
+    /// CPU, x86: the AVX2 dot product where the CPU has VNNI.
+    NoVnni,
+    /// CPU, x86: the eight-row kernels where the CPU has AVX-512 VNNI.
+    NoAvx512,
+    /// CUDA: every kernel launched, without the per-token graph.
+    NoGraph,
+    /// CUDA: every product kernel narrow.
+    Narrow,
+    /// CUDA: every product kernel wide.
+    Wide,
+    /// CUDA: the residual's norm made once by the last block of the product before.
+    NormTail,
+    /// CUDA: every product that reads the normed residual norms it in each block.
+    NormInBlock,
+    /// CUDA: no weights pulled into L2 during attention.
+    NoPrefetch,
+    /// CUDA: each head's attention in one block at any context length.
+    NoSplitAttention,
+    /// CUDA: each head's attention split over one more block every N positions.
+    AttentionSlice(usize),
+    /// CUDA (sm_90): every kernel launched after the one before has finished.
+    NoPdl,
+    /// CUDA (sm_90): each product block pulls its first weights into L2 while it waits.
+    PdlPrefetch,
+    /// CUDA, w8a8/w4a8: the KV cache in f32.
+    F32Kv,
+}
+
+/// Every ablation's name, backend and meaning: `--help` and docs/BENCHMARKS.md print this.
+pub const ABLATIONS: &[(&str, &str, &str)] = &[
+    ("no-deferred-dequant", "cpu", "w8a8/w4a8: dequantize each weight group to f32 before the dot product (BitLLM's \"convert, then compute\")"),
+    ("no-vnni", "cpu", "x86: the AVX2 maddubs+madd dot where the CPU has VNNI"),
+    ("no-avx512", "cpu", "x86: the eight-row ymm low-bit kernels where the CPU has AVX-512 VNNI"),
+    ("no-graph", "cuda", "every kernel launched, without the per-token CUDA graph"),
+    ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
+    ("wide", "cuda", "every product kernel wide (small products too)"),
+    ("norm-tail", "cuda", "the residual's norm made once by the last block of the product before"),
+    ("norm-in-block", "cuda", "every product that reads the normed residual norms it in each block, at any size"),
+    ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
+    ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
+    ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
+    ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
+    ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
+    ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
+];
+
+/// The ablations, one per line, for `--help`.
+pub fn help() -> String {
+    ABLATIONS
+        .iter()
+        .map(|(name, backend, what)| format!("  {name} ({backend}): {what}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every ablation but the one with a number.
+const PLAIN: [Ablation; 13] = {
+    use Ablation::*;
+    [
+        NoDeferredDequant,
+        NoVnni,
+        NoAvx512,
+        NoGraph,
+        Narrow,
+        Wide,
+        NormTail,
+        NormInBlock,
+        NoPrefetch,
+        NoSplitAttention,
+        NoPdl,
+        PdlPrefetch,
+        F32Kv,
+    ]
+};
+
+impl Ablation {
+    pub fn parse(s: &str) -> Result<Ablation, String> {
+        let s = s.trim();
+        if let Some(a) = PLAIN.iter().find(|a| a.name() == s) {
+            return Ok(*a);
+        }
+        if let Some(n) = s.strip_prefix("attention-slice=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Ablation::AttentionSlice(n)),
+                _ => Err(format!(
+                    "attention-slice takes a positive number of positions, not '{n}'"
+                )),
+            };
+        }
+        let names: Vec<&str> = ABLATIONS.iter().map(|a| a.0).collect();
+        Err(format!(
+            "unknown ablation '{s}' (one of: {})",
+            names.join(", ")
+        ))
+    }
+
+    /// A comma-separated list (an empty item is an error, so a stray comma is noticed).
+    pub fn parse_list(s: &str) -> Result<Vec<Ablation>, String> {
+        s.split(',').map(Ablation::parse).collect()
+    }
+
+    /// The name `parse` takes, and the suffix a bench row's label gets.
+    pub fn name(self) -> String {
+        use Ablation::*;
+        match self {
+            NoDeferredDequant => "no-deferred-dequant".into(),
+            NoVnni => "no-vnni".into(),
+            NoAvx512 => "no-avx512".into(),
+            NoGraph => "no-graph".into(),
+            Narrow => "narrow".into(),
+            Wide => "wide".into(),
+            NormTail => "norm-tail".into(),
+            NormInBlock => "norm-in-block".into(),
+            NoPrefetch => "no-prefetch".into(),
+            NoSplitAttention => "no-split-attention".into(),
+            AttentionSlice(n) => format!("attention-slice={n}"),
+            NoPdl => "no-pdl".into(),
+            PdlPrefetch => "pdl-prefetch".into(),
+            F32Kv => "f32-kv".into(),
+        }
+    }
+
+    /// The backend whose engine it changes.
+    pub fn backend(self) -> Backend {
+        use Ablation::*;
+        match self {
+            NoDeferredDequant | NoVnni | NoAvx512 => Backend::Cpu,
+            _ => Backend::Cuda,
+        }
+    }
+
+    /// Applies a CPU ablation to the kernels (a CUDA one leaves them as they are).
+    pub fn apply_cpu(self, k: &mut KernelSet) {
+        match self {
+            Ablation::NoDeferredDequant => k.deferred_dequant = false,
+            Ablation::NoVnni => k.vnni = false,
+            Ablation::NoAvx512 => k.avx512 = false,
+            _ => {}
+        }
+    }
+
+    /// Applies a CUDA ablation to the decoder's options (a CPU one leaves them as they are).
+    pub fn apply_cuda(self, o: &mut CudaOptions) {
+        use Ablation::*;
+        match self {
+            NoGraph => o.graph = false,
+            Narrow => o.products = ProductKernels::Narrow,
+            Wide => o.products = ProductKernels::Wide,
+            NormTail => o.in_block_norm = InBlockNorm::Never,
+            NormInBlock => o.in_block_norm = InBlockNorm::Always,
+            NoPrefetch => o.prefetch = false,
+            NoSplitAttention => o.attention_slice = 0,
+            AttentionSlice(n) => o.attention_slice = n,
+            NoPdl => o.dependent_launch = DependentLaunch::Off,
+            PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
+            F32Kv => o.f32_kv = true,
+            NoDeferredDequant | NoVnni | NoAvx512 => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_name_parses_back_to_itself() {
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 1);
+        for (name, backend, _) in ABLATIONS {
+            let name = name.replace("=N", "=64");
+            let a = Ablation::parse(&name).unwrap();
+            assert_eq!(a.name(), name);
+            assert_eq!(a.backend().name(), *backend, "{name}");
+        }
+    }
+
+    #[test]
+    fn ablations_change_only_their_own_option() {
+        let mut k = KernelSet::best();
+        Ablation::NoVnni.apply_cpu(&mut k);
+        assert_eq!(
+            k,
+            KernelSet {
+                vnni: false,
+                ..KernelSet::best()
+            }
+        );
+        Ablation::NoGraph.apply_cpu(&mut k);
+        assert!(!k.vnni && k.deferred_dequant && k.avx512);
+        let mut o = CudaOptions::default();
+        Ablation::AttentionSlice(64).apply_cuda(&mut o);
+        Ablation::NoVnni.apply_cuda(&mut o);
+        let want = CudaOptions {
+            attention_slice: 64,
+            ..CudaOptions::default()
+        };
+        assert_eq!(format!("{o:?}"), format!("{want:?}"));
+    }
+
+    #[test]
+    fn bad_lists_are_refused_with_the_names() {
+        let e = Ablation::parse_list("no-vnni,,narrow").unwrap_err();
+        assert!(e.contains("unknown ablation ''"), "{e}");
+        let e = Ablation::parse("no-vni").unwrap_err();
+        assert!(e.contains("no-vnni") && e.contains("f32-kv"), "{e}");
+        assert!(Ablation::parse("attention-slice=0").is_err());
+        assert!(Ablation::parse("attention-slice=x").is_err());
+    }
+}
