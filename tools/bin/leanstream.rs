@@ -72,7 +72,7 @@ enum Command {
     /// the text of ids.
     Tokenize(cmd_tokenize::TokenizeArgs),
     /// Prefill and decode speed; writes JSON and a Markdown table.
-    #[command(after_long_help = ablations_help())]
+    #[command(after_help = ablations_help())]
     Bench(cmd_bench::BenchArgs),
     /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
     /// imports it as it is; prints what it did and the requantization error.
