@@ -302,7 +302,12 @@ fn cost_model_prefers_token_major_short_and_tiles_long() {
         bandwidth: 0.0,
         ..m
     };
-    assert!(bad.check().unwrap_err().contains("invalid"));
+    let e = bad.check().unwrap_err();
+    assert!(
+        matches!(e, KvError::InvalidConstants { path: None, constants } if constants == bad),
+        "{e}"
+    );
+    assert!(e.to_string().contains("invalid"), "{e}");
 }
 
 #[test]
