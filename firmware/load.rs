@@ -115,3 +115,44 @@ fn llama2c_tokenizer_beside(model: &Path, vocab: usize) -> Option<PathBuf> {
         .map(|n| dir.join(n))
         .find(|p| p.is_file())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::tiny;
+
+    /// A model that reads but carries no tokenizer is the tokenizer's failure, and a file that
+    /// is not there the model's; each keeps what went wrong as its source.
+    #[test]
+    fn model_and_tokenizer_failures_are_told_apart() {
+        let dir = std::env::temp_dir().join(format!("leanstream-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("no-tokenizer.gguf");
+        std::fs::write(&path, tiny("llama", false, true).build()).unwrap();
+        let e = open_model(&path, None).unwrap_err();
+        assert!(
+            matches!(&e, LoadError::GgufTokenizer { path: p, source: TokenizerError::MissingKey(_) } if p == &path),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: tokenizer: ", path.display())),
+            "{e}"
+        );
+
+        let absent = dir.join("absent.gguf");
+        let e = open_model(&absent, None).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                LoadError::Model {
+                    source: FormatError::Io { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

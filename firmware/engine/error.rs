@@ -105,3 +105,49 @@ impl From<crate::backend::cuda::GpuError> for EngineError {
         EngineError::Gpu(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::any::Backend;
+    use crate::engine::{Engine, EngineOptions};
+    use crate::model::tests::tiny;
+    use crate::model::ModelFile;
+    use crate::sparsity::{FfnMode, FfnOptions};
+
+    /// A sparse boot of a model the bundles cannot hold, and sparsity options out of range,
+    /// are refused as such before any arena is touched, with the sentences users see.
+    #[test]
+    fn sparse_boot_refusals_keep_their_kind() {
+        // `tiny`: width 8, not a multiple of the bundles' 32.
+        let model = ModelFile::from_bytes(tiny("llama", false, true).build()).unwrap();
+        let topk = |sparsity| EngineOptions {
+            ffn: FfnOptions {
+                mode: FfnMode::TopK,
+                sparsity,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = Engine::plan(&model, &topk(0.5)).unwrap_err();
+        assert!(
+            matches!(e, EngineError::Bundles(BundleError::Width(8))),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "unsupported model: bundles need a model width that is a multiple of 32, not 8"
+        );
+        let e = Engine::plan(&model, &topk(1.5)).unwrap_err();
+        assert!(
+            matches!(e, EngineError::Sparsity(SparsityError::OutOfRange(v)) if v == 1.5),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        Engine::plan(&model, &EngineOptions::default()).unwrap();
+
+        let e = Backend::parse("tpu").unwrap_err();
+        assert!(matches!(&e, EngineError::UnknownBackend(b) if b == "tpu"));
+        assert_eq!(e.to_string(), "unknown backend 'tpu' (cpu or cuda)");
+    }
+}

@@ -126,3 +126,87 @@ impl SparsityArgs {
         Ok(c.pop().unwrap())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::tiny;
+    use crate::sparsity::thresholds::tests::table;
+    use crate::tables::TableError;
+
+    fn args(ffn: &str, sparsity: &str, thresholds: Option<PathBuf>) -> SparsityArgs {
+        SparsityArgs {
+            ffn: ffn.into(),
+            sparsity: sparsity.into(),
+            score: "glu".into(),
+            thresholds,
+            bundle_down: "tiles".into(),
+            dropped_mean: "on".into(),
+        }
+    }
+
+    /// A bad spec is refused as what it is: a sparsity out of range, a table that is not
+    /// there, one made for another model, several configurations where one is needed.
+    #[test]
+    fn bad_specs_are_refused_as_what_they_are() {
+        let dir = std::env::temp_dir().join(format!("leanstream-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model_path = dir.join("tiny-without-table.gguf");
+        let model = ModelFile::from_bytes(tiny("llama", false, true).build()).unwrap();
+
+        let e = args("topk", "0.5, 1.5", None)
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(matches!(e, SparsityError::OutOfRange(v) if v == 1.5), "{e}");
+        assert!(matches!(
+            args("topk,dense", "0.5", None).single(&model_path, &model),
+            Err(SparsityError::NotOne(2))
+        ));
+        assert_eq!(
+            args("topk,dense", "0.5,0.7", None)
+                .configs(&model_path, &model)
+                .unwrap()
+                .len(),
+            3
+        );
+
+        let absent = dir.join("absent.thresh");
+        let e = args("oracle", "0.5", Some(absent.clone()))
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(&e, SparsityError::Thresholds(ThresholdsError::Missing { path, .. }) if path == &absent),
+            "{e}"
+        );
+        let e = args("oracle", "0.5", None)
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SparsityError::Thresholds(ThresholdsError::NotFound { .. })
+            ),
+            "{e}"
+        );
+
+        // A table given is checked against the model even where the mode does not use it.
+        // `tiny`: 1 layer, width 8, 12 neurons.
+        let other = ModelFile::from_bytes(tiny("qwen2", true, false).build()).unwrap();
+        let path = dir.join("qwen.thresh");
+        table(1, 12, 8).save(&path, &other).unwrap();
+        let e = args("topk", "0.5", Some(path))
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                SparsityError::Thresholds(ThresholdsError::Table {
+                    source: TableError::OtherModel { .. },
+                    ..
+                })
+            ),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -300,11 +300,12 @@ impl ThresholdTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::tests::tiny;
 
-    fn table(n_layers: usize, hidden: usize, dim: usize) -> ThresholdTable {
+    /// A table of one level (sparsity 0.5) for a model of these shapes.
+    pub(crate) fn table(n_layers: usize, hidden: usize, dim: usize) -> ThresholdTable {
         let dropped = DroppedMean {
             mean: vec![0.0; n_layers * hidden],
             offset: vec![0.0; n_layers * dim],
@@ -347,7 +348,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("leanstream-thresh-{}", std::process::id()));
         let llama = ModelFile::from_bytes(tiny("llama", false, true).build()).unwrap();
         let qwen = ModelFile::from_bytes(tiny("qwen2", true, false).build()).unwrap();
-        // The tiny model: 1 layer, width 8, 12 neurons.
+        // `tiny`: 1 layer, width 8, 12 neurons.
         let good = table(1, 12, 8);
         let path = dir.join("tiny.thresh");
         good.save(&path, &llama).unwrap();
