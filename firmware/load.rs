@@ -73,25 +73,25 @@ pub fn open_model(
     model: &Path,
     tokenizer: Option<&Path>,
 ) -> Result<(ModelFile, Tokenizer), LoadError> {
-    let model_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LoadError::Model { path, source }
+    let model_error = |path: &Path, source| LoadError::Model {
+        path: path.into(),
+        source,
     };
-    let gguf_tokenizer_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LoadError::GgufTokenizer { path, source }
+    let tokenizer_error = |path: &Path, source| LoadError::GgufTokenizer {
+        path: path.into(),
+        source,
     };
-    let file = ModelFile::open(model).map_err(model_error(model))?;
+    let file = ModelFile::open(model).map_err(|e| model_error(model, e))?;
     let tok = match (&file, tokenizer) {
         (ModelFile::Gguf(g), None) => {
-            Tokenizer::from_gguf(g).map_err(gguf_tokenizer_error(model))?
+            Tokenizer::from_gguf(g).map_err(|e| tokenizer_error(model, e))?
         }
         (ModelFile::Gguf(_), Some(p)) => {
-            let g = crate::model::gguf::Gguf::open(p).map_err(model_error(p))?;
-            Tokenizer::from_gguf(&g).map_err(gguf_tokenizer_error(p))?
+            let g = crate::model::gguf::Gguf::open(p).map_err(|e| model_error(p, e))?;
+            Tokenizer::from_gguf(&g).map_err(|e| tokenizer_error(p, e))?
         }
         (ModelFile::Llama2c(_), given) => {
-            let vocab = file.hyper().map_err(model_error(model))?.vocab_size;
+            let vocab = file.hyper().map_err(|e| model_error(model, e))?.vocab_size;
             let path = match given {
                 Some(p) => p.to_path_buf(),
                 None => llama2c_tokenizer_beside(model, vocab).ok_or_else(|| {

@@ -91,30 +91,22 @@ pub enum ThresholdsError {
 
 impl fmt::Display for ThresholdsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let calibrate = |f: &mut fmt::Formatter<'_>, model: &Path| {
-            let m = model.display();
-            write!(
-                f,
-                "make one with `leanstream calibrate --model {m} --file TEXT --sparsity S`"
-            )
-        };
         match self {
             ThresholdsError::NotFound { model, looked } => {
+                let m = model.display();
                 let looked: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
                 write!(
                     f,
-                    "no thresholds table for {} (looked for {}); ",
-                    model.display(),
+                    "no thresholds table for {m} (looked for {}); make one with `leanstream calibrate --model {m} --file TEXT --sparsity S`, or give --thresholds",
                     looked.join(", ")
-                )?;
-                calibrate(f, model)?;
-                write!(f, ", or give --thresholds")
+                )
             }
-            ThresholdsError::Missing { path, model } => {
-                write!(f, "{}: thresholds table not found (", path.display())?;
-                calibrate(f, model)?;
-                write!(f, ")")
-            }
+            ThresholdsError::Missing { path, model } => write!(
+                f,
+                "{}: thresholds table not found (make one with `leanstream calibrate --model {} --file TEXT --sparsity S`)",
+                path.display(),
+                model.display()
+            ),
             ThresholdsError::CreateDir { dir, source } => {
                 write!(f, "{}: {source}", dir.display())
             }
