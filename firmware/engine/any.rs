@@ -12,15 +12,15 @@ pub const NO_CUDA: &str =
     "this build has no CUDA backend (built without the `cuda` feature; the default build has it)";
 
 /// Whether this machine can run the CUDA backend: a GPU and its driver, in a build with the
-/// `cuda` feature; otherwise one sentence why not.
-pub fn probe_cuda() -> Result<(), String> {
+/// `cuda` feature; otherwise [`EngineError::Gpu`], one sentence why not.
+pub fn probe_cuda() -> Result<(), EngineError> {
     #[cfg(feature = "cuda")]
     {
-        crate::backend::cuda::probe()
+        Ok(crate::backend::cuda::probe()?)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err(NO_CUDA.into())
+        Err(EngineError::Gpu(NO_CUDA.into()))
     }
 }
 
@@ -31,11 +31,11 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn parse(s: &str) -> Result<Backend, String> {
+    pub fn parse(s: &str) -> Result<Backend, EngineError> {
         match s {
             "cpu" => Ok(Backend::Cpu),
             "cuda" => Ok(Backend::Cuda),
-            _ => Err(format!("unknown backend '{s}' (cpu or cuda)")),
+            _ => Err(EngineError::UnknownBackend(s.into())),
         }
     }
     pub fn name(self) -> &'static str {
@@ -47,11 +47,11 @@ impl Backend {
 }
 
 /// `--memory unified|discrete` for the CUDA backend.
-pub fn parse_memory(s: &str) -> Result<MemoryModel, String> {
+pub fn parse_memory(s: &str) -> Result<MemoryModel, EngineError> {
     match s {
         "unified" => Ok(MemoryModel::Unified),
         "discrete" => Ok(MemoryModel::Discrete),
-        _ => Err(format!("unknown memory model '{s}' (unified or discrete)")),
+        _ => Err(EngineError::UnknownMemoryModel(s.into())),
     }
 }
 
@@ -99,7 +99,7 @@ impl<'a> AnyEngine<'a> {
         model: &ModelFile,
         cuda: CudaOptions,
     ) -> Result<AnyEngine<'a>, EngineError> {
-        crate::backend::cuda::probe().map_err(EngineError::Gpu)?;
+        crate::backend::cuda::probe()?;
         Ok(AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?))
     }
 

@@ -308,7 +308,7 @@ impl<'a> CudaEngine<'a> {
             INT8_KV_MAX_HEAD_DIM,
         );
         let context = shape.context;
-        let mut gpu = Gpu::open(0).map_err(EngineError::Gpu)?;
+        let mut gpu = Gpu::open(0)?;
         // Dependent launch needs sm_90 (and the compute_90 PTX that `ptx_for` then picks).
         let dependent_launch = if gpu.compute_capability.0 >= 9 {
             opts.dependent_launch

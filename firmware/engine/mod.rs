@@ -5,6 +5,7 @@ pub mod any;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cuda_options;
+mod error;
 pub mod generate;
 pub mod perplexity;
 mod plan;
@@ -23,51 +24,12 @@ pub use crate::boot::Arenas;
 use crate::boot::{ArenaKind, BootError, Carver, Plan};
 use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
-use crate::model::{FormatError, Hyper, ModelFile, TensorRef};
+use crate::model::{Hyper, ModelFile, TensorRef};
 use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
 use crate::quant::{ConversionReport, Packing, Precision, Role, Target};
 use crate::sparsity::{Bundles, FfnMode, FfnOptions, SparsityError};
-use std::fmt;
+pub use error::EngineError;
 use tap::{Tap, TapOptions};
-
-/// Why an engine could not boot.
-#[derive(Debug)]
-pub enum EngineError {
-    Format(FormatError),
-    Boot(BootError),
-    /// A model this engine cannot run (a shape or type it does not support).
-    Unsupported(String),
-    /// The GPU could not run it: no GPU or driver here (one sentence why), or a CUDA call failed.
-    Gpu(String),
-    /// Options that cannot be used (sparsity out of range, missing thresholds, ...).
-    Options(String),
-}
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::Format(e) => write!(f, "{e}"),
-            EngineError::Boot(e) => write!(f, "{e}"),
-            EngineError::Unsupported(m) => write!(f, "unsupported model: {m}"),
-            EngineError::Gpu(m) => write!(f, "{m}"),
-            EngineError::Options(m) => write!(f, "{m}"),
-        }
-    }
-}
-
-impl std::error::Error for EngineError {}
-
-impl From<FormatError> for EngineError {
-    fn from(e: FormatError) -> Self {
-        EngineError::Format(e)
-    }
-}
-
-impl From<BootError> for EngineError {
-    fn from(e: BootError) -> Self {
-        EngineError::Boot(e)
-    }
-}
 
 /// Choices made at boot.
 #[derive(Clone, Debug)]
@@ -344,14 +306,7 @@ impl<'a> Engine<'a> {
                     t("ffn_up.weight")?,
                     t("ffn_down.weight")?,
                 );
-                LayerFfn::Bundles(
-                    Bundles::build(&mut f, &g, &u, &dn, opts.ffn.bundle_down).map_err(
-                        |e| match e {
-                            Ok(m) => EngineError::Unsupported(m),
-                            Err(b) => EngineError::Boot(b),
-                        },
-                    )?,
-                )
+                LayerFfn::Bundles(Bundles::build(&mut f, &g, &u, &dn, opts.ffn.bundle_down)?)
             } else {
                 LayerFfn::Dense {
                     gate: matrix(&mut placer, &mut f, "ffn_gate.weight")?,
@@ -520,23 +475,16 @@ impl<'a> Engine<'a> {
         match self.sparse.as_mut() {
             Some(s) => s.set(opts),
             None if opts.mode == FfnMode::Dense => Ok(()),
-            None => Err(SparsityError(
-                "this engine was booted dense; boot it with a sparse mode for bundles".into(),
-            )),
+            None => Err(SparsityError::BootedDense),
         }
     }
 
     /// `out = down_l v` for a dense engine's layer `l`, in f64 over the dequantized rows
     /// (calibration: not the decode path; allocates one row).
-    pub fn ffn_down_exact(&self, l: usize, v: &[f32], out: &mut [f32]) -> Result<(), String> {
+    pub fn ffn_down_exact(&self, l: usize, v: &[f32], out: &mut [f32]) -> Result<(), EngineError> {
         let down = match &self.layers[l].ffn {
             LayerFfn::Dense { down, .. } if self.precision == Precision::Native => down,
-            _ => {
-                return Err(
-                    "the exact down product needs a dense engine at the model's own precision"
-                        .into(),
-                )
-            }
+            _ => return Err(EngineError::ExactDownNeedsDense),
         };
         assert_eq!(
             (v.len(), out.len()),

@@ -3,6 +3,7 @@
 //! `--ppl-stride 0` and no BOS; the figures in the issues are measured this way).
 
 use super::Decoder;
+use std::fmt;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Perplexity {
@@ -13,6 +14,44 @@ pub struct Perplexity {
     pub per_window: Vec<f64>,
 }
 
+/// Why perplexity could not be measured.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PerplexityError {
+    /// A window of fewer than 2 tokens scores nothing.
+    WindowTooSmall(usize),
+    /// A window larger than the engine's context.
+    WindowOverContext { ctx: usize, context: usize },
+    /// A text shorter than one window.
+    TextTooShort { tokens: usize, ctx: usize },
+}
+
+impl fmt::Display for PerplexityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PerplexityError::WindowTooSmall(ctx) => {
+                write!(f, "--ctx must be at least 2, got {ctx}")
+            }
+            PerplexityError::WindowOverContext { ctx, context } => write!(
+                f,
+                "--ctx {ctx} is larger than the engine's context of {context}"
+            ),
+            PerplexityError::TextTooShort { tokens, ctx } => write!(
+                f,
+                "the text has {tokens} tokens, fewer than one window of {ctx}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PerplexityError {}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<PerplexityError> for String {
+    fn from(e: PerplexityError) -> String {
+        e.to_string()
+    }
+}
+
 /// `tokens` are the text's tokens; `ctx` must fit the engine's context. `chunks` caps the number
 /// of windows (0 = all that fit). `progress` is told each finished window's perplexity.
 pub fn perplexity(
@@ -21,25 +60,25 @@ pub fn perplexity(
     ctx: usize,
     chunks: usize,
     progress: &mut dyn FnMut(usize, f64),
-) -> Result<Perplexity, String> {
+) -> Result<Perplexity, PerplexityError> {
     if ctx < 2 {
-        return Err(format!("--ctx must be at least 2, got {ctx}"));
+        return Err(PerplexityError::WindowTooSmall(ctx));
     }
     if ctx > engine.context() {
-        return Err(format!(
-            "--ctx {ctx} is larger than the engine's context of {}",
-            engine.context()
-        ));
+        return Err(PerplexityError::WindowOverContext {
+            ctx,
+            context: engine.context(),
+        });
     }
     let mut windows = tokens.len() / ctx;
     if chunks > 0 {
         windows = windows.min(chunks);
     }
     if windows == 0 {
-        return Err(format!(
-            "the text has {} tokens, fewer than one window of {ctx}",
-            tokens.len()
-        ));
+        return Err(PerplexityError::TextTooShort {
+            tokens: tokens.len(),
+            ctx,
+        });
     }
     let mut total_nll = 0.0f64;
     let mut per_window = Vec::with_capacity(windows);

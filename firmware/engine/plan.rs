@@ -183,7 +183,7 @@ impl Engine<'_> {
         let emb = Role::EmbedOrOutput;
         // Each layer matrix's role, by its full name (the first and last layer keep more bits).
         let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
-        opts.ffn.check(h.n_layers).map_err(EngineError::Options)?;
+        opts.ffn.check(h.n_layers)?;
         let sparse = opts.ffn.mode != FfnMode::Dense;
         if let Some(t) = &opts.tap {
             if sparse {
@@ -231,8 +231,7 @@ impl Engine<'_> {
                     t("ffn_up.weight")?,
                     t("ffn_down.weight")?,
                 );
-                Bundles::plan(&mut ffn, &g, &u, &d, opts.ffn.bundle_down)
-                    .map_err(EngineError::Unsupported)?;
+                Bundles::plan(&mut ffn, &g, &u, &d, opts.ffn.bundle_down)?;
             } else {
                 for n in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
                     ffn.add_bytes(placer.bytes(&model.tensor(&layer_name(i, n))?, role(i, n)));

@@ -1,6 +1,8 @@
 //! Choosing the next token from the logits: greedy, or temperature with top-k and top-p, from a
 //! seeded generator. Works in a sort buffer handed out at boot, so it allocates nothing.
 
+use std::fmt;
+
 /// How to sample. `temperature == 0` is greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplerConfig {
@@ -25,17 +27,43 @@ impl Default for SamplerConfig {
 
 impl SamplerConfig {
     /// Refuses values no sampler can honour, naming the field.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SamplerError> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be a finite number >= 0, got {}",
-                self.temperature
-            ));
+            return Err(SamplerError::Temperature(self.temperature));
         }
         if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(SamplerError::TopP(self.top_p));
         }
         Ok(())
+    }
+}
+
+/// A sampler setting no sampler can honour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SamplerError {
+    /// Negative or not finite.
+    Temperature(f32),
+    /// Outside (0, 1].
+    TopP(f32),
+}
+
+impl fmt::Display for SamplerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SamplerError::Temperature(t) => {
+                write!(f, "temperature must be a finite number >= 0, got {t}")
+            }
+            SamplerError::TopP(p) => write!(f, "top_p must be in (0, 1], got {p}"),
+        }
+    }
+}
+
+impl std::error::Error for SamplerError {}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<SamplerError> for String {
+    fn from(e: SamplerError) -> String {
+        e.to_string()
     }
 }
 
@@ -221,10 +249,16 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        assert!(cfg(-1.0, 0, 1.0, 0).check().is_err());
-        assert!(cfg(f32::NAN, 0, 1.0, 0).check().is_err());
-        assert!(cfg(1.0, 0, 0.0, 0).check().is_err());
-        assert!(cfg(1.0, 0, 1.5, 0).check().is_err());
+        assert_eq!(
+            cfg(-1.0, 0, 1.0, 0).check(),
+            Err(SamplerError::Temperature(-1.0))
+        );
+        assert!(matches!(
+            cfg(f32::NAN, 0, 1.0, 0).check(),
+            Err(SamplerError::Temperature(_))
+        ));
+        assert_eq!(cfg(1.0, 0, 0.0, 0).check(), Err(SamplerError::TopP(0.0)));
+        assert_eq!(cfg(1.0, 0, 1.5, 0).check(), Err(SamplerError::TopP(1.5)));
         assert!(cfg(0.7, 40, 0.9, 0).check().is_ok());
     }
 }

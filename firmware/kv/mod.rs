@@ -18,6 +18,10 @@
 //! the int8 query and key, scaled once per group; SV: f32 weights times int8 values), so a mixed
 //! chain gives bit-identical results to a single-layout cache.
 
+mod error;
+
+pub use error::KvError;
+
 use crate::ops::softmax;
 use serde::{Deserialize, Serialize};
 
@@ -210,11 +214,14 @@ impl CostModel {
     }
 
     /// A clear error for values no calibration gives.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), KvError> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         let bw_ok = self.bandwidth.is_finite() && self.bandwidth > 0.0;
         if !(ok(self.alpha1) && ok(self.alpha2) && ok(self.margin) && bw_ok) {
-            return Err(format!("kvcost table holds invalid constants: {self:?}"));
+            return Err(KvError::InvalidConstants {
+                path: None,
+                constants: *self,
+            });
         }
         Ok(())
     }
@@ -784,24 +791,30 @@ pub fn policy_from(
     model: &crate::model::ModelFile,
     table: Option<&std::path::Path>,
     layout: &str,
-) -> Result<Policy, String> {
+) -> Result<Policy, KvError> {
     let fixed = match layout {
         "adaptive" => None,
         "token-major" => Some(Layout::TokenMajor),
         "head-tiles" => Some(Layout::HeadTiles),
-        _ => {
-            return Err(format!(
-                "unknown KV layout '{layout}' (expected adaptive, token-major or head-tiles)"
-            ))
-        }
+        _ => return Err(KvError::UnknownLayout(layout.into())),
     };
     let model_cost = match table {
         None => CostModel::default(),
         Some(p) => {
             let id = crate::tables::model_identity(model);
-            let m: CostModel = crate::tables::read(p, TABLE_KIND, TABLE_VERSION, id)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
-            m.check().map_err(|e| format!("{}: {e}", p.display()))?;
+            let m: CostModel =
+                crate::tables::read(p, TABLE_KIND, TABLE_VERSION, id).map_err(|source| {
+                    KvError::Table {
+                        path: p.to_path_buf(),
+                        source,
+                    }
+                })?;
+            if m.check().is_err() {
+                return Err(KvError::InvalidConstants {
+                    path: Some(p.to_path_buf()),
+                    constants: m,
+                });
+            }
             m
         }
     };

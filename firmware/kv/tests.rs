@@ -302,7 +302,12 @@ fn cost_model_prefers_token_major_short_and_tiles_long() {
         bandwidth: 0.0,
         ..m
     };
-    assert!(bad.check().unwrap_err().contains("invalid"));
+    let e = bad.check().unwrap_err();
+    assert!(
+        matches!(e, KvError::InvalidConstants { path: None, constants } if constants == bad),
+        "{e}"
+    );
+    assert!(e.to_string().contains("invalid"), "{e}");
 }
 
 #[test]
@@ -331,4 +336,67 @@ fn int8_kv_rule() {
     }
     assert!(!int8_kv(Precision::Native, false, 64, MAX_HEAD_DIM));
     assert!(!int8_kv(Precision::F16, false, 64, MAX_HEAD_DIM));
+}
+
+/// `policy_from` says which part of the request is wrong: the layout's name, the table file
+/// (kept as its source), or the constants inside a table that reads.
+#[test]
+fn policy_refusals_say_what_is_wrong() {
+    let model = crate::model::ModelFile::from_bytes(
+        crate::model::tests::tiny("llama", false, true).build(),
+    )
+    .unwrap();
+    assert!(matches!(
+        policy_from(&model, None, "diagonal"),
+        Err(KvError::UnknownLayout(l)) if l == "diagonal"
+    ));
+    assert!(matches!(
+        policy_from(&model, None, "head-tiles"),
+        Ok(Policy::Fixed(Layout::HeadTiles))
+    ));
+
+    let dir = std::env::temp_dir().join(format!("leanstream-kvcost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let id = crate::tables::model_identity(&model);
+    let other = dir.join("other.kvcost");
+    crate::tables::write(
+        &other,
+        TABLE_KIND,
+        TABLE_VERSION,
+        id ^ 1,
+        &CostModel::default(),
+    )
+    .unwrap();
+    let e = policy_from(&model, Some(&other), "adaptive").unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            KvError::Table {
+                source: crate::tables::TableError::OtherModel { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(std::error::Error::source(&e).is_some());
+
+    let invalid = dir.join("invalid.kvcost");
+    let negative = CostModel {
+        alpha1: -1.0,
+        ..CostModel::default()
+    };
+    crate::tables::write(&invalid, TABLE_KIND, TABLE_VERSION, id, &negative).unwrap();
+    let e = policy_from(&model, Some(&invalid), "adaptive").unwrap_err();
+    assert!(
+        matches!(&e, KvError::InvalidConstants { path: Some(p), constants } if p == &invalid && *constants == negative),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with(&format!(
+            "{}: kvcost table holds invalid constants",
+            invalid.display()
+        )),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -386,11 +386,13 @@ fn gguf_hyper(g: &gguf::Gguf) -> Result<Hyper, FormatError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::gguf::build::Builder;
     use super::*;
 
-    fn tiny(arch: &str, bias: bool, tied: bool) -> Builder {
+    /// A one-layer model of width 8 and 12 FFN neurons, all weights zero (other modules' tests
+    /// open it with `ModelFile::from_bytes(tiny(..).build())`).
+    pub(crate) fn tiny(arch: &str, bias: bool, tied: bool) -> Builder {
         let (d, f, v, nh, nkv) = (8u64, 12u64, 5u64, 2u32, 1u32);
         let kv = d / nh as u64 * nkv as u64;
         let mut b = Builder::default();

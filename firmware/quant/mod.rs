@@ -69,6 +69,37 @@ pub const SWIZZLE_ROWS: usize = 32;
 /// Bytes of one swizzled tile (32 rows x one group).
 pub const SWIZZLE_TILE_BYTES: usize = SWIZZLE_ROWS * W4_GROUP_BYTES;
 
+/// A precision or packing name this build does not know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuantError {
+    UnknownPrecision(String),
+    UnknownPacking(String),
+}
+
+impl fmt::Display for QuantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuantError::UnknownPrecision(s) => write!(
+                f,
+                "unknown precision '{s}' (expected native, f16, w8a8 or w4a8)"
+            ),
+            QuantError::UnknownPacking(s) => write!(
+                f,
+                "unknown packing '{s}' (expected contiguous, interleaved or swizzled)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QuantError {}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<QuantError> for String {
+    fn from(e: QuantError) -> String {
+        e.to_string()
+    }
+}
+
 /// The precision an engine runs in (`--precision`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {
@@ -88,17 +119,13 @@ impl Precision {
         Precision::W4a8,
     ];
 
-    pub fn parse(s: &str) -> Result<Precision, String> {
+    pub fn parse(s: &str) -> Result<Precision, QuantError> {
         Ok(match s {
             "native" => Precision::Native,
             "f16" => Precision::F16,
             "w8a8" => Precision::W8a8,
             "w4a8" => Precision::W4a8,
-            _ => {
-                return Err(format!(
-                    "unknown precision '{s}' (expected native, f16, w8a8 or w4a8)"
-                ))
-            }
+            _ => return Err(QuantError::UnknownPrecision(s.into())),
         })
     }
 
@@ -137,16 +164,12 @@ pub enum Packing {
 impl Packing {
     pub const ALL: [Packing; 3] = [Packing::Contiguous, Packing::Interleaved, Packing::Swizzled];
 
-    pub fn parse(s: &str) -> Result<Packing, String> {
+    pub fn parse(s: &str) -> Result<Packing, QuantError> {
         Ok(match s {
             "contiguous" => Packing::Contiguous,
             "interleaved" => Packing::Interleaved,
             "swizzled" => Packing::Swizzled,
-            _ => {
-                return Err(format!(
-                    "unknown packing '{s}' (expected contiguous, interleaved or swizzled)"
-                ))
-            }
+            _ => return Err(QuantError::UnknownPacking(s.into())),
         })
     }
 

@@ -44,12 +44,12 @@ fn parses_names_and_refuses_unknown() {
     for p in Packing::ALL {
         assert_eq!(Packing::parse(p.name()).unwrap(), p);
     }
-    assert!(Precision::parse("w2a8")
-        .unwrap_err()
-        .contains("unknown precision 'w2a8'"));
-    assert!(Packing::parse("zigzag")
-        .unwrap_err()
-        .contains("unknown packing 'zigzag'"));
+    let e = Precision::parse("w2a8").unwrap_err();
+    assert_eq!(e, QuantError::UnknownPrecision("w2a8".into()));
+    assert!(e.to_string().contains("unknown precision 'w2a8'"), "{e}");
+    let e = Packing::parse("zigzag").unwrap_err();
+    assert_eq!(e, QuantError::UnknownPacking("zigzag".into()));
+    assert!(e.to_string().contains("unknown packing 'zigzag'"), "{e}");
 }
 
 #[test]

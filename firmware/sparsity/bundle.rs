@@ -29,6 +29,7 @@ use crate::boot::{BootError, Carver, Plan};
 use crate::model::ggml::{dequantize_row, f32_to_f16, quantize_row_q8_0, GgmlType, QK};
 use crate::model::TensorRef;
 use crate::quant::view::{Rows, Tile};
+use std::fmt;
 
 /// One layer's FFN as neuron bundles, in the FFN arena.
 #[derive(Clone, Copy, Debug)]
@@ -96,13 +97,67 @@ fn held_as_tiles(down: GgmlType, how: BundleDown) -> bool {
     how == BundleDown::Tiles && !matches!(down, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
-fn seg_bytes(ty: GgmlType, dim: usize, what: &str) -> Result<usize, String> {
-    ty.row_bytes(dim).ok_or_else(|| {
-        format!(
-            "{what} rows of {dim} values are not whole {} blocks",
-            ty.name()
-        )
-    })
+/// Why a layer's FFN cannot be held as bundles.
+#[derive(Debug)]
+pub enum BundleError {
+    /// gate, up and down (rows x cols) are not one FFN.
+    Shapes {
+        gate: (usize, usize),
+        up: (usize, usize),
+        down: (usize, usize),
+    },
+    /// A model width that is not a multiple of 32.
+    Width(usize),
+    /// `what` rows of `dim` values are not whole blocks of `ty`.
+    PartialBlocks {
+        what: &'static str,
+        dim: usize,
+        ty: GgmlType,
+    },
+    /// The FFN arena is short.
+    Arena(BootError),
+}
+
+impl fmt::Display for BundleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BundleError::Shapes { gate, up, down } => write!(
+                f,
+                "FFN shapes disagree: gate {}x{}, up {}x{}, down {}x{}",
+                gate.0, gate.1, up.0, up.1, down.0, down.1
+            ),
+            BundleError::Width(dim) => write!(
+                f,
+                "bundles need a model width that is a multiple of 32, not {dim}"
+            ),
+            BundleError::PartialBlocks { what, dim, ty } => write!(
+                f,
+                "{what} rows of {dim} values are not whole {} blocks",
+                ty.name()
+            ),
+            BundleError::Arena(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for BundleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BundleError::Arena(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<BootError> for BundleError {
+    fn from(e: BootError) -> Self {
+        BundleError::Arena(e)
+    }
+}
+
+fn seg_bytes(ty: GgmlType, dim: usize, what: &'static str) -> Result<usize, BundleError> {
+    ty.row_bytes(dim)
+        .ok_or(BundleError::PartialBlocks { what, dim, ty })
 }
 
 /// Neurons per tile of bundles (a power of two and a multiple of 4, the kernels' row group).
@@ -115,18 +170,17 @@ fn layout(
     up: &TensorRef,
     down: &TensorRef,
     how: BundleDown,
-) -> Result<(usize, usize, usize, usize, usize), String> {
+) -> Result<(usize, usize, usize, usize, usize), BundleError> {
     let dim = gate.cols;
     if up.cols != dim || down.rows != dim || gate.rows != up.rows || down.cols != gate.rows {
-        return Err(format!(
-            "FFN shapes disagree: gate {}x{}, up {}x{}, down {}x{}",
-            gate.rows, gate.cols, up.rows, up.cols, down.rows, down.cols
-        ));
+        return Err(BundleError::Shapes {
+            gate: (gate.rows, gate.cols),
+            up: (up.rows, up.cols),
+            down: (down.rows, down.cols),
+        });
     }
     if !dim.is_multiple_of(QK) {
-        return Err(format!(
-            "bundles need a model width that is a multiple of 32, not {dim}"
-        ));
+        return Err(BundleError::Width(dim));
     }
     let g = seg_bytes(gate.ty, dim, "gate")?;
     let u = seg_bytes(up.ty, dim, "up")?;
@@ -148,25 +202,24 @@ impl<'a> Bundles<'a> {
         up: &TensorRef,
         down: &TensorRef,
         how: BundleDown,
-    ) -> Result<(), String> {
+    ) -> Result<(), BundleError> {
         let (.., tile_bytes) = layout(gate, up, down, how)?;
         plan.add_bytes(tile_bytes * gate.rows.div_ceil(TILE));
         Ok(())
     }
 
     /// Builds one layer's bundles in the arena: gate and up rows copied, down columns gathered
-    /// and quantized. `Err(Ok(msg))` for a model the bundles cannot hold, `Err(Err(boot))` when
-    /// the arena is short.
+    /// and quantized. Refuses a model the bundles cannot hold, and an arena that is short.
     pub fn build(
         c: &mut Carver<'a>,
         gate: &TensorRef,
         up: &TensorRef,
         down: &TensorRef,
         how: BundleDown,
-    ) -> Result<Bundles<'a>, Result<String, BootError>> {
-        let (gb, ub, db, down_at, tile_bytes) = layout(gate, up, down, how).map_err(Ok)?;
+    ) -> Result<Bundles<'a>, BundleError> {
+        let (gb, ub, db, down_at, tile_bytes) = layout(gate, up, down, how)?;
         let (n, dim) = (gate.rows, gate.cols);
-        let data = c.take::<u8>(tile_bytes * n.div_ceil(TILE)).map_err(Err)?;
+        let data = c.take::<u8>(tile_bytes * n.div_ceil(TILE))?;
         // Where each part of neuron j's bundle starts.
         let at = |j: usize, part: usize, bytes: usize| {
             (j / TILE) * tile_bytes + part + (j % TILE) * bytes

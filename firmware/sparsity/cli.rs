@@ -1,7 +1,7 @@
 //! The sparsity options shared by `leanstream` (generate, perplexity, bench) and `leanstreamd`.
 
-use super::thresholds::{find_default, ThresholdTable};
-use super::{check_sparsity, BundleDown, FfnMode, FfnOptions, Score};
+use super::thresholds::{find_default, ThresholdTable, ThresholdsError};
+use super::{parse_sparsity, BundleDown, FfnMode, FfnOptions, Score, SparsityError};
 use crate::model::ModelFile;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -39,15 +39,15 @@ pub struct SparsityArgs {
 
 fn list<T>(
     s: &str,
-    what: &str,
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Vec<T>, String> {
+    what: &'static str,
+    parse: impl Fn(&str) -> Result<T, SparsityError>,
+) -> Result<Vec<T>, SparsityError> {
     let v: Vec<T> = s
         .split(',')
         .map(|p| parse(p.trim()))
         .collect::<Result<_, _>>()?;
     if v.is_empty() {
-        return Err(format!("no {what} given"));
+        return Err(SparsityError::NoneGiven(what));
     }
     Ok(v)
 }
@@ -55,26 +55,24 @@ fn list<T>(
 impl SparsityArgs {
     /// Every configuration the lists name: each mode, and for sparse modes each score and
     /// sparsity (dense once). Thresholds are read only when a mode needs them.
-    pub fn configs(&self, model_path: &Path, model: &ModelFile) -> Result<Vec<FfnOptions>, String> {
+    pub fn configs(
+        &self,
+        model_path: &Path,
+        model: &ModelFile,
+    ) -> Result<Vec<FfnOptions>, SparsityError> {
         let modes = list(&self.ffn, "--ffn mode", |s| s.parse::<FfnMode>())?;
         let scores = list(&self.score, "--score", |s| s.parse::<Score>())?;
-        let sparsities = list(&self.sparsity, "--sparsity", |s| {
-            let v: f32 = s
-                .parse()
-                .map_err(|_| format!("sparsity '{s}' is not a number"))?;
-            check_sparsity(v)?;
-            Ok(v)
-        })?;
+        let sparsities = list(&self.sparsity, "--sparsity", parse_sparsity)?;
         let bundle_down: BundleDown = self.bundle_down.parse()?;
         // A table given is checked against the model whatever the modes (dense and topk do not
         // use it, but a wrong one is a mistake to say, not to ignore).
         let mut table: Option<ThresholdTable> = match &self.thresholds {
             Some(path) if !path.is_file() => {
-                return Err(format!(
-                    "{}: thresholds table not found (make one with `leanstream calibrate --model {} --file TEXT --sparsity S`)",
-                    path.display(),
-                    model_path.display()
-                ))
+                return Err(ThresholdsError::Missing {
+                    path: path.clone(),
+                    model: model_path.to_path_buf(),
+                }
+                .into())
             }
             Some(path) => Some(ThresholdTable::load(path, model)?),
             None => None,
@@ -116,14 +114,99 @@ impl SparsityArgs {
     }
 
     /// Exactly one configuration (generate, the daemon).
-    pub fn single(&self, model_path: &Path, model: &ModelFile) -> Result<FfnOptions, String> {
+    pub fn single(
+        &self,
+        model_path: &Path,
+        model: &ModelFile,
+    ) -> Result<FfnOptions, SparsityError> {
         let mut c = self.configs(model_path, model)?;
         if c.len() != 1 {
-            return Err(format!(
-                "give one --ffn, --score and --sparsity here ({} configurations named)",
-                c.len()
-            ));
+            return Err(SparsityError::NotOne(c.len()));
         }
         Ok(c.pop().unwrap())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::tiny;
+    use crate::sparsity::thresholds::tests::table;
+    use crate::tables::TableError;
+
+    fn args(ffn: &str, sparsity: &str, thresholds: Option<PathBuf>) -> SparsityArgs {
+        SparsityArgs {
+            ffn: ffn.into(),
+            sparsity: sparsity.into(),
+            score: "glu".into(),
+            thresholds,
+            bundle_down: "tiles".into(),
+            dropped_mean: "on".into(),
+        }
+    }
+
+    /// A bad spec is refused as what it is: a sparsity out of range, a table that is not
+    /// there, one made for another model, several configurations where one is needed.
+    #[test]
+    fn bad_specs_are_refused_as_what_they_are() {
+        let dir = std::env::temp_dir().join(format!("leanstream-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model_path = dir.join("tiny-without-table.gguf");
+        let model = ModelFile::from_bytes(tiny("llama", false, true).build()).unwrap();
+
+        let e = args("topk", "0.5, 1.5", None)
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(matches!(e, SparsityError::OutOfRange(v) if v == 1.5), "{e}");
+        assert!(matches!(
+            args("topk,dense", "0.5", None).single(&model_path, &model),
+            Err(SparsityError::NotOne(2))
+        ));
+        assert_eq!(
+            args("topk,dense", "0.5,0.7", None)
+                .configs(&model_path, &model)
+                .unwrap()
+                .len(),
+            3
+        );
+
+        let absent = dir.join("absent.thresh");
+        let e = args("oracle", "0.5", Some(absent.clone()))
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(&e, SparsityError::Thresholds(ThresholdsError::Missing { path, .. }) if path == &absent),
+            "{e}"
+        );
+        let e = args("oracle", "0.5", None)
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SparsityError::Thresholds(ThresholdsError::NotFound { .. })
+            ),
+            "{e}"
+        );
+
+        // A table given is checked against the model even where the mode does not use it.
+        // `tiny`: 1 layer, width 8, 12 neurons.
+        let other = ModelFile::from_bytes(tiny("qwen2", true, false).build()).unwrap();
+        let path = dir.join("qwen.thresh");
+        table(1, 12, 8).save(&path, &other).unwrap();
+        let e = args("topk", "0.5", Some(path))
+            .configs(&model_path, &model)
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                SparsityError::Thresholds(ThresholdsError::Table {
+                    source: TableError::OtherModel { .. },
+                    ..
+                })
+            ),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

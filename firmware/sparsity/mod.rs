@@ -21,8 +21,8 @@ pub mod cli;
 pub mod thresholds;
 pub mod tiles;
 
-pub use bundle::Bundles;
-pub use thresholds::{DroppedMean, ThresholdLevel, ThresholdTable};
+pub use bundle::{BundleError, Bundles};
+pub use thresholds::{DroppedMean, ThresholdLevel, ThresholdTable, ThresholdsError};
 
 use std::fmt;
 use std::str::FromStr;
@@ -50,15 +50,13 @@ impl FfnMode {
 }
 
 impl FromStr for FfnMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<FfnMode, String> {
+    type Err = SparsityError;
+    fn from_str(s: &str) -> Result<FfnMode, SparsityError> {
         match s {
             "dense" => Ok(FfnMode::Dense),
             "oracle" => Ok(FfnMode::Oracle),
             "topk" => Ok(FfnMode::TopK),
-            _ => Err(format!(
-                "unknown FFN mode '{s}': expected dense, oracle or topk"
-            )),
+            _ => Err(SparsityError::UnknownMode(s.into())),
         }
     }
 }
@@ -83,29 +81,29 @@ impl Score {
 }
 
 impl FromStr for Score {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Score, String> {
+    type Err = SparsityError;
+    fn from_str(s: &str) -> Result<Score, SparsityError> {
         match s {
             "glu" => Ok(Score::Glu),
             "gate" => Ok(Score::Gate),
-            _ => Err(format!("unknown score '{s}': expected glu or gate")),
+            _ => Err(SparsityError::UnknownScore(s.into())),
         }
     }
 }
 
 /// A sparsity S: the fraction of neurons dropped, in [0, 1).
-pub fn parse_sparsity(s: &str) -> Result<f32, String> {
+pub fn parse_sparsity(s: &str) -> Result<f32, SparsityError> {
     let v: f32 = s
         .trim()
         .parse()
-        .map_err(|_| format!("sparsity '{s}' is not a number"))?;
+        .map_err(|_| SparsityError::NotANumber(s.into()))?;
     check_sparsity(v)?;
     Ok(v)
 }
 
-pub fn check_sparsity(v: f32) -> Result<(), String> {
+pub fn check_sparsity(v: f32) -> Result<(), SparsityError> {
     if !(0.0..1.0).contains(&v) {
-        return Err(format!("sparsity {v} is outside [0, 1)"));
+        return Err(SparsityError::OutOfRange(v));
     }
     Ok(())
 }
@@ -124,15 +122,13 @@ pub enum BundleDown {
 }
 
 impl FromStr for BundleDown {
-    type Err = String;
-    fn from_str(s: &str) -> Result<BundleDown, String> {
+    type Err = SparsityError;
+    fn from_str(s: &str) -> Result<BundleDown, SparsityError> {
         match s {
             "tiles" => Ok(BundleDown::Tiles),
             "q8" => Ok(BundleDown::AtLeast8Bit),
             "model" => Ok(BundleDown::Model),
-            _ => Err(format!(
-                "unknown --bundle-down '{s}': expected tiles, q8 or model"
-            )),
+            _ => Err(SparsityError::UnknownBundleDown(s.into())),
         }
     }
 }
@@ -155,23 +151,21 @@ pub struct FfnOptions {
 
 impl FfnOptions {
     /// Checks the options against a model of `n_layers`.
-    pub fn check(&self, n_layers: usize) -> Result<(), String> {
+    pub fn check(&self, n_layers: usize) -> Result<(), SparsityError> {
         check_sparsity(self.sparsity)?;
         match self.mode {
             FfnMode::Oracle => match &self.thresholds {
-                None => Err("oracle mode needs thresholds (leanstream calibrate)".into()),
-                Some(t) if t.len() != n_layers => Err(format!(
-                    "{} thresholds for a model of {n_layers} layers",
-                    t.len()
-                )),
+                None => Err(SparsityError::NoThresholds),
+                Some(t) if t.len() != n_layers => Err(SparsityError::ThresholdCount {
+                    found: t.len(),
+                    layers: n_layers,
+                }),
                 Some(t) if t.iter().any(|v| !v.is_finite() || *v < 0.0) => {
-                    Err("thresholds must be finite and non-negative".into())
+                    Err(SparsityError::BadThreshold)
                 }
                 Some(_) => Ok(()),
             },
-            _ if self.dropped.is_some() => {
-                Err("dropped-neuron means go with thresholds (oracle mode)".into())
-            }
+            _ if self.dropped.is_some() => Err(SparsityError::DroppedWithoutThresholds),
             _ => Ok(()),
         }
     }
@@ -185,17 +179,121 @@ impl FfnOptions {
     }
 }
 
-/// Why sparsity options could not be applied.
+/// Why sparsity options could not be parsed, checked or applied.
 #[derive(Debug)]
-pub struct SparsityError(pub String);
+pub enum SparsityError {
+    /// `--ffn` names no mode.
+    UnknownMode(String),
+    /// `--score` names no score.
+    UnknownScore(String),
+    /// `--bundle-down` names no precision.
+    UnknownBundleDown(String),
+    /// A sparsity that does not parse as a number.
+    NotANumber(String),
+    /// A sparsity outside [0, 1).
+    OutOfRange(f32),
+    /// A list option (`--ffn`, `--score`, `--sparsity`) that names nothing.
+    NoneGiven(&'static str),
+    /// One configuration is needed (generate, the daemon) and the lists name this many.
+    NotOne(usize),
+    /// Oracle mode without thresholds.
+    NoThresholds,
+    /// Thresholds for another number of layers.
+    ThresholdCount { found: usize, layers: usize },
+    /// A threshold that is negative or not finite.
+    BadThreshold,
+    /// Dropped-neuron means outside oracle mode.
+    DroppedWithoutThresholds,
+    /// Dropped-neuron means of `mean` and `offset` values where the engine holds `want_mean`
+    /// and `want_offset`.
+    DroppedSize {
+        mean: usize,
+        offset: usize,
+        want_mean: usize,
+        want_offset: usize,
+    },
+    /// Sparse options for an engine booted dense (it has no bundles).
+    BootedDense,
+    /// Dense options for an engine booted sparse (it has no matrices).
+    BootedSparse,
+    /// The thresholds table could not be found, read or used.
+    Thresholds(ThresholdsError),
+}
 
 impl fmt::Display for SparsityError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            SparsityError::UnknownMode(s) => {
+                write!(f, "unknown FFN mode '{s}': expected dense, oracle or topk")
+            }
+            SparsityError::UnknownScore(s) => {
+                write!(f, "unknown score '{s}': expected glu or gate")
+            }
+            SparsityError::UnknownBundleDown(s) => {
+                write!(f, "unknown --bundle-down '{s}': expected tiles, q8 or model")
+            }
+            SparsityError::NotANumber(s) => write!(f, "sparsity '{s}' is not a number"),
+            SparsityError::OutOfRange(v) => write!(f, "sparsity {v} is outside [0, 1)"),
+            SparsityError::NoneGiven(what) => write!(f, "no {what} given"),
+            SparsityError::NotOne(n) => write!(
+                f,
+                "give one --ffn, --score and --sparsity here ({n} configurations named)"
+            ),
+            SparsityError::NoThresholds => {
+                write!(f, "oracle mode needs thresholds (leanstream calibrate)")
+            }
+            SparsityError::ThresholdCount { found, layers } => {
+                write!(f, "{found} thresholds for a model of {layers} layers")
+            }
+            SparsityError::BadThreshold => {
+                write!(f, "thresholds must be finite and non-negative")
+            }
+            SparsityError::DroppedWithoutThresholds => {
+                write!(f, "dropped-neuron means go with thresholds (oracle mode)")
+            }
+            SparsityError::DroppedSize {
+                mean,
+                offset,
+                want_mean,
+                want_offset,
+            } => write!(
+                f,
+                "dropped-neuron means of {mean} and {offset} values for {want_mean} and {want_offset}"
+            ),
+            SparsityError::BootedDense => write!(
+                f,
+                "this engine was booted dense; boot it with a sparse mode for bundles"
+            ),
+            SparsityError::BootedSparse => write!(
+                f,
+                "this engine was booted sparse (bundles); boot another for dense"
+            ),
+            SparsityError::Thresholds(e) => write!(f, "{e}"),
+        }
     }
 }
 
-impl std::error::Error for SparsityError {}
+impl std::error::Error for SparsityError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SparsityError::Thresholds(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ThresholdsError> for SparsityError {
+    fn from(e: ThresholdsError) -> Self {
+        SparsityError::Thresholds(e)
+    }
+}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<SparsityError> for String {
+    fn from(e: SparsityError) -> String {
+        e.to_string()
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -204,17 +302,35 @@ mod tests {
     #[test]
     fn parses_modes_scores_and_sparsities() {
         assert_eq!("oracle".parse::<FfnMode>().unwrap(), FfnMode::Oracle);
-        assert!("sparse"
-            .parse::<FfnMode>()
-            .unwrap_err()
-            .contains("dense, oracle or topk"));
+        let e = "sparse".parse::<FfnMode>().unwrap_err();
+        assert!(matches!(&e, SparsityError::UnknownMode(m) if m == "sparse"));
+        assert!(e.to_string().contains("dense, oracle or topk"), "{e}");
         assert_eq!("gate".parse::<Score>().unwrap(), Score::Gate);
-        assert!("relu".parse::<Score>().is_err());
+        assert!(matches!(
+            "relu".parse::<Score>(),
+            Err(SparsityError::UnknownScore(_))
+        ));
+        assert!(matches!(
+            "q2".parse::<BundleDown>(),
+            Err(SparsityError::UnknownBundleDown(_))
+        ));
         assert_eq!(parse_sparsity("0.5").unwrap(), 0.5);
         assert_eq!(parse_sparsity("0").unwrap(), 0.0);
-        for bad in ["1", "1.5", "-0.1", "NaN", "x"] {
-            assert!(parse_sparsity(bad).is_err(), "{bad}");
+        for bad in ["1", "1.5", "-0.1"] {
+            assert!(
+                matches!(parse_sparsity(bad), Err(SparsityError::OutOfRange(_))),
+                "{bad}"
+            );
         }
+        // NaN parses as a number, and is outside [0, 1) like any other.
+        assert!(matches!(
+            parse_sparsity("NaN"),
+            Err(SparsityError::OutOfRange(v)) if v.is_nan()
+        ));
+        assert!(matches!(
+            parse_sparsity("x"),
+            Err(SparsityError::NotANumber(s)) if s == "x"
+        ));
     }
 
     #[test]
@@ -224,13 +340,31 @@ mod tests {
             sparsity: 0.5,
             ..Default::default()
         };
-        assert!(o.check(2).unwrap_err().contains("calibrate"));
+        let e = o.check(2).unwrap_err();
+        assert!(matches!(e, SparsityError::NoThresholds));
+        assert!(e.to_string().contains("calibrate"), "{e}");
         o.thresholds = Some(vec![0.1]);
-        assert!(o.check(2).unwrap_err().contains("2 layers"));
+        assert!(matches!(
+            o.check(2),
+            Err(SparsityError::ThresholdCount {
+                found: 1,
+                layers: 2
+            })
+        ));
         o.thresholds = Some(vec![0.1, f32::NAN]);
-        assert!(o.check(2).is_err());
+        assert!(matches!(o.check(2), Err(SparsityError::BadThreshold)));
         o.thresholds = Some(vec![0.1, 0.2]);
         o.check(2).unwrap();
         assert_eq!(o.label(), "oracle-glu-0.50");
+        let topk = FfnOptions {
+            mode: FfnMode::TopK,
+            sparsity: 0.5,
+            dropped: Some(DroppedMean::default()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            topk.check(2),
+            Err(SparsityError::DroppedWithoutThresholds)
+        ));
     }
 }

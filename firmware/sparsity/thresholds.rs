@@ -17,9 +17,10 @@
 //! linearly inside the bin where the count crosses S. S = 0 gives threshold 0 (every neuron).
 
 use super::Score;
-use crate::model::ModelFile;
-use crate::tables;
+use crate::model::{FormatError, ModelFile};
+use crate::tables::{self, TableError};
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub const KIND: &str = "thresh";
@@ -57,6 +58,102 @@ pub struct DroppedMean {
     pub mean: Vec<f32>,
     /// Per layer and output: down x `mean`.
     pub offset: Vec<f32>,
+}
+
+/// Why a thresholds table could not be found, read, written or used.
+#[derive(Debug)]
+pub enum ThresholdsError {
+    /// None was given and none is at the default places (`looked`, in order).
+    NotFound {
+        model: PathBuf,
+        looked: Vec<PathBuf>,
+    },
+    /// The table given (`--thresholds`) is not a file.
+    Missing { path: PathBuf, model: PathBuf },
+    /// The folder to write the table in could not be made.
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file could not be read or written, or is not a thresholds table of this model.
+    Table { path: PathBuf, source: TableError },
+    /// The model's hyperparameters could not be read.
+    Model(FormatError),
+    /// The table's shapes are not the model's `layers` layers of `neurons` neurons.
+    Mismatch {
+        path: PathBuf,
+        layers: usize,
+        neurons: usize,
+    },
+    /// The table has no level at `sparsity`; it has `have`.
+    NoLevel { sparsity: f32, have: Vec<f32> },
+}
+
+impl fmt::Display for ThresholdsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThresholdsError::NotFound { model, looked } => {
+                let m = model.display();
+                let looked: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "no thresholds table for {m} (looked for {}); make one with `leanstream calibrate --model {m} --file TEXT --sparsity S`, or give --thresholds",
+                    looked.join(", ")
+                )
+            }
+            ThresholdsError::Missing { path, model } => write!(
+                f,
+                "{}: thresholds table not found (make one with `leanstream calibrate --model {} --file TEXT --sparsity S`)",
+                path.display(),
+                model.display()
+            ),
+            ThresholdsError::CreateDir { dir, source } => {
+                write!(f, "{}: {source}", dir.display())
+            }
+            // An I/O error names the file already.
+            ThresholdsError::Table {
+                source: source @ TableError::Io { .. },
+                ..
+            } => write!(f, "{source}"),
+            ThresholdsError::Table { path, source } => write!(f, "{}: {source}", path.display()),
+            ThresholdsError::Model(e) => write!(f, "{e}"),
+            ThresholdsError::Mismatch {
+                path,
+                layers,
+                neurons,
+            } => write!(
+                f,
+                "{}: thresholds do not match the model's {layers} layers of {neurons} neurons",
+                path.display()
+            ),
+            ThresholdsError::NoLevel { sparsity, have } => {
+                let have: Vec<String> = have.iter().map(|s| format!("{s}")).collect();
+                write!(
+                    f,
+                    "no thresholds for sparsity {sparsity} (the table has {}): run leanstream calibrate --sparsity {sparsity}",
+                    have.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ThresholdsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ThresholdsError::CreateDir { source, .. } => Some(source),
+            ThresholdsError::Table { source, .. } => Some(source),
+            ThresholdsError::Model(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<ThresholdsError> for String {
+    fn from(e: ThresholdsError) -> String {
+        e.to_string()
+    }
 }
 
 /// `tables/<model file stem>.thresh`: where `calibrate` writes and the other commands look.
@@ -103,38 +200,41 @@ pub fn default_candidates(model: &Path) -> Vec<PathBuf> {
 
 /// The first of [`default_candidates`] that exists; else an error that names every place looked
 /// at and how to make the table.
-pub fn find_default(model: &Path) -> Result<PathBuf, String> {
+pub fn find_default(model: &Path) -> Result<PathBuf, ThresholdsError> {
     let candidates = default_candidates(model);
     if let Some(p) = candidates.iter().find(|p| p.is_file()) {
         return Ok(p.clone());
     }
-    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
-    Err(format!(
-        "no thresholds table for {} (looked for {}); make one with `leanstream calibrate --model {} --file TEXT --sparsity S`, or give --thresholds",
-        model.display(),
-        looked.join(", "),
-        model.display()
-    ))
+    Err(ThresholdsError::NotFound {
+        model: model.to_path_buf(),
+        looked: candidates,
+    })
 }
 
 impl ThresholdTable {
-    pub fn save(&self, path: &Path, model: &ModelFile) -> Result<(), String> {
+    pub fn save(&self, path: &Path, model: &ModelFile) -> Result<(), ThresholdsError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| ThresholdsError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
-        tables::write(path, KIND, VERSION, tables::model_identity(model), self)
-            .map_err(|e| e.to_string())
+        tables::write(path, KIND, VERSION, tables::model_identity(model), self).map_err(|source| {
+            ThresholdsError::Table {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
     }
 
     /// Loads a table made for `model`; another model's table, or a damaged one, is refused.
-    pub fn load(path: &Path, model: &ModelFile) -> Result<ThresholdTable, String> {
+    pub fn load(path: &Path, model: &ModelFile) -> Result<ThresholdTable, ThresholdsError> {
         let t: ThresholdTable = tables::read(path, KIND, VERSION, tables::model_identity(model))
-            .map_err(|e| match e {
-                // It names the file already.
-                tables::TableError::Io(_) => e.to_string(),
-                _ => format!("{}: {e}", path.display()),
+            .map_err(|source| ThresholdsError::Table {
+                path: path.to_path_buf(),
+                source,
             })?;
-        let h = model.hyper().map_err(|e| e.to_string())?;
+        let h = model.hyper().map_err(ThresholdsError::Model)?;
         let dropped_ok = |d: &DroppedMean| {
             d.mean.len() == h.n_layers * h.hidden_dim
                 && d.offset.len() == h.n_layers * h.dim
@@ -149,18 +249,17 @@ impl ThresholdTable {
                     || !dropped_ok(&l.gate_dropped)
             });
         if bad {
-            return Err(format!(
-                "{}: thresholds do not match the model's {} layers of {} neurons",
-                path.display(),
-                h.n_layers,
-                h.hidden_dim
-            ));
+            return Err(ThresholdsError::Mismatch {
+                path: path.to_path_buf(),
+                layers: h.n_layers,
+                neurons: h.hidden_dim,
+            });
         }
         Ok(t)
     }
 
     /// The per-layer thresholds for `score` at `sparsity` (calibrated to within 1e-4).
-    pub fn thresholds(&self, sparsity: f32, score: Score) -> Result<Vec<f32>, String> {
+    pub fn thresholds(&self, sparsity: f32, score: Score) -> Result<Vec<f32>, ThresholdsError> {
         let l = self.level(sparsity)?;
         Ok(match score {
             Score::Glu => l.glu.clone(),
@@ -169,7 +268,11 @@ impl ThresholdTable {
     }
 
     /// The dropped-neuron means for `score` at `sparsity`.
-    pub fn dropped_mean(&self, sparsity: f32, score: Score) -> Result<DroppedMean, String> {
+    pub fn dropped_mean(
+        &self,
+        sparsity: f32,
+        score: Score,
+    ) -> Result<DroppedMean, ThresholdsError> {
         let l = self.level(sparsity)?;
         Ok(match score {
             Score::Glu => l.glu_dropped.clone(),
@@ -177,46 +280,121 @@ impl ThresholdTable {
         })
     }
 
-    fn level(&self, sparsity: f32) -> Result<&ThresholdLevel, String> {
-        self
-            .levels
+    fn level(&self, sparsity: f32) -> Result<&ThresholdLevel, ThresholdsError> {
+        self.levels
             .iter()
             .find(|l| (l.sparsity - sparsity).abs() < 1e-4)
-            .ok_or_else(|| {
-                let have: Vec<String> =
-                    self.levels.iter().map(|l| format!("{}", l.sparsity)).collect();
-                format!(
-                    "no thresholds for sparsity {sparsity} (the table has {}): run leanstream calibrate --sparsity {sparsity}",
-                    have.join(", ")
-                )
+            .ok_or_else(|| ThresholdsError::NoLevel {
+                sparsity,
+                have: self.levels.iter().map(|l| l.sparsity).collect(),
             })
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::model::tests::tiny;
 
-    #[test]
-    fn missing_levels_are_named() {
-        let t = ThresholdTable {
-            n_layers: 1,
-            hidden: 4,
+    /// A table of one level (sparsity 0.5) for a model of these shapes.
+    pub(crate) fn table(n_layers: usize, hidden: usize, dim: usize) -> ThresholdTable {
+        let dropped = DroppedMean {
+            mean: vec![0.0; n_layers * hidden],
+            offset: vec![0.0; n_layers * dim],
+        };
+        ThresholdTable {
+            n_layers: n_layers as u32,
+            hidden: hidden as u32,
             calibration: String::new(),
             tokens: 0,
             levels: vec![ThresholdLevel {
                 sparsity: 0.5,
-                glu: vec![0.1],
-                gate: vec![0.2],
-                glu_dropped: DroppedMean::default(),
-                gate_dropped: DroppedMean::default(),
+                glu: vec![0.1; n_layers],
+                gate: vec![0.2; n_layers],
+                glu_dropped: dropped.clone(),
+                gate_dropped: dropped,
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn missing_levels_are_named() {
+        let t = table(1, 4, 2);
         assert_eq!(t.thresholds(0.5, Score::Gate).unwrap(), vec![0.2]);
         let e = t.thresholds(0.7, Score::Glu).unwrap_err();
         assert!(
-            e.contains("sparsity 0.7") && e.contains("0.5") && e.contains("calibrate"),
+            matches!(&e, ThresholdsError::NoLevel { sparsity, have } if *sparsity == 0.7 && have == &[0.5]),
             "{e}"
         );
+        let m = e.to_string();
+        assert!(
+            m.contains("sparsity 0.7") && m.contains("0.5") && m.contains("calibrate"),
+            "{m}"
+        );
+    }
+
+    /// Another model's table, a table of other shapes, and a file that is not there are each
+    /// refused as what they are; the I/O error stays the source.
+    #[test]
+    fn tables_for_another_model_or_shape_are_refused() {
+        let dir = std::env::temp_dir().join(format!("leanstream-thresh-{}", std::process::id()));
+        let llama = ModelFile::from_bytes(tiny("llama", false, true).build()).unwrap();
+        let qwen = ModelFile::from_bytes(tiny("qwen2", true, false).build()).unwrap();
+        // `tiny`: 1 layer, width 8, 12 neurons.
+        let good = table(1, 12, 8);
+        let path = dir.join("tiny.thresh");
+        good.save(&path, &llama).unwrap();
+        assert_eq!(ThresholdTable::load(&path, &llama).unwrap(), good);
+
+        let e = ThresholdTable::load(&path, &qwen).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ThresholdsError::Table { path: p, source: TableError::OtherModel { .. } } if p == &path
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("{}: ", path.display())),
+            "{e}"
+        );
+
+        let wide = dir.join("wide.thresh");
+        table(1, 16, 8).save(&wide, &llama).unwrap();
+        assert!(matches!(
+            ThresholdTable::load(&wide, &llama),
+            Err(ThresholdsError::Mismatch {
+                layers: 1,
+                neurons: 12,
+                ..
+            })
+        ));
+
+        let absent = dir.join("absent.thresh");
+        let e = ThresholdTable::load(&absent, &llama).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ThresholdsError::Table {
+                    source: TableError::Io { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // The I/O error names the file once, and is kept, not flattened.
+        assert_eq!(
+            e.to_string()
+                .matches(&*absent.display().to_string())
+                .count(),
+            1,
+            "{e}"
+        );
+        let io = std::error::Error::source(&e)
+            .and_then(std::error::Error::source)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is the source's source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,7 +9,7 @@
 use crate::model::ModelFile;
 use serde::{de::DeserializeOwned, Serialize};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"LSTB";
 const HEADER_BYTES: usize = 4 + 8 + 4 + 8 + 8 + 8;
@@ -17,18 +17,31 @@ const HEADER_BYTES: usize = 4 + 8 + 4 + 8 + 8 + 8;
 /// Why a table could not be loaded.
 #[derive(Debug)]
 pub enum TableError {
-    Io(String),
+    /// The file could not be read or written.
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     NotATable,
-    WrongKind { expected: String, found: String },
-    WrongVersion { expected: u32, found: u32 },
-    OtherModel { expected: u64, found: u64 },
+    WrongKind {
+        expected: String,
+        found: String,
+    },
+    WrongVersion {
+        expected: u32,
+        found: u32,
+    },
+    OtherModel {
+        expected: u64,
+        found: u64,
+    },
     Damaged(String),
 }
 
 impl fmt::Display for TableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TableError::Io(m) => write!(f, "table: {m}"),
+            TableError::Io { path, source } => write!(f, "table: {}: {source}", path.display()),
             TableError::NotATable => write!(f, "not a LeanStream table file (bad magic)"),
             TableError::WrongKind { expected, found } => {
                 write!(f, "table holds '{found}', expected '{expected}'")
@@ -46,7 +59,14 @@ impl fmt::Display for TableError {
     }
 }
 
-impl std::error::Error for TableError {}
+impl std::error::Error for TableError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TableError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 /// FNV-1a, 64-bit: small, dependency-free, good enough to catch damage and mix-ups (not an
 /// adversary).
@@ -183,8 +203,12 @@ pub fn write<T: Serialize>(
     model_id: u64,
     payload: &T,
 ) -> Result<(), TableError> {
-    std::fs::write(path, encode(kind, version, model_id, payload))
-        .map_err(|e| TableError::Io(format!("{}: {e}", path.display())))
+    std::fs::write(path, encode(kind, version, model_id, payload)).map_err(|source| {
+        TableError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 pub fn read<T: DeserializeOwned>(
@@ -193,8 +217,10 @@ pub fn read<T: DeserializeOwned>(
     version: u32,
     model_id: u64,
 ) -> Result<T, TableError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| TableError::Io(format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|source| TableError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     decode(&bytes, kind, version, model_id)
 }
 

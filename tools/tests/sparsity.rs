@@ -12,8 +12,9 @@ use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
-use leanstream::sparsity::thresholds::ThresholdTable;
+use leanstream::sparsity::thresholds::{ThresholdTable, ThresholdsError};
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
+use leanstream::tables::TableError;
 use leanstream::tokenizer::Tokenizer;
 use leanstream_tools::offline::calibrate::calibrate;
 use leanstream_tools::offline::trace::{TraceMeta, TraceReader, TraceWriter};
@@ -384,16 +385,37 @@ fn threshold_tables_refuse_mixups() {
     bytes[28 + 5] ^= 0x55;
     let other = ModelFile::from_bytes(bytes).unwrap();
     let e = ThresholdTable::load(&path, &other).unwrap_err();
-    assert!(e.contains("another model"), "{e}");
+    assert!(
+        matches!(
+            e,
+            ThresholdsError::Table {
+                source: TableError::OtherModel { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("another model"), "{e}");
     let mut damaged = std::fs::read(&path).unwrap();
     let last = damaged.len() - 3;
     damaged[last] ^= 1;
     let dpath = tmp("damaged.thresh");
     std::fs::write(&dpath, &damaged).unwrap();
     let e = ThresholdTable::load(&dpath, &file).unwrap_err();
-    assert!(e.contains("damaged"), "{e}");
+    assert!(
+        matches!(
+            e,
+            ThresholdsError::Table {
+                source: TableError::Damaged(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("damaged"), "{e}");
     let e = table.thresholds(0.3, Score::Glu).unwrap_err();
-    assert!(e.contains("calibrate"), "{e}");
+    assert!(matches!(e, ThresholdsError::NoLevel { .. }), "{e}");
+    assert!(e.to_string().contains("calibrate"), "{e}");
 }
 
 /// A trace written token by token reads back with the documented shapes, and its stages add up:

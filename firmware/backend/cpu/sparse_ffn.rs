@@ -127,11 +127,9 @@ impl<'a> SparseFfn<'a> {
 
     /// Switches score, sparsity and thresholds (the mode may move between oracle and topk).
     pub fn set(&mut self, opts: &FfnOptions) -> Result<(), SparsityError> {
-        opts.check(self.thresholds.len()).map_err(SparsityError)?;
+        opts.check(self.thresholds.len())?;
         if opts.mode == FfnMode::Dense {
-            return Err(SparsityError(
-                "this engine was booted sparse (bundles); boot another for dense".into(),
-            ));
+            return Err(SparsityError::BootedSparse);
         }
         self.mode = opts.mode;
         self.score = opts.score;
@@ -141,13 +139,12 @@ impl<'a> SparseFfn<'a> {
                 if d.mean.len() != self.dropped_mean.len()
                     || d.offset.len() != self.dropped_offset.len() =>
             {
-                return Err(SparsityError(format!(
-                    "dropped-neuron means of {} and {} values for {} and {}",
-                    d.mean.len(),
-                    d.offset.len(),
-                    self.dropped_mean.len(),
-                    self.dropped_offset.len()
-                )));
+                return Err(SparsityError::DroppedSize {
+                    mean: d.mean.len(),
+                    offset: d.offset.len(),
+                    want_mean: self.dropped_mean.len(),
+                    want_offset: self.dropped_offset.len(),
+                });
             }
             Some(d) => {
                 self.dropped_mean.copy_from_slice(&d.mean);

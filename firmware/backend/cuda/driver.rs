@@ -39,20 +39,70 @@ fn check(call: &'static str, r: CUresult) -> CudaResult<()> {
     Err(CudaError { call, code })
 }
 
-/// Whether this machine can run the CUDA backend; `Err` is one sentence saying why not.
-pub fn probe() -> Result<(), String> {
+/// Why the GPU cannot be used; each says it in one sentence.
+#[derive(Debug, Clone)]
+pub enum GpuError {
+    /// libcuda.so is not on this machine.
+    NoDriver,
+    /// `cuInit` failed.
+    DriverStart(CudaError),
+    /// The driver sees no GPU.
+    NoDevice,
+    /// Another driver call failed.
+    Call(CudaError),
+}
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuError::NoDriver => write!(
+                f,
+                "the CUDA backend needs an NVIDIA GPU and its driver, and this machine has no CUDA driver (libcuda.so was not found)"
+            ),
+            GpuError::DriverStart(e) => {
+                write!(f, "the CUDA driver is present but could not start ({e})")
+            }
+            GpuError::NoDevice => write!(f, "the CUDA driver is present but sees no GPU"),
+            GpuError::Call(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for GpuError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            GpuError::DriverStart(e) | GpuError::Call(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<CudaError> for GpuError {
+    fn from(e: CudaError) -> Self {
+        GpuError::Call(e)
+    }
+}
+
+/// The CLI's commands report errors as their message: `?` takes this one there.
+impl From<GpuError> for String {
+    fn from(e: GpuError) -> String {
+        e.to_string()
+    }
+}
+
+/// Whether this machine can run the CUDA backend; `Err` says why not.
+pub fn probe() -> Result<(), GpuError> {
     // SAFETY: only tries to dlopen libcuda.
     if !unsafe { sys::is_culib_present() } {
-        return Err("the CUDA backend needs an NVIDIA GPU and its driver, and this machine has no CUDA driver (libcuda.so was not found)".into());
+        return Err(GpuError::NoDriver);
     }
     // SAFETY: plain driver calls with valid out-pointers.
     unsafe {
-        check("cuInit", sys::cuInit(0))
-            .map_err(|e| format!("the CUDA driver is present but could not start ({e})"))?;
+        check("cuInit", sys::cuInit(0)).map_err(GpuError::DriverStart)?;
         let mut n = 0;
-        check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut n)).map_err(|e| e.to_string())?;
+        check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut n))?;
         if n == 0 {
-            return Err("the CUDA driver is present but sees no GPU".into());
+            return Err(GpuError::NoDevice);
         }
     }
     Ok(())
@@ -80,9 +130,9 @@ pub struct Gpu {
 unsafe impl Send for Gpu {}
 
 impl Gpu {
-    pub fn open(ordinal: i32) -> Result<Gpu, String> {
+    pub fn open(ordinal: i32) -> Result<Gpu, GpuError> {
         probe()?;
-        Gpu::open_checked(ordinal).map_err(|e| e.to_string())
+        Ok(Gpu::open_checked(ordinal)?)
     }
 
     fn open_checked(ordinal: i32) -> CudaResult<Gpu> {

@@ -13,7 +13,7 @@ pub mod driver;
 pub mod flags;
 pub mod weights;
 
-pub use driver::probe;
+pub use driver::{probe, GpuError};
 
 include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
 
