@@ -4,12 +4,15 @@
 //! - [`calibrate`]: activation thresholds and dropped-neuron means for target sparsities.
 //! - [`trace`]: the activation trace file (safetensors) and its reader.
 //! - [`trace_stats`]: a trace's statistics for the sparsity report.
+//! - [`coact`]: co-activation placement: neuron embeddings learned from traces, clustered into
+//!   flash blocks (LeanStream 3.2.2).
 //! - [`calibrate_kv`]: the KV layout cost model's alphas fitted on this machine
 //!   (`leanstream calibrate-kv`).
 //! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
 
 pub mod calibrate;
 pub mod calibrate_kv;
+pub mod coact;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A change's GPU figures against an earlier commit's, in one run on the GPU machine: the two
+# `leanstream` builds (staged here as hil-out/leanstream.gz by scripts/hil.sh and
+# hil-out/leanstream-before.gz by hand, both for the h200-hil board) time the same synthetic
+# same-shape models in the order before, after, after, before, so that a drift of the machine
+# touches both sides alike. Each bench checks its CUDA configurations against the CPU backend
+# before timing them, as always.
+#   HIL_SHAPES (smollm2-135m qwen2.5-1.5b) and HIL_TYPES (f16,q8_0,q4_0): the models.
+# Run in one device call carrying hil-out/: `HIL_DIR=hil-out bash scripts/hil-before-after.sh`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+h=${HIL_DIR:-hil-out}
+res=${OUT:-$h/results}; mkdir -p "$res"
+for b in leanstream leanstream-before; do
+  [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
+  [ -x "$h/$b" ] || { echo "missing $h/$b"; exit 2; }
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
+if ! python3 -c 'import gguf' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
+fi
+syn=/tmp/synth; mkdir -p $syn
+for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-1.5b}; do
+  python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn --types ${HIL_TYPES:-f16,q8_0,q4_0} || exit 1
+done
+models=$(ls $syn/*.gguf | tr '\n' ',' | sed 's/,$//')
+rc=0
+for side in before after after before; do
+  bin=$h/leanstream; [ $side = before ] && bin=$h/leanstream-before
+  n=$((${n:-0} + 1))
+  echo "== $n: $side"
+  timeout ${HIL_BENCH_TIMEOUT:-300} $bin bench --model "$models" --backend cuda --memory discrete \
+    --prompt-tokens 64 --gen-tokens 128 --reps 3 --threads 16 \
+    --json "$res/$n-$side.json" --markdown "$res/$n-$side.md" --png "$res/$n-$side.png" 2>&1 \
+    | tee "$res/$n-$side.txt"
+  rc=$(( rc | ${PIPESTATUS[0]} ))
+done
+exit $rc
