@@ -79,7 +79,8 @@ else
 fi
 
 # The x86-64 reference: the binaries of the tests' own build (the same features as
-# scripts/test.sh's `cargo test`, so nothing is rebuilt there); built when that build lacks one.
+# scripts/test.sh's `cargo test` of the workspace, so nothing is rebuilt there); built when that
+# build lacks one (a package without integration tests does not build its binaries).
 x86=$work/x86
 mkdir -p "$x86"
 link_bins() { # cargo's JSON messages on stdin: links the leanstreamd and leanstream built
@@ -94,7 +95,7 @@ for line in sys.stdin:
         if not os.path.lexists(dst):
             os.symlink(m["executable"], dst)' "$x86"
 }
-cargo test --no-run --message-format=json-render-diagnostics | link_bins
+cargo test --workspace --no-run --message-format=json-render-diagnostics | link_bins
 for name in leanstreamd leanstream; do
   [ -e "$x86/$name" ] || cargo build --bin "$name" --message-format=json-render-diagnostics | link_bins
   [ -x "$x86/$name" ] || { echo "package: no x86-64 $name was built" >&2; exit 1; }
