@@ -1,10 +1,12 @@
 //! The Jetson package (scripts/package.sh) works: its aarch64 binaries, run under qemu-user,
 //! answer exactly as the x86-64 build of the same commit, and its maintainer scripts, run in a
-//! scratch root with a fake `systemctl`, make the user and the models folder, call systemd as
-//! they should, refuse another board's package and leave the models alone.
+//! scratch root with a fake `systemctl` (alone, and run by dpkg itself), make the user and the
+//! models folder, call systemd as they should, refuse another board's package and leave the
+//! models alone.
 //!
 //! Ignored in a plain `cargo test`: they need the built package. scripts/test-package.sh (run by
 //! scripts/test.sh) builds it, unpacks it with `dpkg-deb -R` and runs them with
+//!   LEANSTREAM_DEB       the package file
 //!   LEANSTREAM_PKG_ROOT  the unpacked package (its files, and DEBIAN/ with the scripts)
 //!   LEANSTREAM_X86_BIN   a folder holding the x86-64 leanstreamd and leanstream
 
@@ -491,4 +493,137 @@ fn maintainer_scripts_in_an_image_build_only_enable() {
     s.ok("prerm", &["remove"]);
     s.ok("postrm", &["remove"]);
     assert!(s.take_calls().is_empty());
+}
+
+/// dpkg itself, installing into a scratch root (`--root`, the scripts run chrootless with
+/// $DPKG_ROOT): the package installs, another board's package is refused over it and the
+/// installed one stays, a reinstall of the same board passes, and purge keeps the models.
+#[test]
+#[ignore = "needs the built package: scripts/test-package.sh"]
+fn dpkg_installs_refuses_another_board_and_purges_keeping_the_models() {
+    let Some(pkg) = scripts_can_run() else {
+        return;
+    };
+    let Some(deb) = std::env::var_os("LEANSTREAM_DEB").map(PathBuf::from) else {
+        eprintln!("skipped: LEANSTREAM_DEB is not set (scripts/test-package.sh sets it)");
+        return;
+    };
+    if Command::new("dpkg").arg("--version").output().is_err() {
+        eprintln!("skipped: dpkg not found");
+        return;
+    }
+    let board = fs::read_to_string(pkg.join("etc/leanstream/board")).unwrap();
+    let board = board.trim().to_string();
+    let other = if board == "jetson-agx-xavier-32gb" {
+        "jetson-agx-orin-64gb"
+    } else {
+        "jetson-agx-xavier-32gb"
+    };
+    // Another board's package: this one with the board renamed where the package names it.
+    let s = ScratchRoot::new(&pkg, false);
+    let work = s.root.parent().unwrap().to_path_buf();
+    let other_tree = work.join("other");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&pkg)
+        .arg(&other_tree)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    for file in ["DEBIAN/control", "DEBIAN/preinst", "etc/leanstream/board"] {
+        let path = other_tree.join(file);
+        let text = fs::read_to_string(&path).unwrap().replace(&board, other);
+        fs::write(&path, text).unwrap();
+    }
+    let other_deb = work.join("other.deb");
+    let built = Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zgzip", "--build"])
+        .arg(&other_tree)
+        .arg(&other_deb)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+
+    // An empty dpkg database in the scratch root (its files from the package are removed).
+    fs::remove_dir_all(&s.root).unwrap();
+    fs::create_dir_all(s.root.join("var/lib/dpkg/info")).unwrap();
+    fs::create_dir_all(s.root.join("var/lib/dpkg/updates")).unwrap();
+    fs::write(s.root.join("var/lib/dpkg/status"), "").unwrap();
+    let dpkg = |args: &[&std::ffi::OsStr]| -> Output {
+        let path = format!(
+            "{}:{}",
+            s.fake_bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Command::new("dpkg")
+            .arg(format!("--root={}", s.root.display()))
+            .args([
+                "--force-architecture",
+                "--force-depends",
+                "--force-script-chrootless",
+                "--log=/dev/null",
+            ])
+            .args(args)
+            .env("PATH", path)
+            .output()
+            .unwrap()
+    };
+    let installed = || -> String {
+        let status = fs::read_to_string(s.root.join("var/lib/dpkg/status")).unwrap();
+        let para = status
+            .split("\n\n")
+            .find(|p| p.starts_with("Package: leanstream\n"))
+            .unwrap_or("")
+            .to_string();
+        para.lines()
+            .filter(|l| l.starts_with("Status: ") || l.starts_with("Version: "))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let ok = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+
+    ok(dpkg(&["-i".as_ref(), deb.as_os_str()]));
+    let first = installed();
+    assert!(
+        first.contains("install ok installed") && first.contains(&format!("+{board}-1")),
+        "{first}"
+    );
+    assert_eq!(
+        fs::read_to_string(s.root.join("etc/leanstream/board")).unwrap(),
+        format!("{board}\n")
+    );
+    fs::write(s.root.join("var/lib/leanstream/model.gguf"), b"model").unwrap();
+
+    let refused = dpkg(&["-i".as_ref(), other_deb.as_os_str()]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains(&format!(
+            "built for board '{board}' and this one for board '{other}'"
+        )),
+        "{said}"
+    );
+    assert_eq!(
+        installed(),
+        first,
+        "the refused package changed the installed one"
+    );
+
+    // The same package again (an upgrade's path through the scripts) passes.
+    ok(dpkg(&["-i".as_ref(), deb.as_os_str()]));
+    assert_eq!(installed(), first);
+
+    ok(dpkg(&["--purge".as_ref(), "leanstream".as_ref()]));
+    assert!(!s.root.join("etc/leanstream").exists());
+    assert!(!s.root.join("usr/bin/leanstreamd").exists());
+    assert_eq!(
+        fs::read(s.root.join("var/lib/leanstream/model.gguf")).unwrap(),
+        b"model"
+    );
 }
