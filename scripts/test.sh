@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: fetch the models the tests use, then formatting,
-# lints and the whole test suite, then the CPU kernels built for aarch64 and tested under qemu.
+# lints and the whole test suite, then the CPU kernels built for aarch64 and tested under qemu,
+# then the Jetson package built and checked (its aarch64 binaries run under qemu too).
 # Tests whose data, GPU or tools are missing print `skipped: ...`; the end lists them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,10 @@ cargo test --no-fail-fast -- --show-output 2>&1 | tee "$log"
 # The same kernels built for the Jetson's aarch64 CPU and run under qemu (NEON against scalar).
 echo "     Running scripts/test-aarch64.sh" >> "$log"
 scripts/test-aarch64.sh 2>&1 | tee -a "$log"
+# The Jetson package: built for one board, lintian, systemd-analyze, its binaries under qemu
+# against the x86 build, its maintainer scripts in a scratch root (tests/package.rs).
+echo "     Running scripts/test-package.sh" >> "$log"
+scripts/test-package.sh 2>&1 | tee -a "$log"
 skips=$(awk '
   /^ *Running / { bin = ($2 == "unittests") ? $3 : $2; name = bin }
   /^---- .* stdout ----$/ { name = bin "::" $2 }
