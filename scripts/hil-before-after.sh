@@ -3,8 +3,8 @@
 # `leanstream` builds (staged here as hil-out/leanstream.gz by scripts/hil.sh and
 # hil-out/leanstream-before.gz by hand, both for the h200-hil board) time the same synthetic
 # same-shape models in the order before, after, after, before, so that a drift of the machine
-# touches both sides alike. Each bench checks its CUDA configurations against the CPU backend
-# before timing them, as always.
+# touches both sides alike; then the CPU backend the same way on the q4_0 files. Each bench
+# checks its CUDA configurations against the CPU backend before timing them, as always.
 #   HIL_SHAPES (smollm2-135m qwen2.5-1.5b) and HIL_TYPES (f16,q8_0,q4_0): the models.
 # Run in one device call carrying hil-out/: `HIL_DIR=hil-out bash scripts/hil-before-after.sh`.
 set -uo pipefail
@@ -33,6 +33,19 @@ for side in before after after before; do
     --prompt-tokens 64 --gen-tokens 128 --reps 3 --threads 16 \
     --json "$res/$n-$side.json" --markdown "$res/$n-$side.md" --png "$res/$n-$side.png" 2>&1 \
     | tee "$res/$n-$side.txt"
+  rc=$(( rc | ${PIPESTATUS[0]} ))
+done
+# The CPU backend on the same machine's Xeon, q4_0 files (the kernels most users run), the
+# same order.
+cpu_models=$(ls $syn/*-q4_0.gguf | tr '\n' ',' | sed 's/,$//')
+for side in before after after before; do
+  bin=$h/leanstream; [ $side = before ] && bin=$h/leanstream-before
+  n=$((n + 1))
+  echo "== $n: cpu $side"
+  timeout ${HIL_BENCH_TIMEOUT:-300} $bin bench --model "$cpu_models" --backend cpu \
+    --prompt-tokens 64 --gen-tokens ${HIL_CPU_GEN:-64} --reps 3 --threads ${HIL_CPU_THREADS:-16} \
+    --json "$res/$n-cpu-$side.json" --markdown "$res/$n-cpu-$side.md" --png "$res/$n-cpu-$side.png" 2>&1 \
+    | tee "$res/$n-cpu-$side.txt"
   rc=$(( rc | ${PIPESTATUS[0]} ))
 done
 exit $rc
