@@ -10,7 +10,8 @@
 //!    `tokenizer` (BPE, SentencePiece, llama2.c vocabularies, chat templates), `load`.
 //! 4. `ops`: rmsnorm, softmax, silu, rope, one copy each.
 //! 5. `quant` (low-bit weight formats, weight views), `kv` (the KV cache's append-only
-//!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds).
+//!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds),
+//!    `predict` (which FFN blocks a token will need: the `Predictor` interface).
 //! 6. `backend`: kernels: `cpu` (kernel choice, matrix-vector products, integer low-bit
 //!    kernels, the sparse FFN, worker pool) and `cuda` (driver, weight images, PTX, flags).
 //! 7. `engine`: the `Decoder` trait, the CPU and CUDA decoders, generation, sampling,
@@ -29,6 +30,7 @@ pub mod kv;
 pub mod load;
 pub mod model;
 pub mod ops;
+pub mod predict;
 pub mod quant;
 pub mod serve;
 pub mod sparsity;
