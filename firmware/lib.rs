@@ -10,7 +10,8 @@
 //!    `tokenizer` (BPE, SentencePiece, llama2.c vocabularies, chat templates), `load`.
 //! 4. `ops`: rmsnorm, softmax, silu, rope, one copy each.
 //! 5. `quant` (low-bit weight formats, weight views), `kv` (the KV cache's append-only
-//!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds).
+//!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds),
+//!    `stream` (the SSD I/O lanes and the weight cache).
 //! 6. `backend`: kernels: `cpu` (kernel choice, matrix-vector products, integer low-bit
 //!    kernels, the sparse FFN, worker pool) and `cuda` (driver, weight images, PTX, flags).
 //! 7. `engine`: the `Decoder` trait, the CPU and CUDA decoders, generation, sampling,
@@ -32,6 +33,7 @@ pub mod ops;
 pub mod quant;
 pub mod serve;
 pub mod sparsity;
+pub mod stream;
 pub mod sys;
 pub mod tables;
 pub mod tokenizer;

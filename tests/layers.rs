@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("quant", 5),
     ("kv", 5),
     ("sparsity", 5),
+    ("stream", 5),
     ("backend", 6),
     ("backend/cpu", 6),
     ("backend/cuda", 6),
