@@ -68,8 +68,8 @@ impl std::error::Error for StreamError {}
 /// A request the lanes refused at once (nothing was queued).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestError {
-    /// Queued, in-flight and unconsumed reads fill the lanes' fixed capacity.
-    Full { capacity: usize },
+    /// The queue, or queued + in-flight + arrived-but-not-taken reads, are at their limit.
+    Full { limit: usize },
     /// O_DIRECT needs the offset and length on `align` boundaries.
     Misaligned { block: BlockId, align: usize },
     /// The block is larger than a staging buffer or a cache slot.
@@ -87,9 +87,10 @@ pub enum RequestError {
 impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RequestError::Full { capacity } => {
-                write!(f, "the read queue is full ({capacity} reads outstanding)")
-            }
+            RequestError::Full { limit } => write!(
+                f,
+                "the I/O lanes already hold {limit} reads (queued, in flight, or arrived and not yet taken)"
+            ),
             RequestError::Misaligned { block, align } => write!(
                 f,
                 "block {block}'s offset or length is not a multiple of {align} bytes (O_DIRECT)"

@@ -285,9 +285,14 @@ impl<'a> Lanes<'a> {
             let slot = cache.lookup(block).expect("cached");
             return Ok(Requested::Cached(slot));
         }
-        if self.outstanding == self.cfg.capacity() || self.queue.len() == self.queue.capacity() {
+        if self.queue.len() == self.queue.capacity() {
             return Err(RequestError::Full {
-                capacity: self.cfg.capacity(),
+                limit: self.queue.capacity(),
+            });
+        }
+        if self.outstanding == self.cfg.capacity() {
+            return Err(RequestError::Full {
+                limit: self.cfg.capacity(),
             });
         }
         cache.lookup(block);
