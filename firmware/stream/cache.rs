@@ -118,7 +118,7 @@ impl<'a> WeightCache<'a> {
             ));
         }
         let stride = slot_bytes.div_ceil(SLICE_ALIGN) * SLICE_ALIGN;
-        let needed = stride.checked_mul(slots).unwrap_or(usize::MAX);
+        let needed = stride.saturating_mul(slots);
         if needed > arena.len() {
             return Err(StreamError::CacheArena {
                 slots,

@@ -120,6 +120,8 @@ pub struct Lanes<'a> {
     done: Vec<Completion>,
     /// Queued + in flight + arrivals not yet handed out.
     outstanding: usize,
+    /// Reads on a staging buffer now.
+    in_flight: usize,
 }
 
 impl<'a> Lanes<'a> {
@@ -149,7 +151,7 @@ impl<'a> Lanes<'a> {
         if cfg.queue_depth > u16::MAX as usize || cfg.lanes > u32::MAX as usize {
             return Err(StreamError::Config("the queue depth must be below 65536"));
         }
-        if !cfg.align.is_power_of_two() || staging.as_ptr() as usize % cfg.align != 0 {
+        if !cfg.align.is_power_of_two() || !(staging.as_ptr() as usize).is_multiple_of(cfg.align) {
             return Err(StreamError::Config(
                 "the staging buffers must start on the (power-of-two) O_DIRECT alignment",
             ));
@@ -200,6 +202,7 @@ impl<'a> Lanes<'a> {
             arrivals_len: 0,
             done: vec![Completion { tag: 0, result: 0 }; in_flight],
             outstanding: 0,
+            in_flight: 0,
         })
     }
 
@@ -234,7 +237,7 @@ impl<'a> Lanes<'a> {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.flights.iter().filter(|f| f.is_some()).count()
+        self.in_flight
     }
 
     /// Reads queued, in flight, or finished and not yet handed out.
@@ -275,7 +278,7 @@ impl<'a> Lanes<'a> {
             });
         }
         let a = self.cfg.align as u64;
-        if *direct && (read.offset % a != 0 || read.len as u64 % a != 0) {
+        if *direct && (!read.offset.is_multiple_of(a) || !(read.len as u64).is_multiple_of(a)) {
             return Err(RequestError::Misaligned {
                 block,
                 align: self.cfg.align,
@@ -389,6 +392,7 @@ impl<'a> Lanes<'a> {
             let k = self.free[lane].pop().expect("free buffer");
             let idx = lane * self.cfg.queue_depth + k as usize;
             self.flights[idx] = Some(Flight { read, attempts: 0 });
+            self.in_flight += 1;
             self.state[read.block as usize] = IN_FLIGHT;
             self.start(idx, cache);
             any = true;
@@ -475,6 +479,7 @@ impl<'a> Lanes<'a> {
             }
         });
         self.flights[idx] = None;
+        self.in_flight -= 1;
         self.free[idx / self.cfg.queue_depth].push((idx % self.cfg.queue_depth) as u16);
         self.state[f.read.block as usize] = IDLE;
         self.push_arrival(Arrival {
