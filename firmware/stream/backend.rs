@@ -316,23 +316,35 @@ fn drain(
     n
 }
 
+/// Whether a fallback to pread has been said in the log (once per process).
+static FELL_BACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The io_uring backend, or the pread one (said once per process) where io_uring cannot be
 /// set up here.
 pub fn best_backend(lanes: usize, queue_depth: usize) -> Box<dyn ReadBackend> {
-    match UringBackend::new(lanes, queue_depth) {
+    choose_backend(UringBackend::new(lanes, queue_depth), lanes * queue_depth)
+}
+
+/// `uring` when it was set up, else a pread backend for `in_flight` reads, saying why once.
+pub fn choose_backend(uring: io::Result<UringBackend>, in_flight: usize) -> Box<dyn ReadBackend> {
+    match uring {
         Ok(b) => Box::new(b),
         Err(e) => {
-            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !FELL_BACK.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 let errno = e.raw_os_error().unwrap_or(0);
                 crate::log_warn!(
                     "io_uring is not available here (errno {}): the I/O lanes read with pread",
                     errno
                 );
             }
-            Box::new(PreadBackend::new(lanes * queue_depth))
+            Box::new(PreadBackend::new(in_flight))
         }
     }
+}
+
+/// Whether this process fell back to pread.
+pub fn fell_back_to_pread() -> bool {
+    FELL_BACK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Opens `path` for reading with O_DIRECT (the page cache is bypassed, so streaming measures the
@@ -351,5 +363,57 @@ pub fn open_direct(path: &std::path::Path) -> io::Result<(std::fs::File, bool)> 
             Ok((std::fs::File::open(path)?, false))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_io_uring_the_lanes_read_with_pread() {
+        let refused = || Err(io::Error::from_raw_os_error(nix::libc::ENOSYS));
+        let b = choose_backend(refused(), 8);
+        assert_eq!(b.name(), "pread");
+        assert!(fell_back_to_pread());
+        // Said once: the second fallback finds the flag already set.
+        assert_eq!(choose_backend(refused(), 8).name(), "pread");
+        if let Ok(u) = UringBackend::new(1, 4) {
+            assert_eq!(choose_backend(Ok(u), 4).name(), "io_uring");
+        }
+    }
+
+    #[test]
+    fn pread_backend_reads_and_reports_errno() {
+        use std::io::Write;
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 100]).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let mut buf = [0u8; 64];
+        let ptr = buf.as_mut_ptr();
+        let mut b = PreadBackend::new(2);
+        let sub = |tag, fd, offset| Submission {
+            tag,
+            lane: 0,
+            fd,
+            offset,
+            len: 64,
+            buf: ptr,
+            buf_index: 0,
+            block: 0,
+        };
+        b.submit(sub(1, fd, 50)).unwrap();
+        b.submit(sub(2, -1, 0)).unwrap();
+        let mut out = [Completion { tag: 0, result: 0 }; 4];
+        assert_eq!(b.reap(&mut out, true).unwrap(), 2);
+        assert_eq!(out[0], Completion { tag: 1, result: 50 });
+        assert_eq!(
+            out[1],
+            Completion {
+                tag: 2,
+                result: -nix::libc::EBADF
+            }
+        );
+        assert_eq!(buf[..50], [7u8; 50]);
     }
 }
