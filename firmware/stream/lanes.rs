@@ -488,3 +488,31 @@ impl<'a> Lanes<'a> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boot::Arenas;
+
+    #[test]
+    fn the_boards_lanes_fit_its_staging_arena() {
+        let cfg = LaneConfig::from_board(64 * 1024);
+        assert_eq!(
+            (cfg.lanes, cfg.queue_depth, cfg.align),
+            (
+                board::IO_LANES,
+                board::IO_QUEUE_DEPTH,
+                board::IO_BLOCK_ALIGN
+            )
+        );
+        let mut arenas = Arenas::from_board().unwrap();
+        let staging = arenas.io_staging.carver().take::<u8>(cfg.staging_bytes());
+        let staging = staging.expect("the host board's io_staging holds its lanes' buffers");
+        let lanes = Lanes::with_best_backend(cfg, staging, 16).unwrap();
+        assert!(["io_uring", "pread"].contains(&lanes.backend_name()));
+        assert_eq!(
+            (lanes.queued(), lanes.in_flight(), lanes.outstanding()),
+            (0, 0, 0)
+        );
+    }
+}
