@@ -11,7 +11,8 @@
 //! 4. `ops`: rmsnorm, softmax, silu, rope, one copy each.
 //! 5. `quant` (low-bit weight formats, weight views), `kv` (the KV cache's append-only
 //!    segments and layout cost model), `sparsity` (neuron bundles, tiles, modes, thresholds),
-//!    `predict` (which FFN blocks a token will need: the `Predictor` interface).
+//!    `predict` (which FFN blocks a token will need: the `Predictor` interface),
+//!    `stream` (the SSD I/O lanes and the weight cache).
 //! 6. `backend`: kernels: `cpu` (kernel choice, matrix-vector products, integer low-bit
 //!    kernels, the sparse FFN, worker pool) and `cuda` (driver, weight images, PTX, flags).
 //! 7. `engine`: the `Decoder` trait, the CPU and CUDA decoders, generation, sampling,
@@ -34,6 +35,7 @@ pub mod predict;
 pub mod quant;
 pub mod serve;
 pub mod sparsity;
+pub mod stream;
 pub mod sys;
 pub mod tables;
 pub mod tokenizer;

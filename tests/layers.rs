@@ -29,6 +29,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("kv", 5),
     ("sparsity", 5),
     ("predict", 5),
+    ("stream", 5),
     ("backend", 6),
     ("backend/cpu", 6),
     ("backend/cuda", 6),

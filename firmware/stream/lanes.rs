@@ -1,0 +1,518 @@
+//! The I/O lanes: block reads queue by priority ([`ReadQueue`]), leave highest first into `lanes`
+//! lanes of at most `queue_depth` reads in flight each, each into its own staging buffer carved
+//! from the I/O staging arena (O_DIRECT: buffers, offsets and lengths on `block_align`), and on
+//! completion are copied into the weight cache, whose flag for the block is set only after the
+//! copy ([`WeightCache::insert`]). Each finished read, good or failed for good, becomes one
+//! [`Arrival`], handed out in the order reads finish so a caller computes blocks as they come.
+//!
+//! One thread drives the lanes (the engine's I/O thread); other threads watch the flags. A read
+//! that fails (an errno, a short read, nothing past a truncated file's end) is retried on its
+//! buffer up to `retries` more times, then ends with a [`ReadError`] for that block only.
+//!
+//! Nothing is allocated after [`Lanes::new`] and [`Lanes::open`].
+
+use super::backend::{best_backend, open_direct, Completion, ReadBackend, Submission};
+use super::queue::ReadQueue;
+use super::{
+    BlockId, BlockRead, FileId, ReadError, ReadErrorKind, RequestError, StreamError, WeightCache,
+};
+use crate::board;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+/// How many lanes, how deep, how large a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneConfig {
+    pub lanes: usize,
+    /// Reads in flight per lane.
+    pub queue_depth: usize,
+    /// The largest block read (a staging buffer's size before alignment).
+    pub block_bytes: usize,
+    /// O_DIRECT alignment of buffers, offsets and lengths.
+    pub align: usize,
+    /// Attempts after the first before a read fails for good.
+    pub retries: u32,
+    /// Reads that may wait in the queue.
+    pub queue_capacity: usize,
+}
+
+/// Open files the lanes hold at most.
+pub const MAX_FILES: usize = 16;
+
+impl LaneConfig {
+    /// The board's lanes, queue depth and alignment; 2 retries; a queue four times the reads
+    /// in flight.
+    pub fn from_board(block_bytes: usize) -> LaneConfig {
+        LaneConfig {
+            lanes: board::IO_LANES,
+            queue_depth: board::IO_QUEUE_DEPTH,
+            block_bytes,
+            align: board::IO_BLOCK_ALIGN,
+            retries: 2,
+            queue_capacity: 4 * board::IO_LANES * board::IO_QUEUE_DEPTH,
+        }
+    }
+
+    /// One staging buffer's bytes.
+    pub fn buffer_bytes(&self) -> usize {
+        self.block_bytes.div_ceil(self.align.max(1)) * self.align.max(1)
+    }
+
+    /// Staging bytes the lanes need: one buffer per read in flight.
+    pub fn staging_bytes(&self) -> usize {
+        self.lanes * self.queue_depth * self.buffer_bytes()
+    }
+
+    /// Reads queued, in flight and finished but not yet handed out, at most.
+    pub fn capacity(&self) -> usize {
+        self.queue_capacity + self.lanes * self.queue_depth
+    }
+}
+
+/// What [`Lanes::request`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requested {
+    /// A hit: the block is in this cache slot (no read).
+    Cached(usize),
+    /// A miss: the read is queued.
+    Queued,
+    /// Already queued: its priority is updated.
+    Requeued,
+    /// Already being read.
+    InFlight,
+}
+
+/// A read that finished: the block's cache slot, or why it failed for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    pub block: BlockId,
+    pub result: Result<usize, ReadError>,
+}
+
+const IDLE: u8 = 0;
+const QUEUED: u8 = 1;
+const IN_FLIGHT: u8 = 2;
+
+#[derive(Clone, Copy)]
+struct Flight {
+    read: BlockRead,
+    attempts: u32,
+}
+
+pub struct Lanes<'a> {
+    cfg: LaneConfig,
+    backend: Box<dyn ReadBackend>,
+    staging: &'a mut [u8],
+    stride: usize,
+    files: Vec<(File, bool)>,
+    queue: ReadQueue,
+    /// Per block: IDLE, QUEUED or IN_FLIGHT.
+    state: Vec<u8>,
+    /// Per staging buffer (lane-major): the read using it.
+    flights: Vec<Option<Flight>>,
+    /// Per lane: its free buffers (indices within the lane).
+    free: Vec<Vec<u16>>,
+    arrivals: Vec<Arrival>,
+    arrivals_head: usize,
+    arrivals_len: usize,
+    done: Vec<Completion>,
+    /// Queued + in flight + arrivals not yet handed out.
+    outstanding: usize,
+    /// Reads on a staging buffer now.
+    in_flight: usize,
+}
+
+impl<'a> Lanes<'a> {
+    /// Lanes over io_uring where this kernel allows it, else pread (said once).
+    pub fn with_best_backend(
+        cfg: LaneConfig,
+        staging: &'a mut [u8],
+        blocks: usize,
+    ) -> Result<Lanes<'a>, StreamError> {
+        let backend = best_backend(cfg.lanes, cfg.queue_depth);
+        Lanes::new(cfg, staging, blocks, backend)
+    }
+
+    /// Lanes for blocks `0..blocks`, their buffers carved from `staging` (from
+    /// `boot::Arenas::io_staging`: page-aligned), reading through `backend`.
+    pub fn new(
+        cfg: LaneConfig,
+        staging: &'a mut [u8],
+        blocks: usize,
+        mut backend: Box<dyn ReadBackend>,
+    ) -> Result<Lanes<'a>, StreamError> {
+        if cfg.lanes == 0 || cfg.queue_depth == 0 || cfg.block_bytes == 0 {
+            return Err(StreamError::Config(
+                "lanes, queue depth and block size must be at least 1",
+            ));
+        }
+        if cfg.queue_depth > u16::MAX as usize || cfg.lanes > u32::MAX as usize {
+            return Err(StreamError::Config("the queue depth must be below 65536"));
+        }
+        if !cfg.align.is_power_of_two() || !(staging.as_ptr() as usize).is_multiple_of(cfg.align) {
+            return Err(StreamError::Config(
+                "the staging buffers must start on the (power-of-two) O_DIRECT alignment",
+            ));
+        }
+        let needed = cfg.staging_bytes();
+        if needed > staging.len() {
+            return Err(StreamError::Staging {
+                needed,
+                available: staging.len(),
+            });
+        }
+        let stride = cfg.buffer_bytes();
+        let staging = &mut staging[..needed];
+        let base = staging.as_mut_ptr();
+        let mut bufs = Vec::with_capacity(cfg.queue_depth);
+        for lane in 0..cfg.lanes {
+            bufs.clear();
+            for k in 0..cfg.queue_depth {
+                // SAFETY: in bounds: (lane * depth + k + 1) * stride <= needed.
+                let p = unsafe { base.add((lane * cfg.queue_depth + k) * stride) };
+                bufs.push((p, stride));
+            }
+            backend
+                .register_buffers(lane, &bufs)
+                .map_err(StreamError::Backend)?;
+        }
+        let in_flight = cfg.lanes * cfg.queue_depth;
+        Ok(Lanes {
+            cfg,
+            backend,
+            staging,
+            stride,
+            files: Vec::with_capacity(MAX_FILES),
+            queue: ReadQueue::with_capacity(cfg.queue_capacity),
+            state: vec![IDLE; blocks],
+            flights: vec![None; in_flight],
+            free: (0..cfg.lanes)
+                .map(|_| (0..cfg.queue_depth as u16).rev().collect())
+                .collect(),
+            arrivals: vec![
+                Arrival {
+                    block: 0,
+                    result: Ok(0)
+                };
+                cfg.capacity()
+            ],
+            arrivals_head: 0,
+            arrivals_len: 0,
+            done: vec![Completion { tag: 0, result: 0 }; in_flight],
+            outstanding: 0,
+            in_flight: 0,
+        })
+    }
+
+    /// Opens a file to read blocks from, with O_DIRECT where its filesystem allows.
+    pub fn open(&mut self, path: &Path) -> Result<FileId, StreamError> {
+        if self.files.len() == MAX_FILES {
+            return Err(StreamError::TooManyFiles { max: MAX_FILES });
+        }
+        let (f, direct) = open_direct(path).map_err(|source| StreamError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        self.files.push((f, direct));
+        Ok(FileId((self.files.len() - 1) as u16))
+    }
+
+    /// Whether `file` bypasses the page cache (O_DIRECT).
+    pub fn is_direct(&self, file: FileId) -> bool {
+        self.files[file.0 as usize].1
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn config(&self) -> LaneConfig {
+        self.cfg
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Reads queued, in flight, or finished and not yet handed out.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// The token needs `read.block` at `priority` (higher is sooner): a hit, or its read queued
+    /// (the cache counts the hit or miss). A block already queued takes the new priority.
+    pub fn request(
+        &mut self,
+        read: BlockRead,
+        priority: f32,
+        cache: &mut WeightCache,
+    ) -> Result<Requested, RequestError> {
+        let block = read.block;
+        let blocks = self.state.len().min(cache.blocks());
+        if block as usize >= blocks {
+            return Err(RequestError::NoSuchBlock { block, blocks });
+        }
+        match self.state[block as usize] {
+            QUEUED => {
+                self.queue.set_priority(block, priority);
+                return Ok(Requested::Requeued);
+            }
+            IN_FLIGHT => return Ok(Requested::InFlight),
+            _ => {}
+        }
+        let Some((_, direct)) = self.files.get(read.file.0 as usize) else {
+            return Err(RequestError::NoSuchFile { file: read.file });
+        };
+        let max = self.stride.min(cache.slot_bytes());
+        if read.len as usize > max || read.len == 0 {
+            return Err(RequestError::TooLong {
+                block,
+                len: read.len,
+                max,
+            });
+        }
+        let a = self.cfg.align as u64;
+        if *direct && (!read.offset.is_multiple_of(a) || !(read.len as u64).is_multiple_of(a)) {
+            return Err(RequestError::Misaligned {
+                block,
+                align: self.cfg.align,
+            });
+        }
+        if cache.slot_of(block).is_some() {
+            let slot = cache.lookup(block).expect("cached");
+            return Ok(Requested::Cached(slot));
+        }
+        if self.queue.len() == self.queue.capacity() {
+            return Err(RequestError::Full {
+                limit: self.queue.capacity(),
+            });
+        }
+        if self.outstanding == self.cfg.capacity() {
+            return Err(RequestError::Full {
+                limit: self.cfg.capacity(),
+            });
+        }
+        cache.lookup(block);
+        cache.clear_failed(block);
+        self.queue.push(read, priority).expect("room checked");
+        self.state[block as usize] = QUEUED;
+        self.outstanding += 1;
+        cache.note_queue_depth(self.queue.len() + self.in_flight());
+        Ok(Requested::Queued)
+    }
+
+    /// Re-ranks a queued read; false when it is not queued (in flight or done).
+    pub fn set_priority(&mut self, block: BlockId, priority: f32) -> bool {
+        self.queue.set_priority(block, priority)
+    }
+
+    /// Drops a queued read; false when it is not queued.
+    pub fn cancel(&mut self, block: BlockId) -> bool {
+        if self.queue.remove(block).is_some() {
+            self.state[block as usize] = IDLE;
+            self.outstanding -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Re-ranks every queued read from `priorities[block]`, dropping those no longer above 0
+    /// (the prediction changed); how many were dropped. Reads in flight go on.
+    pub fn rerank(&mut self, priorities: &[f32]) -> usize {
+        let state = &mut self.state;
+        let n = self
+            .queue
+            .rerank(priorities, |r| state[r.block as usize] = IDLE);
+        self.outstanding -= n;
+        n
+    }
+
+    /// Submits what the lanes have room for and takes in what finished, without waiting; the
+    /// next finished read, if any.
+    pub fn poll(&mut self, cache: &mut WeightCache) -> io::Result<Option<Arrival>> {
+        if let Some(a) = self.pop_arrival() {
+            return Ok(Some(a));
+        }
+        self.submit_ready(cache)?;
+        self.reap(cache, false)?;
+        self.submit_ready(cache)?;
+        Ok(self.pop_arrival())
+    }
+
+    /// The next finished read, waiting for one; `None` when no read is queued or in flight.
+    pub fn wait_next(&mut self, cache: &mut WeightCache) -> io::Result<Option<Arrival>> {
+        loop {
+            if let Some(a) = self.pop_arrival() {
+                return Ok(Some(a));
+            }
+            self.submit_ready(cache)?;
+            if self.in_flight() == 0 {
+                return Ok(None);
+            }
+            self.reap(cache, true)?;
+        }
+    }
+
+    fn pop_arrival(&mut self) -> Option<Arrival> {
+        if self.arrivals_len == 0 {
+            return None;
+        }
+        let a = self.arrivals[self.arrivals_head];
+        self.arrivals_head = (self.arrivals_head + 1) % self.arrivals.len();
+        self.arrivals_len -= 1;
+        self.outstanding -= 1;
+        Some(a)
+    }
+
+    fn push_arrival(&mut self, a: Arrival) {
+        let n = self.arrivals.len();
+        assert!(self.arrivals_len < n, "arrival ring overflow");
+        self.arrivals[(self.arrivals_head + self.arrivals_len) % n] = a;
+        self.arrivals_len += 1;
+    }
+
+    /// Moves queued reads, highest first, onto the least busy lanes with a free buffer.
+    fn submit_ready(&mut self, cache: &mut WeightCache) -> io::Result<()> {
+        let mut any = false;
+        while !self.queue.is_empty() {
+            let Some(lane) = (0..self.cfg.lanes)
+                .filter(|&l| !self.free[l].is_empty())
+                .max_by_key(|&l| self.free[l].len())
+            else {
+                break;
+            };
+            let (read, _) = self.queue.pop().expect("not empty");
+            let k = self.free[lane].pop().expect("free buffer");
+            let idx = lane * self.cfg.queue_depth + k as usize;
+            self.flights[idx] = Some(Flight { read, attempts: 0 });
+            self.in_flight += 1;
+            self.state[read.block as usize] = IN_FLIGHT;
+            self.start(idx, cache);
+            any = true;
+        }
+        if any {
+            self.backend.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Starts (another) attempt of the read on staging buffer `idx`.
+    fn start(&mut self, idx: usize, cache: &mut WeightCache) {
+        let depth = self.cfg.queue_depth;
+        let f = self.flights[idx].as_mut().expect("read on buffer");
+        f.attempts += 1;
+        let read = f.read;
+        let sub = Submission {
+            tag: idx as u64,
+            lane: idx / depth,
+            fd: self.files[read.file.0 as usize].0.as_raw_fd(),
+            offset: read.offset,
+            len: read.len,
+            // SAFETY: idx < lanes * depth, so the buffer lies within `staging`.
+            buf: unsafe { self.staging.as_mut_ptr().add(idx * self.stride) },
+            buf_index: (idx % depth) as u16,
+            block: read.block,
+        };
+        if let Err(e) = self.backend.submit(sub) {
+            // Counted as a failed attempt of this read, not of the lanes.
+            let errno = e.raw_os_error().unwrap_or(nix::libc::EIO);
+            self.finish(idx, -errno, cache);
+        }
+    }
+
+    fn reap(&mut self, cache: &mut WeightCache, wait: bool) -> io::Result<()> {
+        let n = self.backend.reap(&mut self.done, wait)?;
+        for k in 0..n {
+            let c = self.done[k];
+            self.finish(c.tag as usize, c.result, cache);
+        }
+        if n > 0 {
+            self.backend.flush()?;
+        }
+        Ok(())
+    }
+
+    /// One attempt of the read on buffer `idx` returned `result` (bytes, or -errno).
+    fn finish(&mut self, idx: usize, result: i32, cache: &mut WeightCache) {
+        let f = self.flights[idx].expect("completion for an idle buffer");
+        let len = f.read.len;
+        let kind = if result < 0 {
+            Some(ReadErrorKind::Io(-result))
+        } else if result == 0 {
+            Some(ReadErrorKind::PastEnd)
+        } else if (result as u32) < len {
+            Some(ReadErrorKind::Short { got: result as u32 })
+        } else {
+            None
+        };
+        let outcome = match kind {
+            None => {
+                let start = idx * self.stride;
+                let bytes = &self.staging[start..start + len as usize];
+                match cache.insert(f.read.block, bytes) {
+                    Some(slot) => Ok(slot),
+                    None => Err(ReadErrorKind::NoSlot),
+                }
+            }
+            Some(_) if f.attempts <= self.cfg.retries => {
+                self.start(idx, cache);
+                return;
+            }
+            Some(k) => Err(k),
+        };
+        let result = outcome.map_err(|kind| {
+            cache.mark_failed(f.read.block);
+            ReadError {
+                block: f.read.block,
+                file: f.read.file,
+                offset: f.read.offset,
+                len,
+                attempts: f.attempts,
+                kind,
+            }
+        });
+        self.flights[idx] = None;
+        self.in_flight -= 1;
+        self.free[idx / self.cfg.queue_depth].push((idx % self.cfg.queue_depth) as u16);
+        self.state[f.read.block as usize] = IDLE;
+        self.push_arrival(Arrival {
+            block: f.read.block,
+            result,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boot::Arenas;
+
+    #[test]
+    fn the_boards_lanes_fit_its_staging_arena() {
+        let cfg = LaneConfig::from_board(64 * 1024);
+        assert_eq!(
+            (cfg.lanes, cfg.queue_depth, cfg.align),
+            (
+                board::IO_LANES,
+                board::IO_QUEUE_DEPTH,
+                board::IO_BLOCK_ALIGN
+            )
+        );
+        let mut arenas = Arenas::from_board().unwrap();
+        let staging = arenas.io_staging.carver().take::<u8>(cfg.staging_bytes());
+        let staging = staging.expect("the host board's io_staging holds its lanes' buffers");
+        let lanes = Lanes::with_best_backend(cfg, staging, 16).unwrap();
+        assert!(["io_uring", "pread"].contains(&lanes.backend_name()));
+        assert_eq!(
+            (lanes.queued(), lanes.in_flight(), lanes.outstanding()),
+            (0, 0, 0)
+        );
+    }
+}
