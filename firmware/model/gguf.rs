@@ -255,6 +255,36 @@ impl Gguf {
         Ok(parsed.into_gguf(Backing::Mmap(map)))
     }
 
+    /// Memory-maps the `len` bytes of `path` from `offset` and parses them as a GGUF file: one
+    /// held inside another file (a flash image's dense part, `super::flash`). Tensor offsets
+    /// are relative to the GGUF's own start, so nothing moves.
+    pub fn open_range(path: &Path, offset: u64, len: usize) -> Result<Gguf, FormatError> {
+        let io = |err| FormatError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        if len == 0 || offset.saturating_add(len as u64) > file_len {
+            return Err(FormatError::Truncated {
+                offset: offset as usize,
+                what: "GGUF inside the file".into(),
+                need: len,
+                have: file_len.saturating_sub(offset) as usize,
+            });
+        }
+        // SAFETY: as in `open`: read-only, and the file is not modified while it is open.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map(&file)
+        }
+        .map_err(io)?;
+        let parsed = parse(&map)?;
+        Ok(parsed.into_gguf(Backing::Mmap(map)))
+    }
+
     /// Parses a GGUF image held in memory (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, FormatError> {
         let parsed = parse(&bytes)?;
