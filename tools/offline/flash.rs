@@ -613,3 +613,37 @@ fn write_sections<'f>(
     put(0, &encode_header(header))?;
     f.sync_all().map_err(io)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boards_load_and_refuse_naming_the_field() {
+        let host = BoardTarget::load("host").unwrap();
+        assert_eq!((host.name.as_str(), host.read_unit), ("host", 4096));
+        assert_eq!(host.dense_weights, 1536 << 20);
+        let e = BoardTarget::load("nope").unwrap_err();
+        assert!(
+            e.contains("no board-configs/nope.toml") && e.contains("host"),
+            "{e}"
+        );
+        let small = BoardTarget {
+            name: "tiny".into(),
+            dense_weights: 1 << 20,
+            ffn_cache: 1 << 20,
+            read_unit: 4096,
+        };
+        check_board(&small, 1 << 20, 1 << 20).unwrap();
+        let e = check_board(&small, 2 << 20, 0).unwrap_err();
+        assert!(
+            e.contains("[budget] dense_weights is 1.0 MiB, the dense part needs 2.0 MiB"),
+            "{e}"
+        );
+        let e = check_board(&small, 0, 3 << 20).unwrap_err();
+        assert!(
+            e.contains("[budget] ffn_cache") && e.contains("3.0 MiB"),
+            "{e}"
+        );
+    }
+}
