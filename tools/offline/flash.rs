@@ -461,8 +461,7 @@ pub fn write_image(
         .iter()
         .map(|s| s.offset + s.length)
         .max()
-        .unwrap_or(start)
-        .next_multiple_of(PAGE as u64);
+        .unwrap_or(start);
 
     let partial = partial_path(out);
     let written = write_sections(

@@ -9,8 +9,8 @@ mod common;
 use leanstream::boot::{Arena, ArenaKind, Plan};
 use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
 use leanstream::load::open_model;
-use leanstream::model::flash::{model_identity, FlashImage, PAGE};
-use leanstream::model::ggml::{dequantize_row, GgmlType};
+use leanstream::model::flash::{model_identity, FlashImage, Part, PAGE};
+use leanstream::model::ggml::dequantize_row;
 use leanstream::model::gguf::build::Builder;
 use leanstream::model::ModelFile;
 use leanstream::quant::view::Rows;
@@ -50,6 +50,15 @@ fn image(model: &Path, name: &str) -> (PathBuf, FlashImage) {
     .unwrap();
     let img = FlashImage::open(&out).unwrap();
     (out, img)
+}
+
+/// Row `i` of a block's part, alone.
+fn one(p: Part<'_>, i: usize) -> Part<'_> {
+    Part {
+        data: &p.data[i * p.stride..],
+        rows: 1,
+        ..p
+    }
 }
 
 fn same_rows(what: &str, n: usize, image: Rows, memory: Rows) {
@@ -100,15 +109,9 @@ fn bundles_read_back_bit_for_bit() {
             let (block, i) = img.slot_of(l, n);
             assert_eq!(img.block_neurons(l, block)[i] as usize, n);
             let rows = img.block_rows(l, block);
-            let one = |p: leanstream::model::flash::Part| {
-                let mut r = Rows::from(p);
-                r.data = &r.data[i * r.stride..];
-                r.rows = 1;
-                r
-            };
-            same_rows("gate row", n, one(rows.gate), b.gate);
-            same_rows("up row", n, one(rows.up), b.up);
-            same_rows("down column", n, one(rows.down), down);
+            same_rows("gate row", n, one(rows.gate, i).into(), b.gate);
+            same_rows("up row", n, one(rows.up, i).into(), b.up);
+            same_rows("down column", n, one(rows.down, i).into(), down);
         }
     }
 }
