@@ -513,7 +513,7 @@ impl FlashImage {
         let header = decode_header(bytes)?;
         let file = bytes.len() as u64;
         for s in &header.sections {
-            let end = s.offset.checked_add(s.length).unwrap_or(u64::MAX);
+            let end = s.offset.saturating_add(s.length);
             if end > file {
                 return Err(FlashError::SectionOutOfFile {
                     kind: s.kind,

@@ -26,6 +26,9 @@ pub struct FlashArgs {
     /// placement on: blocks read per token, bytes read per useful neuron.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// A trace of other text to measure the placement on (held out from placing it).
+    #[arg(long)]
+    eval_trace: Option<PathBuf>,
     /// Which of the trace's neurons count as active: all but this fraction, by |SiLU(gate) *
     /// up| (with --thresholds holding this sparsity: the calibrated thresholds instead of a
     /// per-token top-k). Default: the trace's own sparsity, else 0.8.
@@ -57,7 +60,7 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
     };
     leanstream::sparsity::check_sparsity(sparsity)?;
     let active = match &a.thresholds {
-        Some(p) if a.trace.is_some() => {
+        Some(p) if a.trace.is_some() || a.eval_trace.is_some() => {
             let file =
                 ModelFile::open(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
             match ThresholdTable::load(p, &file)?.thresholds(sparsity, Score::Glu) {
@@ -77,6 +80,7 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
         placement: a.placement,
         thresholds: a.thresholds.clone(),
         trace: a.trace.clone(),
+        eval_trace: a.eval_trace.clone(),
         active: active.clone(),
     };
     // A bar on a terminal (indicatif draws nothing when stderr is not one).
@@ -102,11 +106,17 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
         h.precision,
         h.placement
     );
+    let ks = h.layers.iter().map(|g| g.per_block);
+    if let (Some(lo), Some(hi)) = (ks.clone().min(), ks.max()) {
+        if lo != hi {
+            eprintln!("  layers differ (the first and last keep more bits at w4a8): k from {lo} to {hi}; layer 0:");
+        }
+    }
     if let Some(g) = h.layers.first() {
         let (gb, ub, db) = g.part_bytes().unwrap_or_default();
         let (gt, ut, dt) = g.types().expect("written types");
         eprintln!(
-            "  FFN: {} layers x {} blocks of {} bytes, {} bundles each ({} {} + {} {} + {} {} = {} bytes; {:.0}% of a block used), {:.1} MiB",
+            "  FFN: {} layers x {} blocks of {} bytes, k = {} bundles a block ({} {} + {} {} + {} {} = {} bytes; {:.0}% of a block used), {:.1} MiB",
             h.layers.len(),
             g.blocks,
             g.block_bytes,
@@ -134,7 +144,12 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
             Active::Threshold(_) => format!("calibrated thresholds at sparsity {sparsity}"),
         };
         eprintln!(
-            "  on the trace ({rule}; {:.0} neurons per token): identity {:.1} blocks/token, {:.0} bytes per useful neuron; {} {:.1} blocks/token, {:.0} bytes per useful neuron",
+            "  on the {} ({rule}; {:.0} neurons per token): identity {:.1} blocks/token, {:.0} bytes per useful neuron; {} {:.1} blocks/token, {:.0} bytes per useful neuron",
+            if a.eval_trace.is_some() {
+                "evaluation trace"
+            } else {
+                "trace"
+            },
             id.useful_per_token,
             id.blocks_per_token,
             id.bytes_per_useful_neuron,

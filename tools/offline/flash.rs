@@ -138,6 +138,8 @@ pub struct FlashOptions {
     pub thresholds: Option<PathBuf>,
     /// A trace (`leanstream trace`) to place by and measure on.
     pub trace: Option<PathBuf>,
+    /// A trace of other text to measure the placement on instead (held out from placing).
+    pub eval_trace: Option<PathBuf>,
     /// Which neurons of the trace count as active.
     pub active: Active,
 }
@@ -152,7 +154,8 @@ pub struct FlashReport {
     pub dense_arena: u64,
     pub ffn_bytes: u64,
     pub min_cache: u64,
-    /// On the trace, when one was given: identity's cost and the written placement's.
+    /// On the evaluation trace, else the placing trace, when one was given: identity's cost and
+    /// the written placement's.
     pub costs: Option<(Cost, Cost)>,
 }
 
@@ -240,9 +243,7 @@ pub fn write_image(
         file.tensor(name)
             .map_err(|e| format!("{}: {e}", model.display()))
     };
-    let layer_ffn = |l: usize,
-                     scratch: &mut Vec<f32>|
-     -> Result<[(GgmlType, Cow<[u8]>, TensorRef); 3], String> {
+    let layer_ffn = |l: usize, scratch: &mut Vec<f32>| -> Result<LayerParts, String> {
         let mut parts = Vec::new();
         for part in ["ffn_gate", "ffn_up", "ffn_down"] {
             let name = format!("blk.{l}.{part}.weight");
@@ -308,25 +309,24 @@ pub fn write_image(
     // The placement, and its cost on the trace.
     let per_block: Vec<usize> = geometry.iter().map(|g| g.per_block as usize).collect();
     let block_bytes: Vec<usize> = geometry.iter().map(|g| g.block_bytes as usize).collect();
-    let active = match &o.trace {
-        Some(p) => {
-            let t = TraceReader::open(p)?;
-            if (t.layers, t.hidden, t.dim) != (h.n_layers, h.hidden_dim, h.dim) {
-                return Err(format!(
-                    "{}: a trace of {} layers of {} neurons (width {}), the model has {} of {} (width {})",
-                    p.display(),
-                    t.layers,
-                    t.hidden,
-                    t.dim,
-                    h.n_layers,
-                    h.hidden_dim,
-                    h.dim
-                ));
-            }
-            Some(ActiveSets::from_trace(&t, &o.active)?)
+    let active_sets = |p: &Path| -> Result<ActiveSets, String> {
+        let t = TraceReader::open(p)?;
+        if (t.layers, t.hidden, t.dim) != (h.n_layers, h.hidden_dim, h.dim) {
+            return Err(format!(
+                "{}: a trace of {} layers of {} neurons (width {}), the model has {} of {} (width {})",
+                p.display(),
+                t.layers,
+                t.hidden,
+                t.dim,
+                h.n_layers,
+                h.hidden_dim,
+                h.dim
+            ));
         }
-        None => None,
+        ActiveSets::from_trace(&t, &o.active)
     };
+    let active = o.trace.as_deref().map(active_sets).transpose()?;
+    let eval = o.eval_trace.as_deref().map(active_sets).transpose()?;
     let placement = match (o.placement, &active) {
         (PlacementKind::Identity, _) => Placement::identity(h.n_layers, h.hidden_dim),
         (PlacementKind::Greedy, Some(a)) => greedy(a, &per_block),
@@ -337,7 +337,7 @@ pub fn write_image(
             )
         }
     };
-    let costs = active.as_ref().map(|a| {
+    let costs = eval.as_ref().or(active.as_ref()).map(|a| {
         (
             cost(
                 &Placement::identity(h.n_layers, h.hidden_dim),
@@ -507,8 +507,9 @@ pub fn write_image(
     })
 }
 
-type LayerFfn<'f> = dyn Fn(usize, &mut Vec<f32>) -> Result<[(GgmlType, Cow<'f, [u8]>, TensorRef<'f>); 3], String>
-    + 'f;
+/// A layer's gate, up and down matrices in the image's precision: type, bytes, the source.
+type LayerParts<'f> = [(GgmlType, Cow<'f, [u8]>, TensorRef<'f>); 3];
+type LayerFfn<'f> = dyn Fn(usize, &mut Vec<f32>) -> Result<LayerParts<'f>, String> + 'f;
 
 /// Writes every section at its offset and the header at 0 (with the FFN checksums, known only
 /// once the blocks are made).

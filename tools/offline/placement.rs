@@ -297,7 +297,7 @@ mod tests {
                 s = s
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                if (s >> 33) % 5 == 0 {
+                if (s >> 33).is_multiple_of(5) {
                     // Triple g is neurons g, g + groups, g + 2 groups.
                     set.extend([g, g + groups, g + 2 * groups].map(|j| j as u32));
                 }

@@ -35,6 +35,7 @@ fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
         placement,
         thresholds: None,
         trace,
+        eval_trace: None,
         active: Active::TopK { keep: 0.2 },
     }
 }
