@@ -554,7 +554,11 @@ impl FlashImage {
             if k == 0 || g.blocks as usize != n.div_ceil(k) {
                 return Err(bad("block count"));
             }
-            if block < k * (gb + ub + db) || !block.is_multiple_of(unit) {
+            let need = gb
+                .checked_add(ub)
+                .and_then(|b| b.checked_add(db))
+                .and_then(|b| b.checked_mul(k));
+            if need.is_none_or(|need| block < need) || !block.is_multiple_of(unit) {
                 return Err(bad("block size"));
             }
             let f = find(SectionKind::Ffn(l as u32))?;
@@ -775,6 +779,95 @@ mod tests {
                 length: 3,
                 checksum: checksum(b"abc"),
             }],
+        }
+    }
+
+    /// A one-layer image of 5 F32 neurons of width 32 (k = 10 per 4 KiB block: one block),
+    /// placed in reverse.
+    fn tiny_image(order: &[u32]) -> Vec<u8> {
+        let geo =
+            LayerGeometry::new(5, 32, GgmlType::F32, GgmlType::F32, GgmlType::F32, PAGE).unwrap();
+        assert_eq!((geo.per_block, geo.blocks), (10, 1));
+        let block: Vec<u8> = (0..PAGE).map(|i| (i % 251) as u8).collect();
+        let place: Vec<u8> = order.iter().flat_map(|n| n.to_le_bytes()).collect();
+        let mut h = header();
+        h.layers = vec![geo];
+        h.sections.push(Section {
+            kind: SectionKind::Ffn(0),
+            offset: 2 * PAGE as u64,
+            length: PAGE as u64,
+            checksum: checksum(&block),
+        });
+        h.sections.push(Section {
+            kind: SectionKind::Placement(0),
+            offset: 3 * PAGE as u64,
+            length: place.len() as u64,
+            checksum: checksum(&place),
+        });
+        let mut file = encode_header(&h);
+        file.resize(PAGE, 0);
+        file.extend_from_slice(b"abc");
+        file.resize(2 * PAGE, 0);
+        file.extend_from_slice(&block);
+        file.extend_from_slice(&place);
+        file
+    }
+
+    #[test]
+    fn blocks_and_slots_read_back() {
+        let img = FlashImage::from_bytes(tiny_image(&[4, 3, 2, 1, 0])).unwrap();
+        img.verify().unwrap();
+        assert_eq!(img.blocks(0), 1);
+        assert_eq!(img.block_extent(0, 0), (2 * PAGE as u64, PAGE));
+        assert_eq!(img.block_neurons(0, 0), &[4, 3, 2, 1, 0]);
+        assert_eq!(img.slot_of(0, 4), (0, 0));
+        assert_eq!(img.slot_of(0, 1), (0, 3));
+        let r = img.block_rows(0, 0);
+        assert_eq!(
+            (r.gate.rows, r.gate.stride, r.up.ty),
+            (5, 128, GgmlType::F32)
+        );
+        // Gate rows first, then k = 10 up rows' room, then the down columns.
+        assert_eq!(r.up.row(0), &img.block_bytes(0, 0)[10 * 128..11 * 128]);
+        assert_eq!(
+            r.down.row(1),
+            &img.block_bytes(0, 0)[20 * 128 + 128..22 * 128]
+        );
+    }
+
+    /// No cut and no flipped header byte opens, and none panics.
+    #[test]
+    fn every_cut_and_header_flip_is_refused() {
+        let file = tiny_image(&[4, 3, 2, 1, 0]);
+        let header_end =
+            PREFIX_BYTES + u32::from_le_bytes(file[12..16].try_into().unwrap()) as usize;
+        for cut in (0..file.len()).step_by(7).chain([file.len() - 1]) {
+            assert!(
+                FlashImage::from_bytes(file[..cut].to_vec()).is_err(),
+                "cut {cut}"
+            );
+        }
+        for at in 0..header_end {
+            let mut v = file.clone();
+            v[at] ^= 0x20;
+            assert!(FlashImage::from_bytes(v).is_err(), "flip at {at}");
+        }
+        // A damaged placement; one that is not a permutation (its checksum right).
+        let mut v = file.clone();
+        v[3 * PAGE] ^= 1;
+        let e = FlashImage::from_bytes(v).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum mismatch in layer 0's placement"),
+            "{e}"
+        );
+        for bad in [[4, 3, 3, 1, 0], [4, 3, 2, 1, 5]] {
+            let e = FlashImage::from_bytes(tiny_image(&bad))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("layer 0's placement is not a permutation"),
+                "{e}"
+            );
         }
     }
 
