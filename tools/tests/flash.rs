@@ -22,10 +22,25 @@ use leanstream_tools::offline::trace::TraceReader;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leanstream-flash-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A folder for one test, removed when the test ends (passed or not): images are 100 MiB.
+struct TmpDir(PathBuf);
+
+impl TmpDir {
+    fn new(test: &str) -> TmpDir {
+        let dir =
+            std::env::temp_dir().join(format!("leanstream-flash-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TmpDir(dir)
+    }
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
@@ -40,8 +55,8 @@ fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
     }
 }
 
-fn image(model: &Path, name: &str) -> (PathBuf, FlashImage) {
-    let out = tmp(name);
+fn image(dir: &TmpDir, model: &Path, name: &str) -> (PathBuf, FlashImage) {
+    let out = dir.join(name);
     write_image(
         model,
         &out,
@@ -79,7 +94,8 @@ fn bundles_read_back_bit_for_bit() {
     let Some(model) = common::model(common::SMOLLM2) else {
         return;
     };
-    let (_, img) = image(&model, "bundles.flash");
+    let dir = TmpDir::new("bundles");
+    let (_, img) = image(&dir, &model, "bundles.flash");
     img.verify().unwrap();
     let file = ModelFile::open(&model).unwrap();
     let h = file.hyper().unwrap();
@@ -187,7 +203,8 @@ fn dense_part_boots_and_decodes_the_ggufs_text() {
     let Some(model) = common::model(common::SMOLLM2) else {
         return;
     };
-    let (_, img) = image(&model, "boot.flash");
+    let dir = TmpDir::new("boot");
+    let (_, img) = image(&dir, &model, "boot.flash");
     let (file, tok) = open_model(&model, None).unwrap();
     // The dense part holds everything but the FFN: the tokenizer and chat template too.
     let dense = img.dense_model().unwrap();
@@ -214,7 +231,8 @@ fn refuses_other_models_boards_and_damage() {
     let Some(model) = common::model(common::SMOLLM2) else {
         return;
     };
-    let (path, img) = image(&model, "refuse.flash");
+    let dir = TmpDir::new("refuse");
+    let (path, img) = image(&dir, &model, "refuse.flash");
     let file = ModelFile::open(&model).unwrap();
     let id = model_identity(file.gguf().unwrap());
     img.check_for(id, "SmolLM2", "host").unwrap();
@@ -240,7 +258,7 @@ fn refuses_other_models_boards_and_damage() {
 
     let bytes = std::fs::read(&path).unwrap();
     let open = |b: &[u8], name: &str| {
-        let p = tmp(name);
+        let p = dir.join(name);
         std::fs::write(&p, b).unwrap();
         FlashImage::open(&p)
     };
@@ -286,7 +304,8 @@ fn greedy_placement_reads_fewer_blocks_than_identity() {
         return;
     };
     let (m, w) = (model.to_str().unwrap(), wiki.to_str().unwrap());
-    let trace = tmp("trace.safetensors");
+    let dir = TmpDir::new("greedy");
+    let trace = dir.join("trace.safetensors");
     let t = trace.to_str().unwrap();
     let r = leanstream(&[
         "trace",
@@ -308,7 +327,7 @@ fn greedy_placement_reads_fewer_blocks_than_identity() {
         t,
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let out = tmp("greedy.flash");
+    let out = dir.join("greedy.flash");
     let r = leanstream(&[
         "flash",
         m,
@@ -370,7 +389,8 @@ fn cli_refusals() {
         return;
     };
     let m = model.to_str().unwrap();
-    let out = tmp("never.flash");
+    let dir = TmpDir::new("refusals");
+    let out = dir.join("never.flash");
     let o = out.to_str().unwrap();
     let r = leanstream(&["flash", m, "--board", "no-such-board", "--out", o]);
     let e = String::from_utf8_lossy(&r.stderr);
@@ -392,5 +412,5 @@ fn cli_refusals() {
     ]);
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && e.contains("--trace"), "{e}");
-    assert!(!out.exists() && !tmp("never.flash.partial").exists());
+    assert!(!out.exists() && !dir.join("never.flash.partial").exists());
 }
