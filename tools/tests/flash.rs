@@ -10,12 +10,13 @@ use leanstream::boot::{Arena, ArenaKind, Plan};
 use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
 use leanstream::load::open_model;
 use leanstream::model::flash::{model_identity, FlashImage, Part, PAGE};
-use leanstream::model::ggml::dequantize_row;
+use leanstream::model::ggml::{dequantize_row, GgmlType};
 use leanstream::model::gguf::build::Builder;
 use leanstream::model::ModelFile;
 use leanstream::quant::view::Rows;
 use leanstream::quant::Precision;
 use leanstream::sparsity::bundle::{Bundles, Down};
+use leanstream::sparsity::ThresholdTable;
 use leanstream_tools::offline::flash::{write_image, BoardTarget, FlashOptions, BUNDLE_DOWN};
 use leanstream_tools::offline::placement::{cost, Active, ActiveSets, Placement, PlacementKind};
 use leanstream_tools::offline::trace::TraceReader;
@@ -55,15 +56,16 @@ fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
     }
 }
 
+/// The repository's thresholds table for SmolLM2 (committed in tables/).
+fn smollm2_table() -> PathBuf {
+    common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh")
+}
+
 fn image(dir: &TmpDir, model: &Path, name: &str) -> (PathBuf, FlashImage) {
     let out = dir.join(name);
-    write_image(
-        model,
-        &out,
-        &options(PlacementKind::Identity, None),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let mut o = options(PlacementKind::Identity, None);
+    o.thresholds = Some(smollm2_table());
+    write_image(model, &out, &o, &mut |_, _| {}).unwrap();
     let img = FlashImage::open(&out).unwrap();
     (out, img)
 }
@@ -104,10 +106,28 @@ fn bundles_read_back_bit_for_bit() {
         img.header.model_identity,
         model_identity(file.gguf().unwrap())
     );
+    // The thresholds table rides along, byte for byte, and decodes against the header's key.
+    let table = std::fs::read(smollm2_table()).unwrap();
+    assert_eq!(img.thresholds_bytes(), Some(&table[..]));
+    let t: ThresholdTable = leanstream::tables::decode(
+        img.thresholds_bytes().unwrap(),
+        leanstream::sparsity::thresholds::KIND,
+        leanstream::sparsity::thresholds::VERSION,
+        img.header.tables_identity,
+    )
+    .unwrap();
+    assert_eq!(t, ThresholdTable::load(&smollm2_table(), &file).unwrap());
     // SmolLM2 Q4_1 at width 576: 360 + 360 + 612 (Q8_0 column) bytes, 3 bundles a block.
     let g = img.geometry(0);
     assert_eq!((g.per_block, g.blocks, g.block_bytes), (3, 512, 4096));
-    for l in 0..h.n_layers {
+    same_bundles(&img, &file, 0..h.n_layers);
+}
+
+/// Layers `layers` of the image hold, neuron by neuron, the bundles the engine builds from
+/// `file`'s FFN tensors.
+fn same_bundles(img: &FlashImage, file: &ModelFile, layers: std::ops::Range<usize>) {
+    let h = file.hyper().unwrap();
+    for l in layers {
         let t = |p: &str| file.tensor(&format!("blk.{l}.{p}.weight")).unwrap();
         let (gt, ut, dt) = (t("ffn_gate"), t("ffn_up"), t("ffn_down"));
         let mut plan = Plan::default();
@@ -131,6 +151,50 @@ fn bundles_read_back_bit_for_bit() {
             same_rows("down column", n, one(rows.down, i).into(), down);
         }
     }
+}
+
+/// At w4a8 the image holds the bundles of the model `leanstream requant` makes at w4a8 (int4
+/// gate and up in the middle layers, int8 in the first and last).
+#[test]
+fn w4a8_bundles_are_the_requantized_models() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = TmpDir::new("w4a8");
+    let (m, rq) = (model.to_str().unwrap(), dir.join("w4a8.gguf"));
+    let r = leanstream(&[
+        "requant",
+        m,
+        "--precision",
+        "w4a8",
+        "--out",
+        rq.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let out = dir.join("w4a8.flash");
+    let mut o = options(PlacementKind::Identity, None);
+    o.precision = Precision::W4a8;
+    write_image(&model, &out, &o, &mut |_, _| {}).unwrap();
+    let img = FlashImage::open(&out).unwrap();
+    assert_eq!(img.header.precision, "w4a8");
+    let requantized = ModelFile::open(&rq).unwrap();
+    let last = img.layers() - 1;
+    assert_eq!(img.geometry(1).types().unwrap().0, GgmlType::Q4_0);
+    assert_eq!(img.geometry(last).types().unwrap().0, GgmlType::Q8_0);
+    // The dense part holds requant's tensors, byte for byte.
+    let dense = img.dense_model().unwrap();
+    let g = dense.gguf().unwrap();
+    assert!(g.tensors.len() > 100);
+    for t in &g.tensors {
+        let r = requantized.tensor(&t.name).unwrap();
+        assert!(
+            r.ty == t.ty && r.data == g.tensor_data(t),
+            "{} differs from requant's",
+            t.name
+        );
+    }
+    same_bundles(&img, &requantized, 0..2);
+    same_bundles(&img, &requantized, last..last + 1);
 }
 
 /// The dense part of the image, with the FFN tensors put back together from the image's
