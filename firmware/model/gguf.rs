@@ -1085,6 +1085,30 @@ mod tests {
         }
     }
 
+    /// A GGUF held inside another file from a page on parses in place; a range past the
+    /// file's end is a truncation.
+    #[test]
+    fn opens_a_range_of_a_file() {
+        let mut b = Builder::default();
+        b.kv_str("general.architecture", "llama")
+            .tensor_f32("t", &[2], &[1.0, 2.0]);
+        let gguf = b.build();
+        let mut file = vec![7u8; 4096];
+        file.extend_from_slice(&gguf);
+        file.extend_from_slice(b"trailing bytes");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outer.bin");
+        std::fs::write(&path, &file).unwrap();
+        let g = Gguf::open_range(&path, 4096, gguf.len()).unwrap();
+        assert_eq!(g.architecture(), Some("llama"));
+        assert_eq!(
+            g.tensor_data(g.tensor("t").unwrap()),
+            &gguf[gguf.len() - 8..]
+        );
+        let e = Gguf::open_range(&path, 4096, file.len()).unwrap_err();
+        assert!(matches!(e, FormatError::Truncated { .. }), "{e}");
+    }
+
     #[test]
     fn parses_valid_file() {
         let g = Gguf::from_bytes(sample().build()).unwrap();
