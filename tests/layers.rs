@@ -7,7 +7,8 @@
 //!    it in its own tree (`super::X`, the module's shared vocabulary) or below it (a parent's
 //!    `pub use child::X`) does not count: those are one module talking to itself.
 //!
-//! 3. the daemon's crate depends on none of the tools' crates (plotters, the tools crate).
+//! 3. the daemon's crate depends on none of the tools' crates (plotters, indicatif, the tools
+//!    crate).
 //!
 //! Test code (`tests.rs` files and `#[cfg(test)]` modules) sits above every layer and is not
 //! checked. Every `crate::a::b` or `super::a` path counts, in `use` lines or inline.
@@ -444,7 +445,7 @@ fn the_daemon_crate_links_no_tool() {
     // The checker reads the lock file right: the tools depend on the library and on plotters.
     assert!(tools.iter().any(|d| d == "leanstream"), "{tools:?}");
     assert!(tools.iter().any(|d| d == "plotters"), "{tools:?}");
-    for tool in ["plotters", "leanstream-tools"] {
+    for tool in ["plotters", "indicatif", "leanstream-tools"] {
         assert!(
             !daemon.iter().any(|d| d == tool),
             "the daemon's crate depends on {tool}: {daemon:?}"

@@ -255,6 +255,36 @@ impl Gguf {
         Ok(parsed.into_gguf(Backing::Mmap(map)))
     }
 
+    /// Memory-maps the `len` bytes of `path` from `offset` and parses them as a GGUF file: one
+    /// held inside another file (a flash image's dense part, `super::flash`). Tensor offsets
+    /// are relative to the GGUF's own start, so nothing moves.
+    pub fn open_range(path: &Path, offset: u64, len: usize) -> Result<Gguf, FormatError> {
+        let io = |err| FormatError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        if len == 0 || offset.saturating_add(len as u64) > file_len {
+            return Err(FormatError::Truncated {
+                offset: offset as usize,
+                what: "GGUF inside the file".into(),
+                need: len,
+                have: file_len.saturating_sub(offset) as usize,
+            });
+        }
+        // SAFETY: as in `open`: read-only, and the file is not modified while it is open.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map(&file)
+        }
+        .map_err(io)?;
+        let parsed = parse(&map)?;
+        Ok(parsed.into_gguf(Backing::Mmap(map)))
+    }
+
     /// Parses a GGUF image held in memory (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, FormatError> {
         let parsed = parse(&bytes)?;
@@ -1053,6 +1083,30 @@ mod tests {
         for (i, v) in scalars.iter().enumerate() {
             assert_eq!(again.get(&format!("extra.{i}")), Some(v));
         }
+    }
+
+    /// A GGUF held inside another file from a page on parses in place; a range past the
+    /// file's end is a truncation.
+    #[test]
+    fn opens_a_range_of_a_file() {
+        let mut b = Builder::default();
+        b.kv_str("general.architecture", "llama")
+            .tensor_f32("t", &[2], &[1.0, 2.0]);
+        let gguf = b.build();
+        let mut file = vec![7u8; 4096];
+        file.extend_from_slice(&gguf);
+        file.extend_from_slice(b"trailing bytes");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outer.bin");
+        std::fs::write(&path, &file).unwrap();
+        let g = Gguf::open_range(&path, 4096, gguf.len()).unwrap();
+        assert_eq!(g.architecture(), Some("llama"));
+        assert_eq!(
+            g.tensor_data(g.tensor("t").unwrap()),
+            &gguf[gguf.len() - 8..]
+        );
+        let e = Gguf::open_range(&path, 4096, file.len()).unwrap_err();
+        assert!(matches!(e, FormatError::Truncated { .. }), "{e}");
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! [`ModelFile`] is the view the engine uses: hyperparameters ([`Hyper`]) and tensors
 //! ([`TensorRef`]) under GGUF names, whatever the file format.
 
+pub mod checksum;
+pub mod flash;
 pub mod ggml;
 pub mod gguf;
 pub mod llama2c;

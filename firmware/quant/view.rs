@@ -158,3 +158,18 @@ impl<'a> From<&Matrix<'a>> for Rows<'a> {
         }
     }
 }
+
+/// A part of a flash image's block (its gate rows, up rows or down columns), read as is.
+impl<'a> From<crate::model::flash::Part<'a>> for Rows<'a> {
+    fn from(p: crate::model::flash::Part<'a>) -> Rows<'a> {
+        Rows {
+            ty: p.ty,
+            q: None,
+            rows: p.rows,
+            cols: p.cols,
+            stride: p.stride,
+            tile: Tile::NONE,
+            data: p.data,
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod cmd_board;
 mod cmd_calibrate;
 mod cmd_calibrate_kv;
 mod cmd_client;
+mod cmd_flash;
 mod cmd_generate;
 mod cmd_inspect;
 mod cmd_perplexity;
@@ -77,6 +78,9 @@ enum Command {
     /// Requantize a GGUF offline into a precision's GGML types (Q8_0 / Q4_0 / F16), so that boot
     /// imports it as it is; prints what it did and the requantization error.
     Requant(cmd_requant::RequantArgs),
+    /// Write a GGUF as a flash image for a board: the dense part, each layer's FFN as 4 KiB
+    /// blocks of neuron bundles (read by O_DIRECT as they are), the placement, the thresholds.
+    Flash(cmd_flash::FlashArgs),
     /// Fit the int8 KV cache's layout cost model on this board (a short microbenchmark) and
     /// write it as a `kvcost` table for the model.
     CalibrateKv(cmd_calibrate_kv::CalibrateKvArgs),
@@ -178,6 +182,7 @@ fn main() -> ExitCode {
         }),
         Command::Bench(a) => cmd_bench::cmd_bench(a),
         Command::Requant(a) => cmd_requant::cmd_requant(a),
+        Command::Flash(a) => cmd_flash::cmd_flash(a),
         Command::CalibrateKv(a) => cmd_calibrate_kv::cmd_calibrate_kv(a),
         Command::Calibrate(a) => cmd_calibrate::cmd_calibrate(a),
         Command::Trace(a) => cmd_trace::cmd_trace(a),

@@ -8,11 +8,15 @@
 //!   flash blocks (LeanStream 3.2.2).
 //! - [`calibrate_kv`]: the KV layout cost model's alphas fitted on this machine
 //!   (`leanstream calibrate-kv`).
+//! - [`flash`]: the flash image (`leanstream flash`), and [`placement`]: which neurons share
+//!   a block, and what a placement costs over a trace's active sets.
 //! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
 
 pub mod calibrate;
 pub mod calibrate_kv;
 pub mod coact;
+pub mod flash;
+pub mod placement;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;
