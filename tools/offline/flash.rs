@@ -331,10 +331,12 @@ pub fn write_image(
         (PlacementKind::Identity, _) => Placement::identity(h.n_layers, h.hidden_dim),
         (PlacementKind::Greedy, Some(a)) => greedy(a, &per_block),
         (PlacementKind::Coact, Some(a)) => coact(a, &per_block),
-        (kind, None) => return Err(format!(
+        (kind, None) => {
+            return Err(format!(
             "--placement {} places by co-activation: give a trace with --trace (leanstream trace)",
             kind.name()
-        )),
+        ))
+        }
     };
     let costs = eval.as_ref().or(active.as_ref()).map(|a| {
         (
