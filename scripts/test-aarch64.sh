@@ -20,7 +20,15 @@ if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/
     skip "qemu-aarch64 or aarch64-linux-gnu-gcc missing (not root to install them)"
   fi
 fi
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo clippy -p leanstream --lib --target "$target" -- -D warnings
-cargo test -p leanstream --release --lib --target "$target" -- backend::cpu quant sparsity kv
+# Linked as scripts/package.sh links the package's binaries (zig, for glibc 2.31) when
+# cargo-zigbuild is there: cargo's fingerprint holds the linker, so the release dependencies
+# built here are the package's too, not rebuilt there. (A linker set in the environment would
+# take the place of zig's, so none is.)
+if command -v cargo-zigbuild >/dev/null; then
+  cargo-zigbuild test -p leanstream --release --lib --target "$target.2.31" -- backend::cpu quant sparsity kv
+else
+  echo "test-aarch64.sh: no cargo-zigbuild on PATH: linking with aarch64-linux-gnu-gcc (scripts/package.sh will rebuild the dependencies)"
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc cargo test -p leanstream --release --lib --target "$target" -- backend::cpu quant sparsity kv
+fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Jetson package, as CI checks it (scripts/test.sh runs this after the aarch64 kernel tests):
 #   scripts/test-package.sh [BOARD]        (default jetson-orin-nano-8gb)
-# builds it (scripts/package.sh), checks it with lintian, its unit with `systemd-analyze verify`
+# builds it (scripts/package.sh), checks that its binaries need no glibc newer than JetPack 5's
+# 2.31, checks it with lintian, its unit with `systemd-analyze verify`
 # and `security` (alone and with the GPU drop-in), then runs the ignored tests of
 # tests/package.rs against it: the packaged aarch64 leanstreamd and leanstream under qemu-user
 # answer as the x86-64 build does, and the maintainer scripts, alone and run by dpkg, do their
@@ -21,12 +22,39 @@ for tool in aarch64-linux-gnu-gcc dpkg-deb; do
   command -v "$tool" >/dev/null || { skip "$tool is missing (apt install gcc-aarch64-linux-gnu dpkg-dev)"; exit 0; }
 done
 
+# package.sh links with zig (cargo-zigbuild) for glibc $glibc_ceiling, both from PyPI like
+# scripts/test.sh's Python tools; without them it links with gcc and the check below fails.
+glibc_ceiling=2.31
+python3 -m pip install --quiet "ziglang==0.17.*" "cargo-zigbuild==0.24.*" \
+  || echo "package: pip could not install ziglang and cargo-zigbuild" >&2
+
 deb=$(scripts/package.sh "$board")
 echo "package: $deb: $(stat -c %s "$deb") bytes, installed $(dpkg-deb -f "$deb" Installed-Size) KiB"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pkg=$work/pkg
 dpkg-deb -R "$deb" "$pkg"
+
+# The glibc ceiling: no symbol of either binary may need a glibc newer than JetPack 5's, and the
+# package's Depends must say what they do need.
+needed=
+for bin in leanstreamd leanstream; do
+  versions=$(aarch64-linux-gnu-objdump -T "$pkg/usr/bin/$bin" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV)
+  [ -n "$versions" ] || { echo "package: $bin: objdump -T lists no GLIBC_ symbol version" >&2; exit 1; }
+  above=$(printf '%s\n%s\n' "$glibc_ceiling" "$versions" | sort -uV | sed "1,/^$glibc_ceiling\$/d")
+  if [ -n "$above" ]; then
+    echo "package: $bin needs glibc above $glibc_ceiling (JetPack 5), so the package will not install there; its symbols:" >&2
+    aarch64-linux-gnu-objdump -T "$pkg/usr/bin/$bin" | grep -F -e "$(printf '(GLIBC_%s)\n' $above)" >&2
+    exit 1
+  fi
+  needed=$(printf '%s\n%s\n' "$needed" "$versions" | sed '/^$/d' | sort -uV)
+  echo "package: $bin needs glibc $(printf '%s\n' "$versions" | tail -1) at most (ceiling $glibc_ceiling)"
+done
+depends=$(dpkg-deb -f "$deb" Depends)
+case ", $depends," in
+  *", libc6 (>= $(printf '%s\n' "$needed" | tail -1)),"*) echo "package: Depends: $depends" ;;
+  *) echo "package: Depends: '$depends' does not ask for the glibc $(printf '%s\n' "$needed" | tail -1) the binaries need" >&2; exit 1 ;;
+esac
 
 # lintian: errors and warnings fail (the package's overrides explain the ones left).
 if ! command -v lintian >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

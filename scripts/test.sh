@@ -11,7 +11,8 @@ if [ -x ../shared/scripts/fetch-models.sh ]; then
 else
   echo "skipped: ../shared not found: Qwen2.5-0.5B, stories260K, tokenizer vectors and WikiText-2 tests will skip"
 fi
-python3 -m pip install --quiet openai httpx "nvidia-cuda-nvrtc-cu12==12.6.*"
+# zig and cargo-zigbuild link the aarch64 binaries for JetPack 5's glibc 2.31 (scripts/package.sh).
+python3 -m pip install --quiet openai httpx "nvidia-cuda-nvrtc-cu12==12.6.*" "ziglang==0.17.*" "cargo-zigbuild==0.24.*"
 # The committed PTX must be what its .cu sources compile to (NVRTC 12.6 from PyPI, no GPU).
 python3 scripts/build-ptx.py --check
 cargo fmt --check
