@@ -7,6 +7,7 @@
 // the offline commands read is in text_args.rs.
 mod cmd_bench;
 mod cmd_board;
+mod cmd_cache_sim;
 mod cmd_calibrate;
 mod cmd_calibrate_kv;
 mod cmd_client;
@@ -92,6 +93,9 @@ enum Command {
     Trace(cmd_trace::TraceArgs),
     /// Statistics of a trace: magnitude shares, active-set overlap, one-shot and staged recall.
     TraceStats(cmd_trace_stats::TraceStatsArgs),
+    /// Miss ratios of the weight cache's policies (lru, lfu, hot) and Belady's floor on a
+    /// trace's activations.
+    CacheSim(cmd_cache_sim::CacheSimArgs),
     /// Ask a running leanstreamd; the answer streams as it comes.
     Ask(cmd_client::AskArgs),
     /// An interactive chat with a running leanstreamd (/exit to leave, /reset to forget).
@@ -187,6 +191,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => cmd_calibrate::cmd_calibrate(a),
         Command::Trace(a) => cmd_trace::cmd_trace(a),
         Command::TraceStats(a) => cmd_trace_stats::cmd_trace_stats(a),
+        Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),
         Command::Status { socket } => cmd_client::cmd_status(socket),

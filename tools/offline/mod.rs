@@ -2,6 +2,7 @@
 //! daemon loads or the team reads, never on the serving path (`leanstreamd` uses none of it).
 //!
 //! - [`calibrate`]: activation thresholds and dropped-neuron means for target sparsities.
+//! - [`cache_sim`]: the weight cache's miss ratios on a trace's activations, Belady beside.
 //! - [`trace`]: the activation trace file (safetensors) and its reader.
 //! - [`trace_stats`]: a trace's statistics for the sparsity report.
 //! - [`coact`]: co-activation placement: neuron embeddings learned from traces, clustered into
@@ -12,6 +13,7 @@
 //!   a block, and what a placement costs over a trace's active sets.
 //! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
 
+pub mod cache_sim;
 pub mod calibrate;
 pub mod calibrate_kv;
 pub mod coact;
