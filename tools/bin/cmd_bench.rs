@@ -215,11 +215,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Prefill and decode speed of every configuration the sparsity options name, side by side in
-/// one process: each configuration has its own engine, and the repetitions alternate between
-/// them so that a busy moment of the machine touches all of them alike.
-fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
-    let model = ModelArgs {
+/// The one model of a CPU-only bench (sparse FFN configurations, `--configs`, long context) as
+/// the model options the other commands take.
+fn cpu_model_args(a: &BenchArgs) -> ModelArgs {
+    ModelArgs {
         model: a.model[0].clone(),
         tokenizer: a.tokenizer.clone(),
         threads: a.threads.map(threads_at_least_one),
@@ -227,14 +226,24 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
         memory: None,
         low: a.low.clone(),
         sparsity: a.sparsity.clone(),
-    };
+    }
+}
+
+/// A model path's file name, for the tables.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Prefill and decode speed of every configuration the sparsity options name, side by side in
+/// one process: each configuration has its own engine, and the repetitions alternate between
+/// them so that a busy moment of the machine touches all of them alike.
+fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
+    let model = cpu_model_args(&a);
     let (file, tok) = open_model(&model.model, model.tokenizer.as_deref())?;
     let configs = model.sparsity.configs(&model.model, &file)?;
-    let name = model
-        .model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = file_name(&model.model);
     let prompt = bench_prompt(&tok, a.prompt_tokens);
     let mut arenas: Vec<Arenas> = configs
         .iter()
@@ -340,22 +349,10 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
 
 /// Low-bit configurations of one model on the CPU (`--configs`, `--long-context`).
 fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
-    let model = ModelArgs {
-        model: a.model[0].clone(),
-        tokenizer: a.tokenizer.clone(),
-        threads: a.threads.map(threads_at_least_one),
-        backend: "cpu".into(),
-        memory: None,
-        low: a.low.clone(),
-        sparsity: a.sparsity.clone(),
-    };
+    let model = cpu_model_args(&a);
     let (file, tok) = open_model(&model.model, model.tokenizer.as_deref())?;
     let ffn = model.sparsity.single(&model.model, &file)?;
-    let name = model
-        .model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = file_name(&model.model);
     let mut configs: Vec<(String, LowBitArgs)> = match &a.configs {
         None => {
             let mut low = model.low.clone();
@@ -498,10 +495,7 @@ fn cmd_bench_long_cuda(_: BenchArgs) -> Result<(), String> {
 fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
     let n = a.long_context.unwrap_or_default();
     let (file, tok) = open_model(&a.model[0], a.tokenizer.as_deref())?;
-    let name = a.model[0]
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = file_name(&a.model[0]);
     let prompt = bench_prompt(&tok, a.prompt_tokens);
     let mut base = CudaOptions {
         precision: a.low.precision,
