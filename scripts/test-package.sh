@@ -3,7 +3,7 @@
 #   scripts/test-package.sh [BOARD]        (default jetson-orin-nano-8gb)
 # builds it (scripts/package.sh), checks that its binaries need no glibc newer than JetPack 5's
 # 2.31, checks it with lintian, its unit with `systemd-analyze verify`
-# and `security` (alone and with the GPU drop-in), then runs the ignored tests of
+# and `security` (alone and with the GPU drop-in), then runs the tests of
 # tests/package.rs against it: the packaged aarch64 leanstreamd and leanstream under qemu-user
 # answer as the x86-64 build does, and the maintainer scripts, alone and run by dpkg, do their
 # work in a scratch root.
@@ -129,4 +129,4 @@ for name in leanstreamd leanstream; do
   [ -e "$x86/$name" ] || cargo build --bin "$name" --message-format=json-render-diagnostics | link_bins
   [ -x "$x86/$name" ] || { echo "package: no x86-64 $name was built" >&2; exit 1; }
 done
-LEANSTREAM_DEB=$(realpath "$deb") LEANSTREAM_PKG_ROOT=$pkg LEANSTREAM_X86_BIN=$x86 cargo test --test package -- --ignored --show-output
+LEANSTREAM_DEB=$(realpath "$deb") LEANSTREAM_PKG_ROOT=$pkg LEANSTREAM_X86_BIN=$x86 cargo test --test package -- --show-output

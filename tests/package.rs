@@ -4,8 +4,8 @@
 //! models folder, call systemd as they should, refuse another board's package and leave the
 //! models alone.
 //!
-//! Ignored in a plain `cargo test`: they need the built package. scripts/test-package.sh (run by
-//! scripts/test.sh) builds it, unpacks it with `dpkg-deb -R` and runs them with
+//! They need the built package: a plain `cargo test` skips them with a visible line, and
+//! scripts/test-package.sh (run by scripts/test.sh right after) builds it, unpacks it with `dpkg-deb -R` and runs them with
 //!   LEANSTREAM_DEB       the package file
 //!   LEANSTREAM_PKG_ROOT  the unpacked package (its files, and DEBIAN/ with the scripts)
 //!   LEANSTREAM_X86_BIN   a folder holding the x86-64 leanstreamd and leanstream
@@ -25,7 +25,7 @@ fn package_root() -> Option<PathBuf> {
     match std::env::var_os("LEANSTREAM_PKG_ROOT") {
         Some(p) => Some(PathBuf::from(p)),
         None => {
-            eprintln!("skipped: LEANSTREAM_PKG_ROOT is not set (scripts/test-package.sh sets it)");
+            eprintln!("skipped: LEANSTREAM_PKG_ROOT is not set (scripts/test-package.sh, which scripts/test.sh runs next, sets it and runs this test)");
             None
         }
     }
@@ -207,7 +207,6 @@ fn daemon_answers(cmd: &[String], model: &Path, tok: &Path, tag: &str) -> (Strin
 }
 
 #[test]
-#[ignore = "needs the built package: scripts/test-package.sh"]
 fn aarch64_daemon_answers_as_the_x86_build() {
     let Some([arm, x86]) = both_builds("leanstreamd") else {
         return;
@@ -249,7 +248,6 @@ fn cli_generate(cmd: &[String], model: &Path, tok: &Path) -> String {
 }
 
 #[test]
-#[ignore = "needs the built package: scripts/test-package.sh"]
 fn aarch64_cli_generates_as_the_x86_build() {
     let Some([arm, x86]) = both_builds("leanstream") else {
         return;
@@ -373,7 +371,6 @@ fn scripts_can_run() -> Option<PathBuf> {
 }
 
 #[test]
-#[ignore = "needs the built package: scripts/test-package.sh"]
 fn maintainer_scripts_install_upgrade_refuse_and_remove() {
     let Some(pkg) = scripts_can_run() else {
         return;
@@ -475,7 +472,6 @@ fn maintainer_scripts_install_upgrade_refuse_and_remove() {
 }
 
 #[test]
-#[ignore = "needs the built package: scripts/test-package.sh"]
 fn maintainer_scripts_in_an_image_build_only_enable() {
     let Some(pkg) = scripts_can_run() else {
         return;
@@ -499,7 +495,6 @@ fn maintainer_scripts_in_an_image_build_only_enable() {
 /// $DPKG_ROOT): the package installs, another board's package is refused over it and the
 /// installed one stays, a reinstall of the same board passes, and purge keeps the models.
 #[test]
-#[ignore = "needs the built package: scripts/test-package.sh"]
 fn dpkg_installs_refuses_another_board_and_purges_keeping_the_models() {
     let Some(pkg) = scripts_can_run() else {
         return;
