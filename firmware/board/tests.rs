@@ -75,7 +75,7 @@ fn zero_or_negative_sizes_name_their_field() {
 
 #[test]
 fn misaligned_budget_is_refused() {
-    let e = parse_board(&with("flags = \"64 KiB\"", "flags = \"1000\"")).unwrap_err();
+    let e = parse_board(&with("flags = \"1 MiB\"", "flags = \"1000\"")).unwrap_err();
     assert_eq!(e.field, "budget.flags");
     assert!(e.message.contains("4096"), "{e}");
 }

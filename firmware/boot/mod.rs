@@ -327,6 +327,11 @@ impl<'a> Carver<'a> {
         Ok(dst)
     }
 
+    /// Bytes not yet handed out.
+    pub fn left(&self) -> usize {
+        self.rest.len()
+    }
+
     pub fn used(&self) -> usize {
         self.used
     }

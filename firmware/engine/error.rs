@@ -27,6 +27,12 @@ pub enum EngineError {
     /// The exact down product (calibration) was asked of an engine without the model's own
     /// dense matrices.
     ExactDownNeedsDense,
+    /// The flash image cannot be streamed from (unreadable, another model or board).
+    Flash(crate::model::flash::FlashError),
+    /// The streamed FFN could not be set up (the lanes, the cache, the budget).
+    Stream(super::StreamBootError),
+    /// An FFN block could not be read: the request it was read for ends.
+    Read(crate::stream::ReadError),
 }
 
 impl fmt::Display for EngineError {
@@ -43,6 +49,9 @@ impl fmt::Display for EngineError {
             EngineError::UnknownMemoryModel(s) => {
                 write!(f, "unknown memory model '{s}' (unified or discrete)")
             }
+            EngineError::Flash(e) => write!(f, "{e}"),
+            EngineError::Stream(e) => write!(f, "{e}"),
+            EngineError::Read(e) => write!(f, "the FFN stream from the flash image failed: {e}"),
             EngineError::ExactDownNeedsDense => write!(
                 f,
                 "the exact down product needs a dense engine at the model's own precision"
@@ -58,6 +67,9 @@ impl std::error::Error for EngineError {
             EngineError::Boot(e) => Some(e),
             EngineError::Bundles(e) => Some(e),
             EngineError::Sparsity(e) => Some(e),
+            EngineError::Flash(e) => Some(e),
+            EngineError::Stream(e) => Some(e),
+            EngineError::Read(e) => Some(e),
             _ => None,
         }
     }

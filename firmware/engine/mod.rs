@@ -10,10 +10,12 @@ pub mod generate;
 pub mod perplexity;
 mod plan;
 pub mod sample;
+pub mod stream_ffn;
 pub mod tap;
 
 pub use plan::{kv_plan, BootPlan};
 use plan::{place_vector, Placer};
+pub use stream_ffn::{StreamBootError, StreamOptions, StreamStats, StreamedFfn};
 
 use crate::backend::cpu::sparse_ffn::SparseFfn;
 use crate::backend::cpu::{
@@ -59,6 +61,9 @@ pub struct EngineOptions {
     /// Record every layer's FFN activations for each token (dense mode only; `trace`,
     /// `calibrate`).
     pub tap: Option<TapOptions>,
+    /// Stream the FFN from a flash image instead of holding it (a sparse `ffn` mode; the model
+    /// booted is the image's dense part).
+    pub stream: Option<StreamOptions>,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +79,7 @@ impl Default for EngineOptions {
             native_classic: false,
             ffn: FfnOptions::default(),
             tap: None,
+            stream: None,
         }
     }
 }
@@ -99,6 +105,8 @@ enum LayerFfn<'a> {
         down: Matrix<'a>,
     },
     Bundles(Bundles<'a>),
+    /// Streamed from the flash image (`Engine::stream`).
+    Streamed,
 }
 
 /// Activations for one token, carved from the scratch arena.
@@ -188,6 +196,8 @@ pub struct Engine<'a> {
     sparse: Option<SparseFfn<'a>>,
     /// The per-token activation record (when asked for at boot).
     tap: Option<Tap<'a>>,
+    /// The FFN streamed from a flash image (when booted with `stream`).
+    stream: Option<StreamedFfn<'a>>,
 }
 
 /// What generation, perplexity and the daemon need from a backend: one token in, logits out.
@@ -228,6 +238,13 @@ pub trait Decoder {
     }
     /// Called on a thread before it decodes (a GPU makes its context current there).
     fn bind_thread(&mut self) {}
+    /// Why the tokens run since the last call cannot be trusted (an FFN block read failed):
+    /// the request they belong to ends with it. None for a backend that cannot fail.
+    fn take_error(&mut self) -> Option<EngineError> {
+        None
+    }
+    /// A new sequence starts (at position 0): per-sequence state (the stale predictor) resets.
+    fn begin_sequence(&mut self) {}
 }
 
 impl Decoder for Engine<'_> {
@@ -245,6 +262,15 @@ impl Decoder for Engine<'_> {
     }
     fn score(&mut self, tokens: &[u32], pos: usize, each: &mut dyn FnMut(usize, &mut [f32])) {
         Engine::score(self, tokens, pos, each)
+    }
+    fn take_error(&mut self) -> Option<EngineError> {
+        let e = self.stream.as_mut()?.take_error()?;
+        Some(EngineError::Read(e))
+    }
+    fn begin_sequence(&mut self) {
+        if let Some(s) = self.stream.as_mut() {
+            s.reset_sequence();
+        }
     }
 }
 
@@ -300,7 +326,9 @@ impl<'a> Engine<'a> {
             } else {
                 None
             };
-            let ffn = if sparse {
+            let ffn = if opts.stream.is_some() {
+                LayerFfn::Streamed
+            } else if sparse {
                 let (g, u, dn) = (
                     t("ffn_gate.weight")?,
                     t("ffn_up.weight")?,
@@ -431,6 +459,21 @@ impl<'a> Engine<'a> {
             Some(t) => Some(Tap::new(&mut c, h.n_layers, h.dim, h.hidden_dim, t)?),
             None => None,
         };
+        let stream = match &opts.stream {
+            Some(so) => {
+                let image = StreamedFfn::open_image(so, &h).map_err(EngineError::Flash)?;
+                let (n_flags, n_staging) = (arenas.flags.len() / 4, arenas.io_staging.len());
+                let flags = arenas.flags.carver().take::<u32>(n_flags)?;
+                let staging = arenas.io_staging.carver().take::<u8>(n_staging)?;
+                let ffn_len = f.left();
+                let ffn = f.take::<u8>(ffn_len)?;
+                Some(
+                    StreamedFfn::new(image, so, ffn, flags, staging, &mut c)
+                        .map_err(EngineError::Stream)?,
+                )
+            }
+            None => None,
+        };
         s.att.fill(0.0);
         let mut kv = KvCache::new(shape, store, opts.kv_policy);
         kv.set_avx2(opts.kernels.kernel == crate::backend::cpu::Kernel::Avx2);
@@ -466,6 +509,7 @@ impl<'a> Engine<'a> {
             conversions: placer.report,
             sparse,
             tap,
+            stream,
         })
     }
 
@@ -515,8 +559,17 @@ impl<'a> Engine<'a> {
     pub fn bundles(&self, l: usize) -> Option<&Bundles<'a>> {
         match &self.layers.get(l)?.ffn {
             LayerFfn::Bundles(b) => Some(b),
-            LayerFfn::Dense { .. } => None,
+            LayerFfn::Dense { .. } | LayerFfn::Streamed => None,
         }
+    }
+
+    /// The streamed FFN (engines booted with `stream`).
+    pub fn stream(&self) -> Option<&StreamedFfn<'a>> {
+        self.stream.as_ref()
+    }
+
+    pub fn stream_mut(&mut self) -> Option<&mut StreamedFfn<'a>> {
+        self.stream.as_mut()
     }
 
     /// The last token's activation record (engines booted with `tap`).
@@ -651,8 +704,19 @@ impl<'a> Engine<'a> {
                     let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
                     sparse.forward(l, b, ks, pool, s.xb, act);
                 }
+                LayerFfn::Streamed => {
+                    let sparse = self
+                        .sparse
+                        .as_mut()
+                        .expect("streaming comes with SparseFfn");
+                    let stream = self.stream.as_mut().expect("a streamed layer");
+                    stream.forward_layer(l, sparse, ks, pool, s.xb, act);
+                }
             }
             add(s.x, s.xb);
+        }
+        if let Some(st) = self.stream.as_mut() {
+            st.end_token();
         }
 
         rmsnorm(s.xb, s.x, self.output_norm, h.norm_eps);
@@ -861,6 +925,16 @@ impl Engine<'_> {
                     let sparse = self.sparse.as_mut().expect("bundles come with SparseFfn");
                     for xbt in xb.chunks_exact_mut(dim) {
                         sparse.forward(l, bundles, ks, pool, xbt, &mut acts[0]);
+                    }
+                }
+                LayerFfn::Streamed => {
+                    let sparse = self
+                        .sparse
+                        .as_mut()
+                        .expect("streaming comes with SparseFfn");
+                    let stream = self.stream.as_mut().expect("a streamed layer");
+                    for xbt in xb.chunks_exact_mut(dim) {
+                        stream.forward_layer(l, sparse, ks, pool, xbt, &mut acts[0]);
                     }
                 }
             }

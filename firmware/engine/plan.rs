@@ -17,6 +17,8 @@ pub struct BootPlan {
     pub ffn: Plan,
     pub kv: Plan,
     pub scratch: Plan,
+    /// The FFN is streamed: `ffn` is the weight cache, not the weights.
+    pub streamed: bool,
 }
 
 impl BootPlan {
@@ -31,7 +33,11 @@ impl BootPlan {
             (
                 ArenaKind::FfnCache,
                 self.ffn.bytes,
-                "the FFN weights (all resident until streaming)".into(),
+                if self.streamed {
+                    "the weight cache of the streamed FFN (--ffn-budget)".into()
+                } else {
+                    "the FFN weights (all resident)".into()
+                },
             ),
             (
                 ArenaKind::Kv,
@@ -162,7 +168,11 @@ impl Engine<'_> {
     /// [`boot`](Self::boot) checks it against the arenas).
     pub fn plan(model: &ModelFile, opts: &EngineOptions) -> Result<BootPlan, EngineError> {
         let h = model.hyper()?;
-        model.validate(&h)?;
+        if opts.stream.is_some() {
+            model.validate_dense(&h)?;
+        } else {
+            model.validate(&h)?;
+        }
         if h.head_dim % 2 != 0 || h.n_heads % h.n_kv_heads != 0 {
             return Err(EngineError::Unsupported(format!(
                 "head_dim {} must be even and n_heads {} a multiple of n_kv_heads {}",
@@ -224,7 +234,9 @@ impl Engine<'_> {
             if h.qkv_bias {
                 dense.add::<f32>(q_dim + 2 * kv_dim);
             }
-            if sparse {
+            if opts.stream.is_some() {
+                // The FFN is in the image: the cache is planned below.
+            } else if sparse {
                 let t = |n: &str| model.tensor(&layer_name(i, n));
                 let (g, u, d) = (
                     t("ffn_gate.weight")?,
@@ -279,6 +291,17 @@ impl Engine<'_> {
         if let Some(t) = &opts.tap {
             Tap::plan(&mut scratch, h.n_layers, h.dim, h.hidden_dim, t.stages);
         }
+        if let Some(so) = &opts.stream {
+            if !sparse {
+                return Err(EngineError::Options(
+                    "a streamed FFN computes only the neurons a token needs: it needs --ffn oracle or topk".into(),
+                ));
+            }
+            let image = StreamedFfn::open_image(so, &h).map_err(EngineError::Flash)?;
+            let (slots, slot_bytes) = StreamedFfn::slots(&image, so.budget);
+            ffn.add_bytes(slots * slot_bytes.next_multiple_of(crate::boot::SLICE_ALIGN));
+            StreamedFfn::plan_scratch(&mut scratch, &image, &h, so.predict);
+        }
 
         Ok(BootPlan {
             shape,
@@ -287,6 +310,7 @@ impl Engine<'_> {
             ffn,
             kv,
             scratch,
+            streamed: opts.stream.is_some(),
         })
     }
 }

@@ -235,6 +235,34 @@ impl ThresholdTable {
                 source,
             })?;
         let h = model.hyper().map_err(ThresholdsError::Model)?;
+        t.checked(path, &h)
+    }
+
+    /// The table a flash image carries (`leanstream flash --thresholds`), checked against the
+    /// image's key and the model's shape `h`; None when the image has none.
+    pub fn from_image(
+        image: &crate::model::flash::FlashImage,
+        h: &crate::model::Hyper,
+    ) -> Result<Option<ThresholdTable>, ThresholdsError> {
+        let Some(bytes) = image.thresholds_bytes() else {
+            return Ok(None);
+        };
+        let path = image.path().map(Path::to_path_buf).unwrap_or_default();
+        let t: ThresholdTable = tables::decode(bytes, KIND, VERSION, image.header.tables_identity)
+            .map_err(|source| ThresholdsError::Table {
+                path: path.clone(),
+                source,
+            })?;
+        t.checked(&path, h).map(Some)
+    }
+
+    /// `self`, when its shapes are `h`'s.
+    fn checked(
+        self,
+        path: &Path,
+        h: &crate::model::Hyper,
+    ) -> Result<ThresholdTable, ThresholdsError> {
+        let t = self;
         let dropped_ok = |d: &DroppedMean| {
             d.mean.len() == h.n_layers * h.hidden_dim
                 && d.offset.len() == h.n_layers * h.dim

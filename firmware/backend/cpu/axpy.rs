@@ -104,8 +104,6 @@ pub fn axpy_rows(
     if let Some(&m) = idx.iter().max() {
         assert!((m as usize) < w.rows, "row {m} of {}", w.rows);
     }
-    let f = axpy_fn(w.ty, k);
-    let f4 = axpy4_fn(w.ty, k);
     let row = |r: u32| &w.data[w.offset(r as usize)..][..row_bytes];
     let pp = OutPtr(partials.as_mut_ptr());
     pool.run(tasks, &|t| {
@@ -113,29 +111,59 @@ pub fn axpy_rows(
         let hs = &h[t * ROWS_PER_TASK..][..ids.len()];
         // SAFETY: task t owns partials[t * cols..(t + 1) * cols] (asserted long enough above).
         let o = unsafe { std::slice::from_raw_parts_mut(pp.ptr().add(t * cols), cols) };
-        o.fill(0.0);
-        // The rows a token needs are scattered: each is prefetched a few rows ahead.
-        let prefetch_ahead = |i: usize| prefetch_gathered(ids, i, row);
-        let mut i = 0;
-        if let Some(f4) = f4 {
-            while i + 4 <= ids.len() {
-                prefetch_ahead(i);
-                let s = [0, 1, 2, 3].map(|k| row(ids[i + k]));
-                // SAFETY: `axpy4_fn` picked a kernel this CPU supports; each `s[k]` is a whole
-                // row of `cols` values, as `o` is.
-                unsafe { f4(w.ty, s, [hs[i], hs[i + 1], hs[i + 2], hs[i + 3]], o) };
-                i += 4;
-            }
-        }
-        while i < ids.len() {
-            prefetch_ahead(i);
-            // SAFETY: `axpy_fn` picked a kernel this CPU supports (asserted above); the row holds
-            // the `cols` values `o` covers.
-            unsafe { f(w.ty, row(ids[i]), hs[i], o) };
-            i += 1;
-        }
+        axpy_run(ks, w.ty, ids, &row, hs, o);
     });
     sum_partials(partials, tasks, cols, out);
+}
+
+/// `o = sum_i hs[i] * row(ids[i])`, four rows at a time where a kernel allows: one run of
+/// [`axpy_rows`] (which calls it per task). A caller whose rows are scattered (the weight
+/// cache's slots) sums a run of the same neurons in the same order, and gets the same bits.
+/// Each row must hold `o.len()` values of `ty` (a type `column_type_supported` accepts).
+pub fn axpy_run<'r>(
+    ks: KernelSet,
+    ty: GgmlType,
+    ids: &[u32],
+    row: &dyn Fn(u32) -> &'r [u8],
+    hs: &[f32],
+    o: &mut [f32],
+) {
+    let k = ks.kernel;
+    assert!(
+        crate::backend::cpu::kernel::kernel_supported(k) && column_type_supported(ty),
+        "no {k:?} axpy kernel for {} on this CPU",
+        ty.name()
+    );
+    assert_eq!(ids.len(), hs.len(), "one value per row");
+    let rb = ty.row_bytes(o.len()).expect("whole 32-groups");
+    let f = axpy_fn(ty, k);
+    let f4 = axpy4_fn(ty, k);
+    let row = |r: u32| {
+        let b = row(r);
+        assert!(b.len() >= rb, "a row of {} bytes, need {rb}", b.len());
+        b
+    };
+    o.fill(0.0);
+    // The rows a token needs are scattered: each is prefetched a few rows ahead.
+    let prefetch_ahead = |i: usize| prefetch_gathered(ids, i, row);
+    let mut i = 0;
+    if let Some(f4) = f4 {
+        while i + 4 <= ids.len() {
+            prefetch_ahead(i);
+            let s = [0, 1, 2, 3].map(|k| row(ids[i + k]));
+            // SAFETY: `axpy4_fn` picked a kernel this CPU supports; each `s[k]` holds at least
+            // a whole row of `o.len()` values (asserted in `row`).
+            unsafe { f4(ty, s, [hs[i], hs[i + 1], hs[i + 2], hs[i + 3]], o) };
+            i += 4;
+        }
+    }
+    while i < ids.len() {
+        prefetch_ahead(i);
+        // SAFETY: `axpy_fn` picked a kernel this CPU supports (asserted above); the row holds
+        // the `o.len()` values `o` covers.
+        unsafe { f(ty, row(ids[i]), hs[i], o) };
+        i += 1;
+    }
 }
 
 unsafe fn axpy_scalar(ty: GgmlType, src: &[u8], h: f32, out: &mut [f32]) {

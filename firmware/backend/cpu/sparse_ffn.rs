@@ -6,7 +6,7 @@
 use super::axpy::{self, axpy_rows};
 use super::down_tiles::{self, axpy_tiles};
 use super::matvec::{matvec_gather, matvec_pairs, matvec_rows_many};
-use super::{ActScratch, KernelSet, WorkerPool};
+use super::{ActScratch, KernelSet, Rows, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::ops::silu;
 use crate::sparsity::bundle::{Bundles, Down};
@@ -185,7 +185,27 @@ impl<'a> SparseFfn<'a> {
         x: &mut [f32],
         act: &mut ActScratch,
     ) {
-        let n = b.n;
+        let k = self.choose(l, b.gate, b.up, ks, pool, x, act);
+        down(b, ks, pool, &self.idx[..k], &self.h[..k], self.partials, x);
+        self.add_dropped_offset(l, x);
+    }
+
+    /// Picks layer `l`'s neurons for the FFN input `x` from the gate and up rows of every
+    /// neuron (`gate`, `up`: `n` rows each) and computes their activations, less the dropped
+    /// means: [`forward`](Self::forward) but the down projection. Returns how many were kept;
+    /// [`chosen`](Self::chosen) hands out which (ascending) and their activations.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose(
+        &mut self,
+        l: usize,
+        gate: Rows,
+        up: Rows,
+        ks: KernelSet,
+        pool: &WorkerPool,
+        x: &[f32],
+        act: &mut ActScratch,
+    ) -> usize {
+        let n = gate.rows;
         let (g, u, h, mag) = (
             &mut self.g[..n],
             &mut self.u[..n],
@@ -202,11 +222,11 @@ impl<'a> SparseFfn<'a> {
                         *uv *= *gv;
                     }
                 };
-                matvec_pairs(ks, pool, b.gate, b.up, x, act, g, u, &swiglu);
+                matvec_pairs(ks, pool, gate, up, x, act, g, u, &swiglu);
                 u
             }
             Score::Gate => {
-                matvec_rows_many(ks, pool, &mut [(b.gate, &mut *g)], x, act);
+                matvec_rows_many(ks, pool, &mut [(gate, &mut *g)], x, act);
                 for gv in g.iter_mut() {
                     *gv = silu(*gv);
                 }
@@ -235,14 +255,26 @@ impl<'a> SparseFfn<'a> {
                 }
             }
             Score::Gate => {
-                matvec_gather(ks, pool, b.up, idx, x, act, &mut u[..k]);
+                matvec_gather(ks, pool, up, idx, x, act, &mut u[..k]);
                 for ((hv, uv), &j) in h[..k].iter_mut().zip(&u[..k]).zip(idx) {
                     *hv = g[j as usize] * uv - mean[j as usize];
                 }
             }
         }
-        down(b, ks, pool, idx, &h[..k], self.partials, x);
-        for (y, o) in x.iter_mut().zip(&self.dropped_offset[l * b.dim..][..b.dim]) {
+        k
+    }
+
+    /// The first `k` chosen neurons (ascending) and their activations, as
+    /// [`choose`](Self::choose) left them; a caller may drop some (keeping the order).
+    pub fn chosen(&mut self, k: usize) -> (&mut [u32], &mut [f32]) {
+        (&mut self.idx[..k], &mut self.h[..k])
+    }
+
+    /// Adds layer `l`'s dropped-neuron offset to the down projection's output `x` (zeros when
+    /// dropped means are off).
+    pub fn add_dropped_offset(&self, l: usize, x: &mut [f32]) {
+        let dim = x.len();
+        for (y, o) in x.iter_mut().zip(&self.dropped_offset[l * dim..][..dim]) {
             *y += o;
         }
     }

@@ -576,6 +576,11 @@ impl FlashImage {
         })
     }
 
+    /// The file it was opened from (None for an image in memory).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         match &self.backing {

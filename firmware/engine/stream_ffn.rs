@@ -1,0 +1,694 @@
+//! The FFN streamed from a flash image (LeanStream paper 3.2; DESIGN.md section 6): per token
+//! and layer, which neurons are needed ([`PredictKind`]), their blocks requested from the I/O
+//! lanes into the weight cache, and the down projection computed over the blocks as they
+//! arrive.
+//!
+//! Which neurons: the sparse FFN's own choice (`SparseFfn::choose`: the calibrated thresholds,
+//! or top-k) over the gate and up rows of a resident copy made at boot from the image, kept
+//! outside the board's budget and not counted: the upper bound on prediction. With `oracle`
+//! the lanes read exactly the blocks of the chosen neurons; with `stale` they read the blocks
+//! the previous token used, and chosen neurons in blocks that were not read are dropped (they
+//! count with their calibrated mean, as every dropped neuron does).
+//!
+//! Order-free and exact: the chosen neurons (ascending) are cut into runs of
+//! `axpy::ROWS_PER_TASK`, as the in-memory sparse FFN's down projection cuts them; a run is
+//! summed (`axpy_run`) as soon as every block it needs has arrived, into its own partial, and
+//! the partials are added in run order at the end. So the output is the in-memory FFN's over
+//! the same neurons, bit for bit, whatever order the blocks arrive in.
+//!
+//! Blocks a layer needs are pinned in the cache from their arrival (or hit) until the layer
+//! is done, so no read of the same layer can evict one before its run is summed; boot refuses a
+//! cache smaller than the largest layer plus the hot blocks. A read that fails after its retries
+//! leaves its neurons out (zero rows), and the first such error is kept for the caller
+//! ([`StreamedFfn::take_error`]): the request ends with it.
+
+use super::Disjoint;
+use crate::backend::cpu::axpy::{axpy_run, ROWS_PER_TASK};
+use crate::backend::cpu::sparse_ffn::SparseFfn;
+use crate::backend::cpu::{ActScratch, KernelSet, Rows, Tile, WorkerPool};
+use crate::boot::{BootError, Carver, Plan};
+use crate::model::flash::{FlashError, FlashImage, LayerGeometry};
+use crate::model::Hyper;
+use crate::predict::{PredictKind, Predictor, Stale};
+use crate::stream::backend::best_backend;
+use crate::stream::fault::{Fault, FaultBackend};
+use crate::stream::{
+    flags_from_words, BlockId, BlockRead, CacheBudget, CacheStats, FileId, LaneConfig, Lanes,
+    Policy, ReadError, ReadErrorKind, RequestError, Requested, StreamError, WeightCache,
+    FLAG_FAILED,
+};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// How the FFN is streamed (`--image`, `--ffn-budget`, `--cache`, `--predict`).
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    /// The flash image (`leanstream flash`) the lanes read FFN blocks from.
+    pub image: PathBuf,
+    /// The weight cache's size: a share of the image's FFN bytes, or bytes.
+    pub budget: CacheBudget,
+    pub policy: Policy,
+    pub predict: PredictKind,
+    /// Blocks the `hot` policy pins (global ids, most frequent first).
+    pub hot: Vec<BlockId>,
+    /// Tests: reads go through a fault-injecting backend with these faults (block ids are
+    /// global: layer `l`'s block `b` is `StreamedFfn::block_id(l, b)`), in a shuffled order
+    /// when a seed is given.
+    pub faults: Vec<Fault>,
+    pub shuffle: Option<u64>,
+}
+
+/// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    pub cache: CacheStats,
+    /// Tokens decoded.
+    pub tokens: u64,
+    /// Time the decode thread waited for reads.
+    pub io_wait_ns: u64,
+    /// Neurons the sparse FFN chose, and those left out because their block was not read
+    /// (`stale`) or failed.
+    pub chosen: u64,
+    pub missed: u64,
+}
+
+impl StreamStats {
+    pub fn bytes_per_token(&self) -> f64 {
+        self.cache.bytes_read as f64 / self.tokens.max(1) as f64
+    }
+    pub fn io_wait_ms_per_token(&self) -> f64 {
+        self.io_wait_ns as f64 / 1e6 / self.tokens.max(1) as f64
+    }
+    pub fn hit_ratio(&self) -> f64 {
+        1.0 - self.cache.miss_ratio()
+    }
+}
+
+/// Marks in `mark` (per block of the current layer).
+const UNSEEN: u32 = 0;
+const SEEN: u32 = 1;
+/// A block whose arrival the runs wait for.
+const PENDING: u32 = 2;
+/// Not a chosen neuron (`pos_of`).
+const NONE: u32 = u32::MAX;
+
+/// The streamed FFN of every layer: the image, the lanes, the cache, and per-token buffers.
+pub struct StreamedFfn<'a> {
+    image: FlashImage,
+    file: FileId,
+    lanes: Lanes<'a>,
+    cache: WeightCache<'a>,
+    predict: PredictKind,
+    stale: Option<Stale<'a>>,
+    /// Layer l's blocks are global ids `base[l]..base[l + 1]`.
+    base: Vec<u32>,
+    /// The oracle's resident gate and up rows, neuron order, per layer: (gate at, up at).
+    resident: Vec<u8>,
+    resident_at: Vec<(usize, usize)>,
+    dim: usize,
+    // Per-token buffers, carved from the scratch arena.
+    prio: &'a mut [f32],
+    mark: &'a mut [u32],
+    used: &'a mut [u32],
+    pinned: &'a mut [u32],
+    pos_of: &'a mut [u32],
+    pending: &'a mut [u32],
+    done: &'a mut [u32],
+    ready: &'a mut [u32],
+    partials: &'a mut [f32],
+    zero_row: &'a [u8],
+    error: Option<ReadError>,
+    stats: StreamStats,
+}
+
+/// The geometry every layer of an image shares with the model (checked at boot).
+fn max_blocks(image: &FlashImage) -> usize {
+    (0..image.layers())
+        .map(|l| image.blocks(l))
+        .max()
+        .unwrap_or(0)
+}
+
+fn runs(hidden: usize) -> usize {
+    hidden.div_ceil(ROWS_PER_TASK).max(1)
+}
+
+impl<'a> StreamedFfn<'a> {
+    /// Opens the image and checks it against the model `h` and this board.
+    pub fn open_image(opts: &StreamOptions, h: &Hyper) -> Result<FlashImage, FlashError> {
+        let image = FlashImage::open(&opts.image)?;
+        image.check_board(crate::board::NAME)?;
+        if image.layers() != h.n_layers {
+            return Err(FlashError::Geometry {
+                layer: image.layers().min(h.n_layers),
+                what: "layer count",
+            });
+        }
+        for l in 0..image.layers() {
+            let g = image.geometry(l);
+            if g.neurons as usize != h.hidden_dim || g.dim as usize != h.dim {
+                return Err(FlashError::Geometry {
+                    layer: l,
+                    what: "FFN shape",
+                });
+            }
+        }
+        Ok(image)
+    }
+
+    /// Cache slots the budget buys (at least the largest layer's blocks: checked by `new`).
+    pub fn slots(image: &FlashImage, budget: CacheBudget) -> (usize, usize) {
+        let slot = (0..image.layers())
+            .map(|l| image.geometry(l).block_bytes as usize)
+            .max()
+            .unwrap_or(1);
+        let ffn: usize = (0..image.layers())
+            .map(|l| image.blocks(l) * image.geometry(l).block_bytes as usize)
+            .sum();
+        (budget.slots(ffn, slot), slot)
+    }
+
+    /// What [`new`](Self::new) carves from the scratch arena.
+    pub fn plan_scratch(plan: &mut Plan, image: &FlashImage, h: &Hyper, predict: PredictKind) {
+        let blocks = max_blocks(image);
+        plan.add::<f32>(blocks);
+        for _ in 0..3 {
+            plan.add::<u32>(blocks);
+        }
+        plan.add::<u32>(h.hidden_dim);
+        for _ in 0..3 {
+            plan.add::<u32>(runs(h.hidden_dim));
+        }
+        plan.add::<f32>(runs(h.hidden_dim) * h.dim);
+        plan.add::<u8>(Self::down_row_bytes(image));
+        if predict == PredictKind::Stale {
+            Stale::plan(plan, image.layers(), blocks);
+        }
+    }
+
+    fn down_row_bytes(image: &FlashImage) -> usize {
+        (0..image.layers())
+            .filter_map(|l| image.geometry(l).part_bytes().map(|p| p.2))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The streamed FFN over `image`: its cache in `ffn` (from `budget.ffn_cache`), one flag per
+    /// block in `flags`, the lanes' buffers in `staging`, per-token buffers from `scratch`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        image: FlashImage,
+        opts: &StreamOptions,
+        ffn: &'a mut [u8],
+        flags: &'a mut [u32],
+        staging: &'a mut [u8],
+        scratch: &mut Carver<'a>,
+    ) -> Result<StreamedFfn<'a>, StreamBootError> {
+        let layers = image.layers();
+        let mut base = Vec::with_capacity(layers + 1);
+        let mut total = 0u32;
+        for l in 0..layers {
+            base.push(total);
+            total += image.blocks(l) as u32;
+        }
+        base.push(total);
+        let total = total as usize;
+        if flags.len() < total {
+            return Err(StreamError::Flags {
+                blocks: total,
+                flags: flags.len(),
+            }
+            .into());
+        }
+        let flags = flags_from_words(&mut flags[..total]);
+        let (slots, slot_bytes) = Self::slots(&image, opts.budget);
+        let largest = max_blocks(&image);
+        let hot = &opts.hot[..];
+        let hot_n = if opts.policy == Policy::Hot {
+            hot.len()
+        } else {
+            0
+        };
+        if slots < largest + hot_n {
+            return Err(StreamBootError::TooSmall {
+                slots,
+                largest,
+                hot: hot_n,
+            });
+        }
+        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, hot)?;
+        let cfg = LaneConfig::from_board(slot_bytes);
+        let in_flight = cfg.lanes * cfg.queue_depth;
+        let inner = best_backend(cfg.lanes, cfg.queue_depth);
+        let backend: Box<dyn crate::stream::backend::ReadBackend> =
+            if opts.faults.is_empty() && opts.shuffle.is_none() {
+                inner
+            } else {
+                let mut f = FaultBackend::new(inner, total, in_flight);
+                for &fault in &opts.faults {
+                    f = f.with_fault(fault);
+                }
+                if let Some(seed) = opts.shuffle {
+                    f = f.shuffled(seed);
+                }
+                Box::new(f)
+            };
+        let mut lanes = Lanes::new(cfg, staging, total, backend)?;
+        let file = lanes.open(&opts.image)?;
+
+        // The oracle's resident gate and up rows, gathered into neuron order.
+        let mut resident = Vec::new();
+        let mut resident_at = Vec::with_capacity(layers);
+        for l in 0..layers {
+            let g = *image.geometry(l);
+            let (gb, ub, _) = g.part_bytes().expect("checked geometry");
+            let n = g.neurons as usize;
+            let at = resident.len();
+            resident.resize(at + n * (gb + ub), 0);
+            for j in 0..n {
+                let (b, i) = image.slot_of(l, j);
+                let rows = image.block_rows(l, b);
+                resident[at + j * gb..][..gb].copy_from_slice(rows.gate.row(i));
+                resident[at + n * gb + j * ub..][..ub].copy_from_slice(rows.up.row(i));
+            }
+            resident_at.push((at, at + n * gb));
+        }
+        let dim = image.geometry(0).dim as usize;
+        let hidden = image.geometry(0).neurons as usize;
+        let stale = match opts.predict {
+            PredictKind::Stale => Some(Stale::new(scratch, layers, largest)?),
+            PredictKind::Oracle => None,
+        };
+        let zero_row = scratch.take::<u8>(Self::down_row_bytes(&image))?;
+        zero_row.fill(0);
+        let s = StreamedFfn {
+            file,
+            lanes,
+            cache,
+            predict: opts.predict,
+            stale,
+            base,
+            resident,
+            resident_at,
+            dim,
+            prio: scratch.take(largest)?,
+            mark: scratch.take(largest)?,
+            used: scratch.take(largest)?,
+            pinned: scratch.take(largest)?,
+            pos_of: scratch.take(hidden)?,
+            pending: scratch.take(runs(hidden))?,
+            done: scratch.take(runs(hidden))?,
+            ready: scratch.take(runs(hidden))?,
+            partials: scratch.take(runs(hidden) * dim)?,
+            zero_row,
+            error: None,
+            stats: StreamStats::default(),
+            image,
+        };
+        s.prio.fill(0.0);
+        s.mark.fill(UNSEEN);
+        s.pos_of.fill(NONE);
+        Ok(s)
+    }
+
+    /// Layer `l`'s block `b` as the lanes and the cache number it.
+    pub fn block_id(&self, l: usize, b: usize) -> BlockId {
+        self.base[l] + b as BlockId
+    }
+
+    pub fn image(&self) -> &FlashImage {
+        &self.image
+    }
+
+    pub fn cache_slots(&self) -> (usize, usize) {
+        (self.cache.slots(), self.cache.slot_bytes())
+    }
+
+    /// Whether the lanes read the image with O_DIRECT (the page cache cannot serve them).
+    pub fn direct(&self) -> bool {
+        self.lanes.is_direct(self.file)
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.lanes.backend_name()
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        StreamStats {
+            cache: self.cache.stats(),
+            ..self.stats
+        }
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.cache.reset_stats();
+        self.stats = StreamStats::default();
+    }
+
+    /// The first read that failed since the last call (the request it happened in ends).
+    pub fn take_error(&mut self) -> Option<ReadError> {
+        self.error.take()
+    }
+
+    /// A new sequence: the stale predictor forgets the last token.
+    pub fn reset_sequence(&mut self) {
+        if let Some(s) = self.stale.as_mut() {
+            s.reset();
+        }
+    }
+
+    /// Counts one token decoded.
+    pub fn end_token(&mut self) {
+        self.stats.tokens += 1;
+    }
+
+    /// Layer `l`'s resident gate and up rows (the oracle's copy).
+    fn score_rows(&self, l: usize) -> (Rows<'_>, Rows<'_>) {
+        let g: &LayerGeometry = self.image.geometry(l);
+        let (gt, ut, _) = g.types().expect("checked geometry");
+        let (gb, ub, _) = g.part_bytes().expect("checked geometry");
+        let n = g.neurons as usize;
+        let (ga, ua) = self.resident_at[l];
+        let rows = |ty, stride, at: usize| Rows {
+            ty,
+            q: None,
+            rows: n,
+            cols: self.dim,
+            stride,
+            tile: Tile::NONE,
+            data: &self.resident[at..at + n * stride],
+        };
+        (rows(gt, gb, ga), rows(ut, ub, ua))
+    }
+
+    fn read(&self, l: usize, b: usize) -> BlockRead {
+        let (offset, len) = self.image.block_extent(l, b);
+        BlockRead {
+            file: self.file,
+            offset,
+            len: len as u32,
+            block: self.block_id(l, b),
+        }
+    }
+
+    /// Layer `l`'s FFN for the input `x` (the normed residual), into `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_layer(
+        &mut self,
+        l: usize,
+        sparse: &mut SparseFfn,
+        ks: KernelSet,
+        pool: &WorkerPool,
+        x: &mut [f32],
+        act: &mut ActScratch,
+    ) {
+        let (gate, up) = self.score_rows(l);
+        let k = sparse.choose(l, gate, up, ks, pool, x, act);
+        let (idx, h) = sparse.chosen(k);
+        let blocks = self.image.blocks(l);
+
+        // The blocks this token really uses, and what the predictor wants read.
+        let mut used_n = 0;
+        for &n in idx.iter() {
+            let b = self.image.block_of(l, n as usize);
+            if self.mark[b] == UNSEEN {
+                self.mark[b] = SEEN;
+                self.used[used_n] = b as u32;
+                used_n += 1;
+            }
+        }
+        let prio = &mut self.prio[..blocks];
+        match (self.predict, self.stale.as_mut()) {
+            (PredictKind::Stale, Some(stale)) => {
+                stale.predict(l, x, prio);
+                stale.observe(l, &self.used[..used_n]);
+            }
+            _ => {
+                prio.fill(0.0);
+                for (&n, hv) in idx.iter().zip(h.iter()) {
+                    // Larger activations first; every needed block above 0.
+                    prio[self.image.block_of(l, n as usize)] += 1.0 + hv.abs();
+                }
+            }
+        }
+        for &b in &self.used[..used_n] {
+            self.mark[b as usize] = UNSEEN;
+        }
+
+        // Neurons whose blocks will not be read are dropped (kept order).
+        let mut k2 = 0;
+        for i in 0..k {
+            if prio[self.image.block_of(l, idx[i] as usize)] > 0.0 {
+                idx[k2] = idx[i];
+                h[k2] = h[i];
+                k2 += 1;
+            }
+        }
+        self.stats.chosen += k as u64;
+        self.stats.missed += (k - k2) as u64;
+        let (idx, h) = (&idx[..k2], &h[..k2]);
+        for (i, &n) in idx.iter().enumerate() {
+            self.pos_of[n as usize] = i as u32;
+        }
+
+        // Request every wanted block; hits are pinned at once, misses when they arrive.
+        let mut pinned_n = 0;
+        let mut waited = std::time::Duration::ZERO;
+        for b in 0..blocks {
+            if self.prio[b] <= 0.0 {
+                continue;
+            }
+            let read = self.read(l, b);
+            loop {
+                match self.lanes.request(read, self.prio[b], &mut self.cache) {
+                    Ok(Requested::Cached(_)) => {
+                        if !self.cache.is_pinned(read.block) {
+                            self.cache.pin(read.block);
+                            self.pinned[pinned_n] = read.block;
+                            pinned_n += 1;
+                        }
+                        break;
+                    }
+                    Ok(_) => break,
+                    Err(RequestError::Full { .. }) => {
+                        // The queue is full: take in a finished read to make room.
+                        let w = Instant::now();
+                        let a = self.lanes.wait_next(&mut self.cache);
+                        waited += w.elapsed();
+                        self.arrived(l, a, &mut pinned_n, false);
+                    }
+                    Err(e) => panic!("a checked image's block read was refused: {e}"),
+                }
+            }
+        }
+
+        // Runs of ROWS_PER_TASK chosen neurons: each waits for the blocks of its neurons.
+        let runs = k2.div_ceil(ROWS_PER_TASK);
+        self.pending[..runs].fill(0);
+        self.done[..runs].fill(0);
+        for (i, &n) in idx.iter().enumerate() {
+            let b = self.image.block_of(l, n as usize);
+            let gid = self.block_id(l, b);
+            if self.cache.slot_of(gid).is_none() && self.cache.flag(gid) != FLAG_FAILED {
+                self.pending[i / ROWS_PER_TASK] += 1;
+                self.mark[b] = PENDING;
+            }
+        }
+        let mut left = runs;
+        let down_ty = self.image.geometry(l).types().expect("checked").2;
+        let (gb, ub, db) = self.image.geometry(l).part_bytes().expect("checked");
+        let per_block = self.image.geometry(l).per_block as usize;
+        let dim = self.dim;
+        while left > 0 {
+            let mut r = 0;
+            for t in 0..runs {
+                if self.done[t] == 0 && self.pending[t] == 0 {
+                    self.done[t] = 1;
+                    self.ready[r] = t as u32;
+                    r += 1;
+                }
+            }
+            if r > 0 {
+                let (image, cache, zero) = (&self.image, &self.cache, self.zero_row);
+                let base = self.base[l];
+                let row = |n: u32| -> &[u8] {
+                    let (b, i) = image.slot_of(l, n as usize);
+                    match cache.get(base + b as u32) {
+                        Some(bytes) => &bytes[per_block * (gb + ub) + i * db..][..db],
+                        None => zero,
+                    }
+                };
+                let ready = &self.ready[..r];
+                let out = Disjoint::new(&mut self.partials[..runs * dim]);
+                pool.run(r, &|i| {
+                    let t = ready[i] as usize;
+                    let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k2)];
+                    let hs = &h[t * ROWS_PER_TASK..][..ids.len()];
+                    // SAFETY: each ready run appears once in `ready`, and run t writes only
+                    // its own partial.
+                    let o = unsafe { out.slice(t * dim, dim) };
+                    axpy_run(ks, down_ty, ids, &row, hs, o);
+                });
+                left -= r;
+                continue;
+            }
+            let w = Instant::now();
+            let a = self.lanes.wait_next(&mut self.cache);
+            waited += w.elapsed();
+            if !self.arrived(l, a, &mut pinned_n, true) {
+                // Nothing in flight, yet runs wait: their blocks can never come (the ring
+                // failed); they are summed without them and the request ends.
+                self.error.get_or_insert(ReadError {
+                    block: self.base[l],
+                    file: self.file,
+                    offset: 0,
+                    len: 0,
+                    attempts: 0,
+                    kind: ReadErrorKind::Io(nix::libc::EIO),
+                });
+                self.pending[..runs].fill(0);
+            }
+        }
+        // Queued reads of this layer that no run needs are dropped: the layer is done.
+        for b in 0..blocks {
+            if self.prio[b] > 0.0 {
+                self.lanes.cancel(self.block_id(l, b));
+                self.mark[b] = UNSEEN;
+            }
+        }
+        self.stats.io_wait_ns += waited.as_nanos() as u64;
+
+        // The runs' partials in run order: the in-memory down projection's sum.
+        x.fill(0.0);
+        for p in self.partials[..runs * dim].chunks_exact(dim) {
+            for (o, v) in x.iter_mut().zip(p) {
+                *o += v;
+            }
+        }
+        for &n in idx {
+            self.pos_of[n as usize] = NONE;
+        }
+        for &b in &self.pinned[..pinned_n] {
+            self.cache.unpin(b);
+        }
+        sparse.add_dropped_offset(l, x);
+    }
+
+    /// One finished read (`a` from the lanes): a block this layer needs is pinned and its runs
+    /// told; a failed one is remembered. With `count`, the pending runs are updated. False when
+    /// nothing was in flight.
+    fn arrived(
+        &mut self,
+        l: usize,
+        a: std::io::Result<Option<crate::stream::Arrival>>,
+        pinned_n: &mut usize,
+        count: bool,
+    ) -> bool {
+        let a = match a {
+            Ok(Some(a)) => a,
+            Ok(None) => return false,
+            Err(e) => {
+                // The ring itself failed: the reads still out are lost, and the request ends.
+                self.error.get_or_insert(ReadError {
+                    block: self.base[l],
+                    file: self.file,
+                    offset: 0,
+                    len: 0,
+                    attempts: 1,
+                    kind: ReadErrorKind::Io(e.raw_os_error().unwrap_or(nix::libc::EIO)),
+                });
+                return false;
+            }
+        };
+        let (lo, hi) = (self.base[l], self.base[l + 1]);
+        if a.block < lo || a.block >= hi {
+            return true;
+        }
+        let b = (a.block - lo) as usize;
+        // Runs wait only for blocks counted as missing (a read that finished before the layer
+        // asked for its block was a hit, though its arrival is handed out only now).
+        let counted = count && self.mark[b] == PENDING;
+        if counted {
+            self.mark[b] = UNSEEN;
+        }
+        let mut needed = false;
+        for &n in self.image.block_neurons(l, b) {
+            let p = self.pos_of[n as usize];
+            if p != NONE {
+                needed = true;
+                if counted {
+                    self.pending[p as usize / ROWS_PER_TASK] -= 1;
+                }
+            }
+        }
+        match a.result {
+            Ok(_) if needed && !self.cache.is_pinned(a.block) => {
+                self.cache.pin(a.block);
+                self.pinned[*pinned_n] = a.block;
+                *pinned_n += 1;
+            }
+            Ok(_) => {}
+            // A block no run needs (a stale guess) may fail without ending the request.
+            Err(_) if !needed => {}
+            Err(e) => {
+                self.stats.missed += self
+                    .image
+                    .block_neurons(l, b)
+                    .iter()
+                    .filter(|&&n| self.pos_of[n as usize] != NONE)
+                    .count() as u64;
+                self.error.get_or_insert(e);
+            }
+        }
+        true
+    }
+}
+
+/// Why the streamed FFN could not be set up.
+#[derive(Debug)]
+pub enum StreamBootError {
+    Stream(StreamError),
+    Boot(BootError),
+    /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
+    TooSmall {
+        slots: usize,
+        largest: usize,
+        hot: usize,
+    },
+}
+
+impl From<StreamError> for StreamBootError {
+    fn from(e: StreamError) -> Self {
+        StreamBootError::Stream(e)
+    }
+}
+
+impl From<BootError> for StreamBootError {
+    fn from(e: BootError) -> Self {
+        StreamBootError::Boot(e)
+    }
+}
+
+impl std::fmt::Display for StreamBootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamBootError::Stream(e) => write!(f, "{e}"),
+            StreamBootError::Boot(e) => write!(f, "{e}"),
+            StreamBootError::TooSmall {
+                slots,
+                largest,
+                hot,
+            } => write!(
+                f,
+                "--ffn-budget buys {slots} cache blocks, but a layer needs up to {largest}{}: raise --ffn-budget",
+                if *hot > 0 {
+                    format!(" beside {hot} pinned hot blocks")
+                } else {
+                    String::new()
+                }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StreamBootError {}

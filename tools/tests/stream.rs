@@ -1,0 +1,302 @@
+//! The FFN streamed from a flash image through the I/O lanes and the weight cache, on
+//! SmolLM2-135M and Qwen2.5-0.5B (skipped visibly when absent): with the oracle's neuron sets
+//! the logits are the in-memory sparse FFN's over the same sets, bit for bit, whatever order
+//! blocks arrive in and whatever the budget and policy; reads that fail end the token's request
+//! with a clear error and the engine goes on serving; a budget below one layer is refused.
+
+mod common;
+
+use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions, StreamOptions};
+use leanstream::model::flash::FlashImage;
+use leanstream::model::ModelFile;
+use leanstream::predict::PredictKind;
+use leanstream::quant::Precision;
+use leanstream::sparsity::{BundleDown, FfnMode, FfnOptions, Score, ThresholdTable};
+use leanstream::stream::fault::{Fault, FaultKind};
+use leanstream::stream::{CacheBudget, Policy};
+use leanstream_tools::offline::flash::{write_image, BoardTarget, FlashOptions, BUNDLE_DOWN};
+use leanstream_tools::offline::placement::{Active, PlacementKind};
+use std::path::{Path, PathBuf};
+
+/// A folder for one test, removed when the test ends (passed or not).
+struct TmpDir(PathBuf);
+
+impl TmpDir {
+    fn new(test: &str) -> TmpDir {
+        let dir =
+            std::env::temp_dir().join(format!("leanstream-stream-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TmpDir(dir)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An image of `model` with its committed thresholds table, in `dir`.
+fn image(dir: &TmpDir, model: &Path, table: &Path) -> PathBuf {
+    let out = dir.0.join("model.flash");
+    let o = FlashOptions {
+        board: BoardTarget::load("host").unwrap(),
+        precision: Precision::Native,
+        placement: PlacementKind::Identity,
+        thresholds: Some(table.to_path_buf()),
+        trace: None,
+        eval_trace: None,
+        active: Active::TopK { keep: 0.2 },
+    };
+    write_image(model, &out, &o, &mut |_, _| {}).unwrap();
+    out
+}
+
+/// The oracle at `sparsity` from the table, with the image's down columns (Q8_0 rows).
+fn oracle(table: &ThresholdTable, sparsity: f32) -> FfnOptions {
+    FfnOptions {
+        mode: FfnMode::Oracle,
+        score: Score::Glu,
+        sparsity,
+        thresholds: Some(table.thresholds(sparsity, Score::Glu).unwrap()),
+        bundle_down: BUNDLE_DOWN,
+        dropped: Some(table.dropped_mean(sparsity, Score::Glu).unwrap()),
+    }
+}
+
+fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> StreamOptions {
+    StreamOptions {
+        image: path.to_path_buf(),
+        budget: CacheBudget::Fraction(budget),
+        policy,
+        predict,
+        hot: Vec::new(),
+        faults: Vec::new(),
+        shuffle: None,
+    }
+}
+
+fn opts(ffn: FfnOptions, stream: Option<StreamOptions>) -> EngineOptions {
+    EngineOptions {
+        threads: 2,
+        context: 64,
+        ffn,
+        stream,
+        ..Default::default()
+    }
+}
+
+/// Every token's logits, fed one by one.
+fn logits(e: &mut dyn Decoder, tokens: &[u32]) -> Vec<Vec<f32>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(p, &t)| {
+            let l = e.forward(t, p).to_vec();
+            assert!(e.take_error().is_none(), "token {p} failed");
+            l
+        })
+        .collect()
+}
+
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    for (t, (x, y)) in a.iter().zip(b).enumerate() {
+        let diff = x
+            .iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        assert_eq!(diff, 0, "{what}: token {t}: {diff} logits differ");
+    }
+}
+
+const TOKENS: &[u32] = &[1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 2683, 7, 9];
+
+fn check_bit_for_bit(model_name: &str, table_name: &str) {
+    let Some(model) = common::model(model_name) else {
+        return;
+    };
+    let table_path = common::repo_root().join("tables").join(table_name);
+    let dir = TmpDir::new(model_name);
+    let path = image(&dir, &model, &table_path);
+    let file = ModelFile::open(&model).unwrap();
+    let table = ThresholdTable::load(&table_path, &file).unwrap();
+    let h = file.hyper().unwrap();
+    let tokens: Vec<u32> = TOKENS.iter().map(|&t| t % h.vocab_size as u32).collect();
+    let ffn = oracle(&table, 0.5);
+    assert_eq!(ffn.bundle_down, BundleDown::AtLeast8Bit);
+
+    let want = {
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = Engine::boot(&mut arenas, &file, opts(ffn.clone(), None)).unwrap();
+        logits(&mut e, &tokens)
+    };
+    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
+    // Budgets, policies and arrival orders change what is read and when, never the sums.
+    for (budget, policy, shuffle) in [
+        (0.25, Policy::Lru, Some(7)),
+        (0.5, Policy::Lfu, Some(12345)),
+        (1.0, Policy::Lru, None),
+    ] {
+        let mut so = stream(&path, budget, policy, PredictKind::Oracle);
+        so.shuffle = shuffle;
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        let got = logits(&mut e, &tokens);
+        same_bits(
+            &got,
+            &want,
+            &format!("{model_name} at {budget} {policy} {shuffle:?}"),
+        );
+        let st = e.stream().unwrap().stats();
+        assert_eq!(st.tokens, tokens.len() as u64);
+        assert_eq!(st.missed, 0, "the oracle reads every block it chose");
+        assert!(st.cache.misses > 0 && st.cache.bytes_read > 0, "{st:?}");
+        if budget < 1.0 {
+            assert!(st.cache.evictions > 0, "a small cache evicts: {st:?}");
+        } else {
+            assert!(st.cache.hits > 0, "a whole cache hits: {st:?}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_streamed_logits_are_the_in_memory_oracles_bit_for_bit() {
+    check_bit_for_bit(common::SMOLLM2, "SmolLM2-135M-Instruct.Q4_1.thresh");
+}
+
+#[test]
+fn qwen_streamed_logits_are_the_in_memory_oracles_bit_for_bit() {
+    check_bit_for_bit(common::QWEN05, "qwen2.5-coder-0.5b-instruct.thresh");
+}
+
+/// The stale predictor reads the previous token's blocks: the first token reads every block
+/// of each layer, later ones leave out what was not read (counted), and the text stays
+/// sensible enough that the logits are finite.
+#[test]
+fn stale_reads_last_tokens_blocks_and_counts_what_it_missed() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir = TmpDir::new("stale");
+    let path = image(&dir, &model, &table_path);
+    let file = ModelFile::open(&model).unwrap();
+    let table = ThresholdTable::load(&table_path, &file).unwrap();
+    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
+    let so = stream(&path, 0.5, Policy::Lru, PredictKind::Stale);
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so))).unwrap();
+    let out = logits(&mut e, &TOKENS[..6]);
+    assert!(out.iter().flatten().all(|v| v.is_finite()));
+    let st = e.stream().unwrap().stats();
+    assert!(st.missed > 0 && st.missed < st.chosen / 2, "{st:?}");
+    // A new sequence forgets the last token: its first token reads whole layers again.
+    e.begin_sequence();
+    let before = e.stream().unwrap().stats().missed;
+    e.forward(TOKENS[0], 0);
+    assert_eq!(e.stream().unwrap().stats().missed, before);
+}
+
+/// EIO on every attempt of a block ends that token's request with an error naming the read;
+/// the engine then decodes the next request as if nothing happened. A truncated image does
+/// the same, naming the truncation.
+#[test]
+fn failed_reads_end_the_request_and_the_engine_goes_on() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir = TmpDir::new("faults");
+    let path = image(&dir, &model, &table_path);
+    let file = ModelFile::open(&model).unwrap();
+    let table = ThresholdTable::load(&table_path, &file).unwrap();
+    let ffn = oracle(&table, 0.5);
+    let img = FlashImage::open(&path).unwrap();
+    let dense = img.dense_model().unwrap();
+    // The stale predictor reads every block of a layer for a sequence's first token, so each
+    // of layer 0's blocks fails its first three attempts (the read and both retries) there.
+    fn boot<'a>(
+        arenas: &'a mut Arenas,
+        dense: &ModelFile,
+        path: &Path,
+        ffn: &FfnOptions,
+        faults: Vec<Fault>,
+    ) -> Engine<'a> {
+        let mut so = stream(path, 1.0, Policy::Lru, PredictKind::Stale);
+        so.faults = faults;
+        Engine::boot(arenas, dense, opts(ffn.clone(), Some(so))).unwrap()
+    }
+    let want = {
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = boot(&mut arenas, &dense, &path, &ffn, Vec::new());
+        logits(&mut e, &TOKENS[..3])
+    };
+    let faults = (0..img.blocks(0) as u32)
+        .map(|block| Fault {
+            block,
+            attempts: 3,
+            kind: FaultKind::Eio,
+        })
+        .collect();
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut e = boot(&mut arenas, &dense, &path, &ffn, faults);
+    e.forward(TOKENS[0], 0);
+    let err = e.take_error().expect("the failed reads end the request");
+    assert!(matches!(err, EngineError::Read(_)));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("the FFN stream from the flash image failed: reading block ")
+            && msg.contains("after 3 attempts")
+            && msg.contains("Input/output error"),
+        "{msg}"
+    );
+    assert!(e.take_error().is_none(), "said once");
+    // The next request: the blocks read now, the logits those of an engine that never failed.
+    e.begin_sequence();
+    let got = logits(&mut e, &TOKENS[..3]);
+    same_bits(&got, &want, "after a failed request");
+
+    // Truncated under the engine: the reads past the end fail, naming it.
+    let copy = dir.0.join("truncated.flash");
+    std::fs::copy(&path, &copy).unwrap();
+    let so = stream(&copy, 0.25, Policy::Lru, PredictKind::Oracle);
+    let img = FlashImage::open(&copy).unwrap();
+    let dense = img.dense_model().unwrap();
+    let (last_layer_at, _) = img.block_extent(img.layers() - 1, 0);
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut e = Engine::boot(&mut arenas, &dense, opts(ffn, Some(so))).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_len(last_layer_at)
+        .unwrap();
+    e.forward(TOKENS[0], 0);
+    let msg = e.take_error().expect("past the end").to_string();
+    assert!(msg.contains("truncated"), "{msg}");
+}
+
+/// A budget that cannot hold one layer's blocks is refused at boot, naming the flag.
+#[test]
+fn a_budget_below_one_layer_is_refused() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir = TmpDir::new("small");
+    let path = image(&dir, &model, &table_path);
+    let file = ModelFile::open(&model).unwrap();
+    let table = ThresholdTable::load(&table_path, &file).unwrap();
+    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
+    let so = stream(&path, 0.02, Policy::Lru, PredictKind::Oracle);
+    let mut arenas = Arenas::from_board().unwrap();
+    let e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so)))
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("--ffn-budget buys") && msg.contains("a layer needs up to 512"),
+        "{msg}"
+    );
+}
