@@ -22,12 +22,15 @@ pub enum LoadError {
     },
     /// A llama2.c checkpoint with no tokenizer given and none beside it.
     NoTokenizer { model: PathBuf, vocab: usize },
+    /// A flash image that cannot be opened (it names the file).
+    Image(crate::model::flash::FlashError),
 }
 
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LoadError::Model { path, source } => write!(f, "{}: {source}", path.display()),
+            LoadError::Image(e) => write!(f, "{e}"),
             LoadError::GgufTokenizer { path, source } => {
                 write!(f, "{}: tokenizer: {source}", path.display())
             }
@@ -56,6 +59,7 @@ impl std::error::Error for LoadError {
             LoadError::GgufTokenizer { source, .. }
             | LoadError::Llama2cTokenizer { source, .. } => Some(source),
             LoadError::NoTokenizer { .. } => None,
+            LoadError::Image(e) => Some(e),
         }
     }
 }
@@ -81,7 +85,14 @@ pub fn open_model(
         path: path.into(),
         source,
     };
-    let file = ModelFile::open(model).map_err(|e| model_error(model, e))?;
+    let file = if crate::model::flash::is_flash_image(model) {
+        // A flash image: its dense part is the model the engine boots (the FFN streams).
+        crate::model::flash::FlashImage::open(model)
+            .and_then(|i| i.dense_model())
+            .map_err(LoadError::Image)?
+    } else {
+        ModelFile::open(model).map_err(|e| model_error(model, e))?
+    };
     let tok = match (&file, tokenizer) {
         (ModelFile::Gguf(g), None) => {
             Tokenizer::from_gguf(g).map_err(|e| tokenizer_error(model, e))?

@@ -29,8 +29,8 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
     about = "LeanStream inference daemon: OpenAI-compatible HTTP over a Unix socket"
 )]
 struct Args {
-    /// GGUF file or llama2.c checkpoint.
-    #[arg(long)]
+    /// GGUF file, llama2.c checkpoint, or flash image (`--image`: its FFN streams from disk).
+    #[arg(long, alias = "image")]
     model: PathBuf,
     /// Unix socket path (default: the board's).
     #[arg(long)]
@@ -86,6 +86,8 @@ struct Args {
     kv_cost: Option<PathBuf>,
     #[command(flatten)]
     sparsity: leanstream::sparsity::cli::SparsityArgs,
+    #[command(flatten)]
+    stream: leanstream::engine::StreamArgs,
 }
 
 fn main() -> ExitCode {
@@ -137,8 +139,8 @@ fn run(args: Args) -> Result<(), String> {
     static ARENAS: static_cell::StaticCell<Arenas> = static_cell::StaticCell::new();
     let arenas: &'static mut Arenas = ARENAS.init(Arenas::from_board().map_err(|e| e.to_string())?);
     // The I/O lanes' staging buffers and flags are owned from boot and must never be paged
-    // out. Where the limit forbids locking them the daemon still serves (nothing streams yet),
-    // and says so.
+    // out. Where the limit forbids locking them the daemon still serves (reads still land in
+    // them; they may be paged out under pressure), and says so.
     if let Err(leanstream::boot::BootError::Lock { bytes, source, .. }) = arenas.lock_io() {
         log_warn!(
             "the I/O arenas are not locked in memory ({} bytes, errno {}): raise RLIMIT_MEMLOCK (LimitMEMLOCK= in the unit)",
@@ -150,6 +152,9 @@ fn run(args: Args) -> Result<(), String> {
         ffn: args.sparsity.single(&args.model, &file)?,
         ..Default::default()
     };
+    if leanstream::model::flash::is_flash_image(&args.model) {
+        opts.stream = Some(args.stream.options(&args.model)?);
+    }
     if let Some(t) = args.threads {
         opts.threads = t;
     }
@@ -189,7 +194,7 @@ fn run(args: Args) -> Result<(), String> {
         stop: &[],
         deadline: None,
     };
-    generate(
+    let warmed = generate(
         engine.decoder(),
         &mut sampler,
         &tok,
@@ -198,6 +203,12 @@ fn run(args: Args) -> Result<(), String> {
         &mut |_| true,
     )
     .map_err(|e| e.to_string())?;
+    if let Some(e) = warmed.error {
+        return Err(format!(
+            "{}: the FFN stream failed while warming up: {e}",
+            args.model.display()
+        ));
+    }
 
     // Every slot and buffer the server makes is counted against the board's request-buffer
     // budget, however many slots were asked for.

@@ -21,6 +21,8 @@ pub enum FinishReason {
     Length,
     /// The caller's `emit` asked to stop (a client went away).
     Cancelled,
+    /// The engine failed (an FFN block could not be read): `GenerateStats::error` says why.
+    Error,
 }
 
 impl FinishReason {
@@ -30,6 +32,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -41,6 +44,8 @@ pub struct GenerateStats {
     pub prefill_secs: f64,
     pub decode_secs: f64,
     pub finish: FinishReason,
+    /// Why the engine failed (`FinishReason::Error`): the text before it is good.
+    pub error: Option<crate::stream::ReadError>,
 }
 
 impl GenerateStats {
@@ -224,12 +229,14 @@ pub fn generate(
         prefill_secs: 0.0,
         decode_secs: 0.0,
         finish: FinishReason::Length,
+        error: None,
     };
     // Each step forwards `token` at `pos`; the first runs the whole prompt (`prefill`).
     let last = prompt.len() - 1;
     let mut token = prompt[last];
     let mut pos = last;
     let mut decode_started = started;
+    engine.begin_sequence();
     while stats.generated_tokens < params.max_tokens && pos < engine.context() {
         if params.deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -241,6 +248,12 @@ pub fn generate(
         } else {
             sampler.sample(engine.forward(token, pos))
         };
+        if let Some(e) = engine.take_error() {
+            // The token came from a layer that lacked blocks: not emitted; the request ends.
+            stats.finish = FinishReason::Error;
+            stats.error = Some(e);
+            break;
+        }
         if stats.generated_tokens == 0 {
             stats.prefill_secs = started.elapsed().as_secs_f64();
             decode_started = Instant::now();
@@ -262,7 +275,7 @@ pub fn generate(
         }
         token = next;
     }
-    if stats.finish != FinishReason::Stop && !window.flush(emit) {
+    if !matches!(stats.finish, FinishReason::Stop | FinishReason::Error) && !window.flush(emit) {
         stats.finish = FinishReason::Cancelled;
     }
     if stats.generated_tokens > 0 {

@@ -10,11 +10,13 @@ pub mod generate;
 pub mod perplexity;
 mod plan;
 pub mod sample;
+pub mod stream_args;
 pub mod stream_ffn;
 pub mod tap;
 
 pub use plan::{kv_plan, BootPlan};
 use plan::{place_vector, Placer};
+pub use stream_args::StreamArgs;
 pub use stream_ffn::{StreamBootError, StreamOptions, StreamStats, StreamedFfn};
 
 use crate::backend::cpu::sparse_ffn::SparseFfn;
@@ -240,11 +242,15 @@ pub trait Decoder {
     fn bind_thread(&mut self) {}
     /// Why the tokens run since the last call cannot be trusted (an FFN block read failed):
     /// the request they belong to ends with it. None for a backend that cannot fail.
-    fn take_error(&mut self) -> Option<EngineError> {
+    fn take_error(&mut self) -> Option<crate::stream::ReadError> {
         None
     }
     /// A new sequence starts (at position 0): per-sequence state (the stale predictor) resets.
     fn begin_sequence(&mut self) {}
+    /// What the streamed FFN has done since boot (None when the FFN is not streamed).
+    fn stream_stats(&self) -> Option<StreamStats> {
+        None
+    }
 }
 
 impl Decoder for Engine<'_> {
@@ -263,14 +269,16 @@ impl Decoder for Engine<'_> {
     fn score(&mut self, tokens: &[u32], pos: usize, each: &mut dyn FnMut(usize, &mut [f32])) {
         Engine::score(self, tokens, pos, each)
     }
-    fn take_error(&mut self) -> Option<EngineError> {
-        let e = self.stream.as_mut()?.take_error()?;
-        Some(EngineError::Read(e))
+    fn take_error(&mut self) -> Option<crate::stream::ReadError> {
+        self.stream.as_mut()?.take_error()
     }
     fn begin_sequence(&mut self) {
         if let Some(s) = self.stream.as_mut() {
             s.reset_sequence();
         }
+    }
+    fn stream_stats(&self) -> Option<StreamStats> {
+        self.stream.as_ref().map(|s| s.stats())
     }
 }
 

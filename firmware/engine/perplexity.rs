@@ -23,6 +23,8 @@ pub enum PerplexityError {
     WindowOverContext { ctx: usize, context: usize },
     /// A text shorter than one window.
     TextTooShort { tokens: usize, ctx: usize },
+    /// An FFN block could not be read from the flash image.
+    Read(crate::stream::ReadError),
 }
 
 impl fmt::Display for PerplexityError {
@@ -39,6 +41,9 @@ impl fmt::Display for PerplexityError {
                 f,
                 "the text has {tokens} tokens, fewer than one window of {ctx}"
             ),
+            PerplexityError::Read(e) => {
+                write!(f, "the FFN stream from the flash image failed: {e}")
+            }
         }
     }
 }
@@ -85,9 +90,13 @@ pub fn perplexity(
     for w in 0..windows {
         let window = &tokens[w * ctx..(w + 1) * ctx];
         let mut nll = 0.0f64;
+        engine.begin_sequence();
         engine.score(&window[..ctx - 1], 0, &mut |pos, logits| {
             nll += negative_log_likelihood(logits, window[pos + 1] as usize);
         });
+        if let Some(e) = engine.take_error() {
+            return Err(PerplexityError::Read(e));
+        }
         total_nll += nll;
         let ppl = (nll / (ctx - 1) as f64).exp();
         per_window.push(ppl);

@@ -49,7 +49,9 @@ pub struct StreamOptions {
     pub budget: CacheBudget,
     pub policy: Policy,
     pub predict: PredictKind,
-    /// Blocks the `hot` policy pins (global ids, most frequent first).
+    /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
+    /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
+    /// while a whole layer still fits beside them.
     pub hot: Vec<BlockId>,
     /// Tests: reads go through a fault-injecting backend with these faults (block ids are
     /// global: layer `l`'s block `b` is `StreamedFfn::block_id(l, b)`), in a shuffled order
@@ -119,6 +121,9 @@ pub struct StreamedFfn<'a> {
     zero_row: &'a [u8],
     error: Option<ReadError>,
     stats: StreamStats,
+    /// Each layer-step's requested blocks (global ids), when recording (the bench's Belady
+    /// floor): off by default, since it allocates.
+    recorded: Option<Vec<Vec<BlockId>>>,
 }
 
 /// The geometry every layer of an image shares with the model (checked at boot).
@@ -223,12 +228,19 @@ impl<'a> StreamedFfn<'a> {
         let flags = flags_from_words(&mut flags[..total]);
         let (slots, slot_bytes) = Self::slots(&image, opts.budget);
         let largest = max_blocks(&image);
-        let hot = &opts.hot[..];
-        let hot_n = if opts.policy == Policy::Hot {
-            hot.len()
-        } else {
-            0
+        let hot = match opts.policy {
+            Policy::Hot if opts.hot.is_empty() => {
+                let freq = image.block_frequency().ok_or(StreamBootError::NoProfile)?;
+                let n = (slots / 2).min(slots.saturating_sub(largest));
+                let mut order: Vec<BlockId> = (0..total as BlockId).collect();
+                order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
+                order.truncate(n);
+                order
+            }
+            Policy::Hot => opts.hot.clone(),
+            _ => Vec::new(),
         };
+        let hot_n = hot.len();
         if slots < largest + hot_n {
             return Err(StreamBootError::TooSmall {
                 slots,
@@ -236,7 +248,7 @@ impl<'a> StreamedFfn<'a> {
                 hot: hot_n,
             });
         }
-        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, hot)?;
+        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, &hot)?;
         let cfg = LaneConfig::from_board(slot_bytes);
         let in_flight = cfg.lanes * cfg.queue_depth;
         let inner = best_backend(cfg.lanes, cfg.queue_depth);
@@ -303,6 +315,7 @@ impl<'a> StreamedFfn<'a> {
             zero_row,
             error: None,
             stats: StreamStats::default(),
+            recorded: None,
             image,
         };
         s.prio.fill(0.0);
@@ -343,6 +356,25 @@ impl<'a> StreamedFfn<'a> {
     pub fn reset_stats(&mut self) {
         self.cache.reset_stats();
         self.stats = StreamStats::default();
+    }
+
+    /// Starts (or stops) recording each layer-step's requested blocks; what was recorded so far
+    /// is dropped. Recording allocates: the bench uses it, the serving paths never.
+    pub fn set_recording(&mut self, on: bool) {
+        self.recorded = on.then(Vec::new);
+    }
+
+    /// Layer-steps recorded so far.
+    pub fn recorded_steps(&self) -> usize {
+        self.recorded.as_ref().map_or(0, Vec::len)
+    }
+
+    /// The layer-steps recorded since recording started (or the last call).
+    pub fn take_recorded(&mut self) -> Vec<Vec<BlockId>> {
+        self.recorded
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The first read that failed since the last call (the request it happened in ends).
@@ -435,6 +467,15 @@ impl<'a> StreamedFfn<'a> {
             self.mark[b as usize] = UNSEEN;
         }
 
+        if let Some(rec) = self.recorded.as_mut() {
+            let base = self.base[l];
+            rec.push(
+                (0..blocks)
+                    .filter(|&b| prio[b] > 0.0)
+                    .map(|b| base + b as BlockId)
+                    .collect(),
+            );
+        }
         // Neurons whose blocks will not be read are dropped (kept order).
         let mut k2 = 0;
         for i in 0..k {
@@ -649,6 +690,8 @@ impl<'a> StreamedFfn<'a> {
 pub enum StreamBootError {
     Stream(StreamError),
     Boot(BootError),
+    /// The `hot` policy on an image without a profile.
+    NoProfile,
     /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
     TooSmall {
         slots: usize,
@@ -674,6 +717,10 @@ impl std::fmt::Display for StreamBootError {
         match self {
             StreamBootError::Stream(e) => write!(f, "{e}"),
             StreamBootError::Boot(e) => write!(f, "{e}"),
+            StreamBootError::NoProfile => write!(
+                f,
+                "--cache hot pins the blocks a profile used most, and this flash image has none (write it with leanstream flash --trace)"
+            ),
             StreamBootError::TooSmall {
                 slots,
                 largest,

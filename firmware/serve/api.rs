@@ -801,6 +801,7 @@ fn finish_str(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Length => "length",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::Error => "error",
     }
 }
 
@@ -835,7 +836,7 @@ pub fn write_completion(
     let mut carry = Utf8Carry::new();
     write_completion_open(out, meta)?;
     carry.push(text, out)?;
-    write_completion_close(out, &mut carry, finish, usage)
+    write_completion_close(out, &mut carry, finish, usage, None)
 }
 
 /// The `/v1/completions` response up to the opening quote of its text, for a response sent
@@ -852,6 +853,7 @@ pub fn write_completion_close(
     carry: &mut Utf8Carry,
     finish: FinishReason,
     usage: &Usage,
+    error: Option<&ApiError>,
 ) -> fmt::Result {
     carry.finish(out)?;
     write!(
@@ -860,6 +862,15 @@ pub fn write_completion_close(
         finish_str(finish)
     )?;
     write_usage(out, usage)?;
+    close_with(out, error)
+}
+
+/// A response's last `}`, after the `error` member when the engine failed.
+fn close_with(out: &mut impl Write, error: Option<&ApiError>) -> fmt::Result {
+    if let Some(e) = error {
+        out.write_char(',')?;
+        write_error_member(out, e)?;
+    }
     out.write_char('}')
 }
 
@@ -874,7 +885,7 @@ pub fn write_chat_completion(
     let mut carry = Utf8Carry::new();
     write_chat_completion_open(out, meta)?;
     carry.push(text, out)?;
-    write_chat_completion_close(out, &mut carry, finish, usage)
+    write_chat_completion_close(out, &mut carry, finish, usage, None)
 }
 
 /// The `/v1/chat/completions` response up to the opening quote of its content (see
@@ -890,6 +901,7 @@ pub fn write_chat_completion_close(
     carry: &mut Utf8Carry,
     finish: FinishReason,
     usage: &Usage,
+    error: Option<&ApiError>,
 ) -> fmt::Result {
     carry.finish(out)?;
     write!(
@@ -898,7 +910,7 @@ pub fn write_chat_completion_close(
         finish_str(finish)
     )?;
     write_usage(out, usage)?;
-    out.write_char('}')
+    close_with(out, error)
 }
 
 /// A streamed `/v1/completions` chunk carrying the complete characters of `carry` + `bytes`
@@ -1026,14 +1038,22 @@ pub fn write_error_response<W: embedded_io::Write>(
 /// OpenAI's error shape:
 /// `{"error":{"message":"...","type":"invalid_request_error","param":"max_tokens","code":null}}`.
 pub fn write_error(out: &mut impl Write, e: &ApiError) -> fmt::Result {
-    out.write_str("{\"error\":{\"message\":")?;
+    out.write_char('{')?;
+    write_error_member(out, e)?;
+    out.write_char('}')
+}
+
+/// `"error":{...}` (the member [`write_error`] wraps), also closing a response whose text was
+/// already sent when the engine failed.
+pub fn write_error_member(out: &mut impl Write, e: &ApiError) -> fmt::Result {
+    out.write_str("\"error\":{\"message\":")?;
     json::write_str(out, &e.message)?;
     write!(out, ",\"type\":\"{}\",\"param\":", e.error_type())?;
     match e.param {
         Some(p) => json::write_str(out, p)?,
         None => out.write_str("null")?,
     }
-    out.write_str(",\"code\":null}}")
+    out.write_str(",\"code\":null}")
 }
 
 #[cfg(test)]

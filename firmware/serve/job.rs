@@ -397,10 +397,28 @@ impl Server<'_> {
                 None => return client_cut(*id, stats.generated_tokens, Cut::Gone),
             }
         }
+        if let Some(st) = engine.stream_stats() {
+            METRICS.record_stream(&st);
+        }
         let usage = Usage {
             prompt_tokens: stats.prompt_tokens,
             completion_tokens: stats.generated_tokens,
         };
+        // The engine failed mid-answer (an FFN block could not be read): the text so far goes
+        // out, the answer ends with finish_reason "error" and the error, and the daemon serves on.
+        let failed = stats.error.map(|e| {
+            crate::log_error!(
+                "request {} failed: FFN block {} could not be read after {} attempts",
+                *id,
+                e.block as u64,
+                e.attempts as u64
+            );
+            ApiError::new(
+                500,
+                None,
+                format_args!("the FFN stream from the flash image failed: {e}"),
+            )
+        });
         METRICS.record_generation(
             stats.prompt_tokens as u64,
             stats.generated_tokens as u64,
@@ -420,13 +438,29 @@ impl Server<'_> {
                     )
                 }
             })
+            .and_then(|()| match &failed {
+                Some(e) => push_event(outbox, event, |out| api::write_error(out, e)),
+                None => Ok(()),
+            })
             .and_then(|()| push(outbox, b"data: [DONE]\n\n"))
         } else {
             push_with(outbox, event, |out| {
                 if *is_chat {
-                    api::write_chat_completion_close(out, &mut carry, stats.finish, &usage)
+                    api::write_chat_completion_close(
+                        out,
+                        &mut carry,
+                        stats.finish,
+                        &usage,
+                        failed.as_ref(),
+                    )
                 } else {
-                    api::write_completion_close(out, &mut carry, stats.finish, &usage)
+                    api::write_completion_close(
+                        out,
+                        &mut carry,
+                        stats.finish,
+                        &usage,
+                        failed.as_ref(),
+                    )
                 }
             })
         };
@@ -440,6 +474,9 @@ impl Server<'_> {
             stats.generated_tokens,
             stats.decode_tok_per_s() as u64
         );
+        if failed.is_some() {
+            return (500, false);
+        }
         (200, false)
     }
 }

@@ -29,6 +29,13 @@ pub struct Metrics {
     pub active_clients: AtomicU64,
     /// Requests cancelled because their client could not keep up with the output.
     pub slow_clients_total: AtomicU64,
+    /// The streamed FFN since boot (all zero when the FFN is not streamed): tokens, cache hits
+    /// and misses, bytes read from the SSD, and nanoseconds the decode waited for reads.
+    pub ffn_tokens_total: AtomicU64,
+    pub ffn_cache_hits_total: AtomicU64,
+    pub ffn_cache_misses_total: AtomicU64,
+    pub ffn_bytes_read_total: AtomicU64,
+    pub ffn_io_wait_ns_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -55,7 +62,21 @@ impl Metrics {
             peer_rejections_total: AtomicU64::new(0),
             active_clients: AtomicU64::new(0),
             slow_clients_total: AtomicU64::new(0),
+            ffn_tokens_total: AtomicU64::new(0),
+            ffn_cache_hits_total: AtomicU64::new(0),
+            ffn_cache_misses_total: AtomicU64::new(0),
+            ffn_bytes_read_total: AtomicU64::new(0),
+            ffn_io_wait_ns_total: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the streamed FFN's totals (the engine's counters since boot).
+    pub fn record_stream(&self, s: &crate::engine::StreamStats) {
+        self.ffn_tokens_total.store(s.tokens, Relaxed);
+        self.ffn_cache_hits_total.store(s.cache.hits, Relaxed);
+        self.ffn_cache_misses_total.store(s.cache.misses, Relaxed);
+        self.ffn_bytes_read_total.store(s.cache.bytes_read, Relaxed);
+        self.ffn_io_wait_ns_total.store(s.io_wait_ns, Relaxed);
     }
 
     /// Counts one response with `status` (503s and 403s also count as rejections).
@@ -128,6 +149,31 @@ pub fn render_prometheus(m: &Metrics, out: &mut impl Write) -> fmt::Result {
             "Requests cancelled because the client could not keep up with the output.",
             &m.slow_clients_total,
         ),
+        (
+            "leanstream_ffn_tokens_total",
+            "Tokens decoded with the FFN streamed from the flash image.",
+            &m.ffn_tokens_total,
+        ),
+        (
+            "leanstream_ffn_cache_hits_total",
+            "FFN blocks a token needed that were in the weight cache.",
+            &m.ffn_cache_hits_total,
+        ),
+        (
+            "leanstream_ffn_cache_misses_total",
+            "FFN blocks a token needed that were read from the SSD.",
+            &m.ffn_cache_misses_total,
+        ),
+        (
+            "leanstream_ffn_bytes_read_total",
+            "Bytes of FFN blocks read from the SSD.",
+            &m.ffn_bytes_read_total,
+        ),
+        (
+            "leanstream_ffn_io_wait_nanoseconds_total",
+            "Time decoding waited for FFN block reads.",
+            &m.ffn_io_wait_ns_total,
+        ),
     ];
     for (name, help, v) in counters {
         family(out, name, "counter", help)?;
@@ -148,6 +194,44 @@ pub fn render_prometheus(m: &Metrics, out: &mut impl Write) -> fmt::Result {
     for (name, help, v) in gauges {
         family(out, name, "gauge", help)?;
         writeln!(out, "{name} {}", v.load(Relaxed))?;
+    }
+    // The streamed FFN's ratios since boot (0 before any streamed token).
+    let tokens = m.ffn_tokens_total.load(Relaxed);
+    let (hits, misses) = (
+        m.ffn_cache_hits_total.load(Relaxed),
+        m.ffn_cache_misses_total.load(Relaxed),
+    );
+    let per_token = |v: u64| {
+        if tokens == 0 {
+            0.0
+        } else {
+            v as f64 / tokens as f64
+        }
+    };
+    let ratios = [
+        (
+            "leanstream_ffn_cache_hit_ratio",
+            "Share of needed FFN blocks found in the weight cache, since boot.",
+            if hits + misses == 0 {
+                0.0
+            } else {
+                hits as f64 / (hits + misses) as f64
+            },
+        ),
+        (
+            "leanstream_ffn_bytes_read_per_token",
+            "FFN bytes read from the SSD per decoded token, since boot.",
+            per_token(m.ffn_bytes_read_total.load(Relaxed)),
+        ),
+        (
+            "leanstream_ffn_io_wait_seconds_per_token",
+            "Time waiting for FFN reads per decoded token, since boot.",
+            per_token(m.ffn_io_wait_ns_total.load(Relaxed)) / 1e9,
+        ),
+    ];
+    for (name, help, v) in ratios {
+        family(out, name, "gauge", help)?;
+        writeln!(out, "{name} {v}")?;
     }
     let name = "leanstream_decode_tokens_per_second";
     family(

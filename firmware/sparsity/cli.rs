@@ -66,7 +66,18 @@ impl SparsityArgs {
         let bundle_down: BundleDown = self.bundle_down.parse()?;
         // A table given is checked against the model whatever the modes (dense and topk do not
         // use it, but a wrong one is a mistake to say, not to ignore).
+        let image = crate::model::flash::is_flash_image(model_path);
         let mut table: Option<ThresholdTable> = match &self.thresholds {
+            // A flash image carries the table it was written with: that one, or none.
+            Some(_) if image => return Err(SparsityError::ImageHasTable),
+            None if image => {
+                let h = model.hyper().map_err(ThresholdsError::Model)?;
+                crate::model::flash::FlashImage::open(model_path)
+                    .ok()
+                    .map(|i| ThresholdTable::from_image(&i, &h))
+                    .transpose()?
+                    .flatten()
+            }
             Some(path) if !path.is_file() => {
                 return Err(ThresholdsError::Missing {
                     path: path.clone(),
@@ -87,6 +98,9 @@ impl SparsityArgs {
                 for &sparsity in &sparsities {
                     let mut dropped = None;
                     let thresholds = if mode == FfnMode::Oracle {
+                        if table.is_none() && image {
+                            return Err(SparsityError::ImageWithoutTable);
+                        }
                         if table.is_none() {
                             let path = find_default(model_path)?;
                             table = Some(ThresholdTable::load(&path, model)?);

@@ -188,6 +188,10 @@ pub enum SparsityError {
     UnknownScore(String),
     /// `--bundle-down` names no precision.
     UnknownBundleDown(String),
+    /// `--thresholds` with a flash image, which carries its own table.
+    ImageHasTable,
+    /// Oracle mode on a flash image written without a thresholds table.
+    ImageWithoutTable,
     /// A sparsity that does not parse as a number.
     NotANumber(String),
     /// A sparsity outside [0, 1).
@@ -229,6 +233,14 @@ impl fmt::Display for SparsityError {
             SparsityError::UnknownScore(s) => {
                 write!(f, "unknown score '{s}': expected glu or gate")
             }
+            SparsityError::ImageHasTable => write!(
+                f,
+                "a flash image carries the thresholds table it was written with: --thresholds cannot replace it"
+            ),
+            SparsityError::ImageWithoutTable => write!(
+                f,
+                "oracle mode needs thresholds, and this flash image was written without them (leanstream flash --thresholds)"
+            ),
             SparsityError::UnknownBundleDown(s) => {
                 write!(f, "unknown --bundle-down '{s}': expected tiles, q8 or model")
             }

@@ -77,6 +77,13 @@ pub fn simulate(
 /// Belady's MIN with `capacity` slots over `tokens`: the fewest misses any demand-fetching
 /// cache of that size can have on this sequence.
 pub fn belady(capacity: usize, tokens: &[Vec<BlockId>]) -> SimResult {
+    belady_from(capacity, tokens, 0)
+}
+
+/// [`belady`] over all of `tokens`, counting accesses and misses only from step `from` on: the
+/// floor for a measurement that starts with the cache warmed by the steps before.
+pub fn belady_from(capacity: usize, tokens: &[Vec<BlockId>], from: usize) -> SimResult {
+    let start: usize = tokens[..from.min(tokens.len())].iter().map(Vec::len).sum();
     let seq: Vec<BlockId> = tokens.iter().flatten().copied().collect();
     let blocks = blocks_of(tokens);
     // next[i]: the position of the next access to seq[i]'s block after i (usize::MAX: never).
@@ -94,9 +101,10 @@ pub fn belady(capacity: usize, tokens: &[Vec<BlockId>]) -> SimResult {
     let mut used = 0;
     let mut res = SimResult::default();
     for (i, &b) in seq.iter().enumerate() {
-        res.accesses += 1;
+        let counted = (i >= start) as u64;
+        res.accesses += counted;
         if !resident[b as usize] {
-            res.misses += 1;
+            res.misses += counted;
             if used == capacity {
                 loop {
                     let (nu, v) = heap.pop().expect("a resident block");

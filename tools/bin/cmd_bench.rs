@@ -5,8 +5,9 @@ use super::*;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Model files, comma-separated (each is run in every configuration).
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Model files, comma-separated (each is run in every configuration); a flash image
+    /// (`--image`) streams its FFN (sparse --ffn only).
+    #[arg(long, alias = "image", value_delimiter = ',', required = true)]
     model: Vec<PathBuf>,
     /// Tokenizer file for llama2.c checkpoints.
     #[arg(long)]
@@ -20,6 +21,8 @@ pub struct BenchArgs {
     /// when `--ffn` names a sparse mode.
     #[command(flatten)]
     sparsity: SparsityArgs,
+    #[command(flatten)]
+    stream: StreamArgs,
     /// CUDA memory models, comma-separated: unified, discrete (default: the board's).
     #[arg(long, value_delimiter = ',')]
     memory: Vec<String>,
@@ -226,6 +229,7 @@ fn cpu_model_args(a: &BenchArgs) -> ModelArgs {
         memory: None,
         low: a.low.clone(),
         sparsity: a.sparsity.clone(),
+        stream: a.stream.clone(),
     }
 }
 
@@ -296,6 +300,20 @@ fn cmd_bench_ffn(a: BenchArgs) -> Result<(), String> {
         }
     }
     let threads = engines[0].threads();
+    for (c, e) in configs.iter().zip(&engines) {
+        if let Some(s) = e.stream() {
+            let st = s.stats();
+            println!(
+                "{} streamed ({}{}): cache hit ratio {:.3}, {:.0} bytes read per token, I/O wait {:.2} ms per token",
+                c.label(),
+                s.backend_name(),
+                if s.direct() { ", O_DIRECT" } else { "" },
+                st.hit_ratio(),
+                st.bytes_per_token(),
+                st.io_wait_ms_per_token()
+            );
+        }
+    }
     let p: Vec<f64> = prefill.into_iter().map(median).collect();
     let d: Vec<f64> = decode.iter().cloned().map(median).collect();
     // Against dense: the median over repetitions of the ratio within each repetition (the

@@ -106,7 +106,22 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let _ = writeln!(out);
-    eprintln!("{} | {}", stats_line(&stats), engine.describe());
+    if let Some(e) = stats.error {
+        return Err(format!("the FFN stream from the flash image failed: {e}"));
+    }
+    let streamed = engine
+        .decoder()
+        .stream_stats()
+        .map(|st| {
+            format!(
+                " | streamed FFN: cache hit ratio {:.3}, {:.0} bytes read per token, I/O wait {:.2} ms per token",
+                st.hit_ratio(),
+                st.bytes_per_token(),
+                st.io_wait_ms_per_token()
+            )
+        })
+        .unwrap_or_default();
+    eprintln!("{} | {}{streamed}", stats_line(&stats), engine.describe());
     Ok(())
 }
 

@@ -16,6 +16,7 @@ mod cmd_generate;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_requant;
+mod cmd_stream_bench;
 mod cmd_tokenize;
 mod cmd_trace;
 mod cmd_trace_stats;
@@ -30,8 +31,9 @@ use leanstream::engine::generate::{generate, GenerateParams, GenerateStats};
 use leanstream::engine::perplexity::perplexity;
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::tap::TapOptions;
-use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions};
+use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamArgs};
 use leanstream::load::open_model;
+use leanstream::model::flash::is_flash_image;
 use leanstream::model::ModelFile;
 use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::cli::SparsityArgs;
@@ -93,6 +95,9 @@ enum Command {
     Trace(cmd_trace::TraceArgs),
     /// Statistics of a trace: magnitude shares, active-set overlap, one-shot and staged recall.
     TraceStats(cmd_trace_stats::TraceStatsArgs),
+    /// The streamed FFN on this disk: decode speed, miss ratio (with Belady's floor), bytes read
+    /// per token and I/O wait, per image, sparsity, budget and cache policy; JSON, Markdown, PNG.
+    StreamBench(cmd_stream_bench::StreamBenchArgs),
     /// Miss ratios of the weight cache's policies (lru, lfu, hot) and Belady's floor on a
     /// trace's activations.
     CacheSim(cmd_cache_sim::CacheSimArgs),
@@ -110,8 +115,8 @@ enum Command {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// GGUF file or llama2.c checkpoint.
-    #[arg(long)]
+    /// GGUF file, llama2.c checkpoint, or flash image (`--image`: its FFN streams from disk).
+    #[arg(long, alias = "image")]
     model: PathBuf,
     /// Tokenizer file (llama2.c tok*.bin, or a GGUF whose vocabulary to use).
     #[arg(long)]
@@ -130,6 +135,8 @@ struct ModelArgs {
     low: LowBitArgs,
     #[command(flatten)]
     sparsity: SparsityArgs,
+    #[command(flatten)]
+    stream: StreamArgs,
 }
 
 #[derive(Args, Clone)]
@@ -192,6 +199,7 @@ fn main() -> ExitCode {
         Command::Trace(a) => cmd_trace::cmd_trace(a),
         Command::TraceStats(a) => cmd_trace_stats::cmd_trace_stats(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
+        Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),
         Command::Status { socket } => cmd_client::cmd_status(socket),
@@ -222,6 +230,9 @@ fn options(
     o.packing = low.packing;
     o.kv_policy = leanstream::kv::policy_from(file, low.kv_cost.as_deref(), &low.kv_layout)?;
     o.kernels = low.kernels();
+    if is_flash_image(&m.model) {
+        o.stream = Some(m.stream.options(&m.model)?);
+    }
     Ok(o)
 }
 

@@ -350,6 +350,31 @@ pub fn write_image(
         )
     });
 
+    // How often each block was used on the profiling trace (the hot cache policy's profile).
+    let frequency: Option<Vec<u8>> = active.as_ref().map(|a| {
+        let mut out = Vec::new();
+        for (l, sets) in a.sets.iter().enumerate() {
+            let k = per_block[l];
+            let mut block_of = vec![0u32; h.hidden_dim];
+            for (slot, &n) in placement.layers[l].iter().enumerate() {
+                block_of[n as usize] = (slot / k) as u32;
+            }
+            let mut count = vec![0u32; geometry[l].blocks as usize];
+            let mut seen = vec![u32::MAX; count.len()];
+            for (t, set) in sets.iter().enumerate() {
+                for &n in set {
+                    let b = block_of[n as usize] as usize;
+                    if seen[b] != t as u32 {
+                        seen[b] = t as u32;
+                        count[b] += 1;
+                    }
+                }
+            }
+            out.extend(count.iter().flat_map(|c| c.to_le_bytes()));
+        }
+        out
+    });
+
     // The thresholds table, checked against the model, kept as its file.
     let thresholds = match &o.thresholds {
         Some(p) => {
@@ -423,6 +448,14 @@ pub fn write_image(
             checksum: leanstream::model::flash::checksum(t),
         });
     }
+    if let Some(fq) = &frequency {
+        sections.push(Section {
+            kind: SectionKind::Frequency,
+            offset: 0,
+            length: fq.len() as u64,
+            checksum: leanstream::model::flash::checksum(fq),
+        });
+    }
     let mut header = Header {
         model_identity: model_identity(g),
         model_name: g
@@ -471,6 +504,7 @@ pub fn write_image(
         &dense,
         &placement,
         thresholds.as_deref(),
+        frequency.as_deref(),
         file_bytes,
         &layer_ffn,
         &mut scratch,
@@ -521,6 +555,7 @@ fn write_sections<'f>(
     dense: &[u8],
     placement: &Placement,
     thresholds: Option<&[u8]>,
+    frequency: Option<&[u8]>,
     file_bytes: u64,
     layer_ffn: &LayerFfn<'f>,
     scratch: &mut Vec<f32>,
@@ -543,6 +578,9 @@ fn write_sections<'f>(
     put(at(SectionKind::Dense, header), dense)?;
     if let Some(t) = thresholds {
         put(at(SectionKind::Thresholds, header), t)?;
+    }
+    if let Some(fq) = frequency {
+        put(at(SectionKind::Frequency, header), fq)?;
     }
     let n_layers = header.layers.len();
     for l in 0..n_layers {

@@ -17,6 +17,8 @@
 //!        place n   layer n's placement: u32 per slot, the neuron stored in it (slot s is
 //!                  entry s % k of block s / k)
 //!        thresh    the thresholds table file, as `leanstream calibrate` wrote it (optional)
+//!        freq      per block, layer-major, u32: how many tokens of the profiling trace used it
+//!                  (written with `--trace`; the `hot` cache policy pins the most used)
 //! ```
 //!
 //! Checksums are FNV-1a 64 as in `crate::tables` (its own copy: `tables` reads `model`, so
@@ -53,6 +55,8 @@ pub enum SectionKind {
     Ffn(u32),
     Placement(u32),
     Thresholds,
+    /// Per block (layer-major, u32): in how many tokens of the profiling trace it was used.
+    Frequency,
 }
 
 impl fmt::Display for SectionKind {
@@ -62,6 +66,7 @@ impl fmt::Display for SectionKind {
             SectionKind::Ffn(l) => write!(f, "layer {l}'s FFN blocks"),
             SectionKind::Placement(l) => write!(f, "layer {l}'s placement"),
             SectionKind::Thresholds => f.write_str("the thresholds table"),
+            SectionKind::Frequency => f.write_str("the block frequencies"),
         }
     }
 }
@@ -211,6 +216,17 @@ pub struct Header {
     pub read_unit: u32,
     pub layers: Vec<LayerGeometry>,
     pub sections: Vec<Section>,
+}
+
+/// Whether the file at `path` starts with the flash image's magic (a model argument may name
+/// an image instead of a GGUF). False when it cannot be read.
+pub fn is_flash_image(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == MAGIC
 }
 
 /// Why an image could not be opened or used.
@@ -436,6 +452,7 @@ pub struct FlashImage {
     slot_of: Vec<Vec<u32>>,
     dense: Section,
     thresholds: Option<Section>,
+    frequency: Option<Section>,
 }
 
 impl fmt::Debug for FlashImage {
@@ -508,6 +525,7 @@ impl FlashImage {
         };
         let dense = find(SectionKind::Dense)?;
         let thresholds = find(SectionKind::Thresholds).ok();
+        let frequency = find(SectionKind::Frequency).ok();
         let unit = header.read_unit as usize;
         if unit == 0 || !unit.is_multiple_of(PAGE) {
             return Err(FlashError::Geometry {
@@ -564,6 +582,19 @@ impl FlashImage {
                 return Err(FlashError::SectionChecksum(t.kind));
             }
         }
+        if let Some(fq) = frequency {
+            let blocks: u64 = header.layers.iter().map(|g| g.blocks as u64).sum();
+            if fq.length != 4 * blocks {
+                return Err(FlashError::Geometry {
+                    layer: 0,
+                    what: "block frequency length",
+                });
+            }
+            let raw = &bytes[fq.offset as usize..][..fq.length as usize];
+            if checksum(raw) != fq.checksum {
+                return Err(FlashError::SectionChecksum(fq.kind));
+            }
+        }
         Ok(FlashImage {
             backing,
             path,
@@ -573,6 +604,7 @@ impl FlashImage {
             slot_of,
             dense,
             thresholds,
+            frequency,
         })
     }
 
@@ -648,6 +680,18 @@ impl FlashImage {
     /// `crate::tables::decode` against `header.tables_identity`).
     pub fn thresholds_bytes(&self) -> Option<&[u8]> {
         self.thresholds.as_ref().map(|s| self.section(s))
+    }
+
+    /// Every block's profiled frequency (layer-major, as the section holds them), when the
+    /// image was written with a trace.
+    pub fn block_frequency(&self) -> Option<Vec<u32>> {
+        let s = self.frequency.as_ref()?;
+        Some(
+            self.section(s)
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        )
     }
 
     pub fn layers(&self) -> usize {

@@ -740,13 +740,47 @@ fn streamed_whole_responses_equal_the_one_piece_writers() {
                 carry.push(p, w)?;
             }
             if chat {
-                write_chat_completion_close(w, &mut carry, FinishReason::Length, &usage)
+                write_chat_completion_close(w, &mut carry, FinishReason::Length, &usage, None)
             } else {
-                write_completion_close(w, &mut carry, FinishReason::Length, &usage)
+                write_completion_close(w, &mut carry, FinishReason::Length, &usage, None)
             }
         });
         assert_eq!(one, streamed);
         json::validate(one.as_bytes()).unwrap();
         assert!(one.contains("a\\\"b\\n中 ok\u{fffd}"), "{one}");
+    }
+}
+
+/// An answer whose engine failed midway ends as valid JSON with finish_reason "error" and the
+/// error beside the usage.
+#[test]
+fn an_answer_cut_by_an_engine_error_is_valid_json_naming_it() {
+    let usage = Usage {
+        prompt_tokens: 3,
+        completion_tokens: 2,
+    };
+    let e = ApiError::new(500, None, format_args!("the FFN stream failed: EIO"));
+    for chat in [false, true] {
+        let out = written(|w| {
+            let mut carry = Utf8Carry::new();
+            if chat {
+                write_chat_completion_open(w, &META)?;
+                carry.push(b"so far", w)?;
+                write_chat_completion_close(w, &mut carry, FinishReason::Error, &usage, Some(&e))
+            } else {
+                write_completion_open(w, &META)?;
+                carry.push(b"so far", w)?;
+                write_completion_close(w, &mut carry, FinishReason::Error, &usage, Some(&e))
+            }
+        });
+        json::validate(out.as_bytes()).unwrap();
+        assert!(
+            out.contains("so far")
+                && out.contains("\"finish_reason\":\"error\"")
+                && out.ends_with(
+                    ",\"error\":{\"message\":\"the FFN stream failed: EIO\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"
+                ),
+            "{out}"
+        );
     }
 }
