@@ -724,7 +724,7 @@ impl<'a> Engine<'a> {
             add(s.x, s.xb);
         }
         if let Some(st) = self.stream.as_mut() {
-            st.end_token();
+            st.end_tokens(1);
         }
 
         rmsnorm(s.xb, s.x, self.output_norm, h.norm_eps);
@@ -947,6 +947,9 @@ impl Engine<'_> {
                 }
             }
             add(x, xb);
+        }
+        if let Some(st) = self.stream.as_mut() {
+            st.end_tokens(n);
         }
     }
 }

@@ -17,8 +17,9 @@
 //! the same neurons, bit for bit, whatever order the blocks arrive in.
 //!
 //! Blocks a layer needs are pinned in the cache from their arrival (or hit) until the layer
-//! is done, so no read of the same layer can evict one before its run is summed; boot refuses a
-//! cache smaller than the largest layer plus the hot blocks. A read that fails after its retries
+//! is done, so no read of the same layer can evict one before its run is summed (the lanes pin
+//! each block that arrives until its arrival is handed out); boot refuses a cache smaller than
+//! the largest layer plus the reads in flight plus the hot blocks. A read that fails after its retries
 //! leaves its neurons out (zero rows), and the first such error is kept for the caller
 //! ([`StreamedFfn::take_error`]): the request ends with it.
 
@@ -91,6 +92,8 @@ const UNSEEN: u32 = 0;
 const SEEN: u32 = 1;
 /// A block whose arrival the runs wait for.
 const PENDING: u32 = 2;
+/// A block this layer pinned (in `pinned`, unpinned when the layer is done).
+const HELD: u32 = 3;
 /// Not a chosen neuron (`pos_of`).
 const NONE: u32 = u32::MAX;
 
@@ -228,10 +231,15 @@ impl<'a> StreamedFfn<'a> {
         let flags = flags_from_words(&mut flags[..total]);
         let (slots, slot_bytes) = Self::slots(&image, opts.budget);
         let largest = max_blocks(&image);
+        let cfg = LaneConfig::from_board(slot_bytes);
+        let in_flight = cfg.lanes * cfg.queue_depth;
+        // Pinned at once, at most: a whole layer, each read finished but not yet handed out,
+        // and the hot set; every other slot can be evicted.
+        let busy = largest + in_flight;
         let hot = match opts.policy {
             Policy::Hot if opts.hot.is_empty() => {
                 let freq = image.block_frequency().ok_or(StreamBootError::NoProfile)?;
-                let n = (slots / 2).min(slots.saturating_sub(largest));
+                let n = (slots / 2).min(slots.saturating_sub(busy));
                 let mut order: Vec<BlockId> = (0..total as BlockId).collect();
                 order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
                 order.truncate(n);
@@ -241,16 +249,15 @@ impl<'a> StreamedFfn<'a> {
             _ => Vec::new(),
         };
         let hot_n = hot.len();
-        if slots < largest + hot_n {
+        if slots < busy + hot_n {
             return Err(StreamBootError::TooSmall {
                 slots,
                 largest,
+                in_flight,
                 hot: hot_n,
             });
         }
         let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, &hot)?;
-        let cfg = LaneConfig::from_board(slot_bytes);
-        let in_flight = cfg.lanes * cfg.queue_depth;
         let inner = best_backend(cfg.lanes, cfg.queue_depth);
         let backend: Box<dyn crate::stream::backend::ReadBackend> =
             if opts.faults.is_empty() && opts.shuffle.is_none() {
@@ -389,9 +396,9 @@ impl<'a> StreamedFfn<'a> {
         }
     }
 
-    /// Counts one token decoded.
-    pub fn end_token(&mut self) {
-        self.stats.tokens += 1;
+    /// Counts `n` tokens run through every layer.
+    pub fn end_tokens(&mut self, n: usize) {
+        self.stats.tokens += n as u64;
     }
 
     /// Layer `l`'s resident gate and up rows (the oracle's copy).
@@ -503,11 +510,7 @@ impl<'a> StreamedFfn<'a> {
             loop {
                 match self.lanes.request(read, self.prio[b], &mut self.cache) {
                     Ok(Requested::Cached(_)) => {
-                        if !self.cache.is_pinned(read.block) {
-                            self.cache.pin(read.block);
-                            self.pinned[pinned_n] = read.block;
-                            pinned_n += 1;
-                        }
+                        self.hold(l, b, &mut pinned_n);
                         break;
                     }
                     Ok(_) => break,
@@ -615,6 +618,17 @@ impl<'a> StreamedFfn<'a> {
         sparse.add_dropped_offset(l, x);
     }
 
+    /// Pins layer `l`'s block `b` until the layer is done (once per layer).
+    fn hold(&mut self, l: usize, b: usize, pinned_n: &mut usize) {
+        if self.mark[b] != HELD {
+            self.mark[b] = HELD;
+            let id = self.block_id(l, b);
+            self.cache.pin(id);
+            self.pinned[*pinned_n] = id;
+            *pinned_n += 1;
+        }
+    }
+
     /// One finished read (`a` from the lanes): a block this layer needs is pinned and its runs
     /// told; a failed one is remembered. With `count`, the pending runs are updated. False when
     /// nothing was in flight.
@@ -649,9 +663,6 @@ impl<'a> StreamedFfn<'a> {
         // Runs wait only for blocks counted as missing (a read that finished before the layer
         // asked for its block was a hit, though its arrival is handed out only now).
         let counted = count && self.mark[b] == PENDING;
-        if counted {
-            self.mark[b] = UNSEEN;
-        }
         let mut needed = false;
         for &n in self.image.block_neurons(l, b) {
             let p = self.pos_of[n as usize];
@@ -663,15 +674,14 @@ impl<'a> StreamedFfn<'a> {
             }
         }
         match a.result {
-            Ok(_) if needed && !self.cache.is_pinned(a.block) => {
-                self.cache.pin(a.block);
-                self.pinned[*pinned_n] = a.block;
-                *pinned_n += 1;
-            }
+            Ok(_) if needed => self.hold(l, b, pinned_n),
             Ok(_) => {}
             // A block no run needs (a stale guess) may fail without ending the request.
             Err(_) if !needed => {}
             Err(e) => {
+                if counted {
+                    self.mark[b] = UNSEEN;
+                }
                 self.stats.missed += self
                     .image
                     .block_neurons(l, b)
@@ -696,6 +706,7 @@ pub enum StreamBootError {
     TooSmall {
         slots: usize,
         largest: usize,
+        in_flight: usize,
         hot: usize,
     },
 }
@@ -724,10 +735,11 @@ impl std::fmt::Display for StreamBootError {
             StreamBootError::TooSmall {
                 slots,
                 largest,
+                in_flight,
                 hot,
             } => write!(
                 f,
-                "--ffn-budget buys {slots} cache blocks, but a layer needs up to {largest}{}: raise --ffn-budget",
+                "--ffn-budget buys {slots} cache blocks, but a layer needs up to {largest} beside {in_flight} reads in flight{}: raise --ffn-budget",
                 if *hot > 0 {
                     format!(" beside {hot} pinned hot blocks")
                 } else {

@@ -260,7 +260,7 @@ impl<'a> WeightCache<'a> {
         }
     }
 
-    /// Pins `block` (now or when it arrives): never evicted until unpinned.
+    /// Pins `block` once more (now or when it arrives): never evicted until each pin is undone.
     pub fn pin(&mut self, block: BlockId) {
         self.repl.pin(block);
     }

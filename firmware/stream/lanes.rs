@@ -4,6 +4,8 @@
 //! completion are copied into the weight cache, whose flag for the block is set only after the
 //! copy ([`WeightCache::insert`]). Each finished read, good or failed for good, becomes one
 //! [`Arrival`], handed out in the order reads finish so a caller computes blocks as they come.
+//! A block that arrived stays pinned in the cache until its arrival is handed out (so the
+//! reads finishing beside it cannot evict it first); the caller pins it if it needs it longer.
 //!
 //! One thread drives the lanes (the engine's I/O thread); other threads watch the flags. A read
 //! that fails (an errno, a short read, nothing past a truncated file's end) is retried on its
@@ -337,19 +339,19 @@ impl<'a> Lanes<'a> {
     /// Submits what the lanes have room for and takes in what finished, without waiting; the
     /// next finished read, if any.
     pub fn poll(&mut self, cache: &mut WeightCache) -> io::Result<Option<Arrival>> {
-        if let Some(a) = self.pop_arrival() {
+        if let Some(a) = self.pop_arrival(cache) {
             return Ok(Some(a));
         }
         self.submit_ready(cache)?;
         self.reap(cache, false)?;
         self.submit_ready(cache)?;
-        Ok(self.pop_arrival())
+        Ok(self.pop_arrival(cache))
     }
 
     /// The next finished read, waiting for one; `None` when no read is queued or in flight.
     pub fn wait_next(&mut self, cache: &mut WeightCache) -> io::Result<Option<Arrival>> {
         loop {
-            if let Some(a) = self.pop_arrival() {
+            if let Some(a) = self.pop_arrival(cache) {
                 return Ok(Some(a));
             }
             self.submit_ready(cache)?;
@@ -360,11 +362,16 @@ impl<'a> Lanes<'a> {
         }
     }
 
-    fn pop_arrival(&mut self) -> Option<Arrival> {
+    /// The next finished read, handed out: a block that arrived whole loses the pin that kept
+    /// it from eviction while it waited in the ring (the caller pins it if it needs it).
+    fn pop_arrival(&mut self, cache: &mut WeightCache) -> Option<Arrival> {
         if self.arrivals_len == 0 {
             return None;
         }
         let a = self.arrivals[self.arrivals_head];
+        if a.result.is_ok() {
+            cache.unpin(a.block);
+        }
         self.arrivals_head = (self.arrivals_head + 1) % self.arrivals.len();
         self.arrivals_len -= 1;
         self.outstanding -= 1;
@@ -456,8 +463,13 @@ impl<'a> Lanes<'a> {
             None => {
                 let start = idx * self.stride;
                 let bytes = &self.staging[start..start + len as usize];
+                // Pinned until handed out: a later completion of the same reap must not evict a
+                // block whose arrival nobody has seen yet.
                 match cache.insert(f.read.block, bytes) {
-                    Some(slot) => Ok(slot),
+                    Some(slot) => {
+                        cache.pin(f.read.block);
+                        Ok(slot)
+                    }
                     None => Err(ReadErrorKind::NoSlot),
                 }
             }

@@ -65,8 +65,9 @@ pub struct Replacement {
     slot_of: Vec<u32>,
     /// Per block: accesses so far (LFU).
     count: Vec<u32>,
-    /// Per block: pinned once resident.
-    pinned: Vec<bool>,
+    /// Per block: how many holders pin it (never evicted while resident and above 0): the
+    /// hot set, a layer computing over it, a finished read not yet handed out.
+    pinned: Vec<u16>,
     /// Per slot: its heap key, and its place in the heap (NONE: not evictable).
     key: Vec<u64>,
     pos: Vec<u32>,
@@ -82,7 +83,7 @@ impl Replacement {
             block_of: vec![NONE; slots],
             slot_of: vec![NONE; blocks],
             count: vec![0; blocks],
-            pinned: vec![false; blocks],
+            pinned: vec![0; blocks],
             key: vec![0; slots],
             pos: vec![NONE; slots],
             heap: Vec::with_capacity(slots),
@@ -115,7 +116,7 @@ impl Replacement {
     }
 
     pub fn is_pinned(&self, block: BlockId) -> bool {
-        self.pinned[block as usize]
+        self.pinned[block as usize] > 0
     }
 
     fn key_for(&self, block: BlockId) -> u64 {
@@ -169,7 +170,7 @@ impl Replacement {
         };
         self.block_of[slot] = block;
         self.slot_of[block as usize] = slot as u32;
-        if !self.pinned[block as usize] {
+        if self.pinned[block as usize] == 0 {
             self.key[slot] = self.key_for(block);
             self.heap_push(slot);
         }
@@ -191,9 +192,11 @@ impl Replacement {
         self.free.push(s as u32);
     }
 
-    /// Pins `block`: never evicted once resident (now or when it arrives).
+    /// Pins `block` once more: never evicted while resident (now or when it arrives) until
+    /// every pin is undone by an `unpin`.
     pub fn pin(&mut self, block: BlockId) {
-        self.pinned[block as usize] = true;
+        let p = &mut self.pinned[block as usize];
+        *p = p.checked_add(1).expect("pin count overflow");
         if let Some(s) = self.slot_of(block) {
             if self.pos[s] != NONE {
                 self.heap_remove(s);
@@ -201,9 +204,14 @@ impl Replacement {
         }
     }
 
-    /// Makes `block` evictable again.
+    /// Undoes one pin of `block`; with none left it is evictable again.
     pub fn unpin(&mut self, block: BlockId) {
-        if !std::mem::replace(&mut self.pinned[block as usize], false) {
+        let p = &mut self.pinned[block as usize];
+        if *p == 0 {
+            return;
+        }
+        *p -= 1;
+        if *p > 0 {
             return;
         }
         if let Some(s) = self.slot_of(block) {

@@ -130,7 +130,7 @@ pub fn stream_lines(
         .map_err(|e| err(&e))?;
     for (value, name, col) in [
         (dense, "dense in memory", BLACK),
-        (oracle, "oracle in memory", RED),
+        (oracle, "sparse in memory", RED),
     ] {
         c.draw_series(LineSeries::new(
             [(0.0, value), (max_budget, value)],

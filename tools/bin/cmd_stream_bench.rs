@@ -8,7 +8,7 @@ use super::*;
 use leanstream::engine::StreamOptions;
 use leanstream::model::flash::FlashImage;
 use leanstream::predict::PredictKind;
-use leanstream::sparsity::BundleDown;
+use leanstream::sparsity::{BundleDown, SparsityError};
 use leanstream::stream::sim::belady_from;
 use leanstream::stream::{CacheBudget, Policy};
 use leanstream_tools::bench::plot::{stream_lines, StreamPoint};
@@ -33,9 +33,13 @@ pub struct StreamBenchArgs {
     /// Tokens decoded and measured.
     #[arg(long, default_value_t = 48)]
     tokens: usize,
-    /// Sparsities (oracle thresholds from each image's table), comma-separated.
+    /// Sparsities, comma-separated (oracle: thresholds from the first image's table).
     #[arg(long, value_delimiter = ',', default_value = "0.5,0.8")]
     sparsity: Vec<f32>,
+    /// How neurons are chosen: oracle (the calibrated thresholds) or topk (the 1-S largest per
+    /// token and layer; for images written without a table).
+    #[arg(long, default_value = "oracle")]
+    ffn: String,
     /// FFN budgets in percent of the FFN's bytes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,20,25,50,100")]
     budgets: Vec<f64>,
@@ -143,30 +147,40 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
     eprintln!("{name}: dense in memory {dense_tps:.2} tok/s");
     let mut runs = Vec::new();
     let mut oracle_tps = Vec::new();
+    let mode: FfnMode = a.ffn.parse().map_err(|e: SparsityError| e.to_string())?;
+    if mode == FfnMode::Dense {
+        return Err("--ffn dense streams every block: give oracle or topk".into());
+    }
+    let table = if mode == FfnMode::Oracle {
+        Some(
+            ThresholdTable::from_image(&images[0], &h)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "{}: the image has no thresholds table (use --ffn topk)",
+                        a.image[0].display()
+                    )
+                })?,
+        )
+    } else {
+        None
+    };
     for &sparsity in &a.sparsity {
-        let table = ThresholdTable::from_image(&images[0], &h)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "{}: the image has no thresholds table",
-                    a.image[0].display()
-                )
-            })?;
         let ffn = FfnOptions {
-            mode: FfnMode::Oracle,
+            mode,
             score: Score::Glu,
             sparsity,
-            thresholds: Some(
-                table
-                    .thresholds(sparsity, Score::Glu)
-                    .map_err(|e| e.to_string())?,
-            ),
+            thresholds: table
+                .as_ref()
+                .map(|t| t.thresholds(sparsity, Score::Glu))
+                .transpose()
+                .map_err(|e| e.to_string())?,
             bundle_down: BundleDown::AtLeast8Bit,
-            dropped: Some(
-                table
-                    .dropped_mean(sparsity, Score::Glu)
-                    .map_err(|e| e.to_string())?,
-            ),
+            dropped: table
+                .as_ref()
+                .map(|t| t.dropped_mean(sparsity, Score::Glu))
+                .transpose()
+                .map_err(|e| e.to_string())?,
         };
         // The in-memory oracle: every bundle resident, the same neurons.
         let tps = {
@@ -179,7 +193,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", a.model.display()))?;
             decode(&mut e, tokens, a.warm_tokens, |_| {})
         };
-        eprintln!("{name}: oracle {sparsity} in memory {tps:.2} tok/s");
+        eprintln!("{name}: {} in memory {tps:.2} tok/s", ffn.label());
         oracle_tps.push(tps);
         for (img, path) in images.iter().zip(&a.image) {
             let dense_part = img.dense_model().map_err(|e| e.to_string())?;
@@ -201,7 +215,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         "{} {} {budget}% {}",
                         img.header.placement,
                         policy.name(),
-                        predict.name()
+                        predict.name(),
                     );
                     let mut e = match Engine::boot(&mut arenas, &dense_part, o) {
                         Ok(e) => e,
@@ -278,9 +292,9 @@ fn write_outputs(
         if direct { "with O_DIRECT" } else { "through the page cache (O_DIRECT refused)" }
     );
     for (s, t) in a.sparsity.iter().zip(oracle_tps) {
-        md.push_str(&format!(" Oracle {s} in memory: {t:.2} tok/s."));
+        md.push_str(&format!(" {} {s} in memory: {t:.2} tok/s.", a.ffn));
     }
-    md.push_str("\n\n| sparsity | placement | policy | budget | decode tok/s | vs oracle in memory | miss ratio | Belady | KiB read/token | I/O wait share | chosen neurons not read |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n\n| sparsity | placement | policy | budget | decode tok/s | vs in memory | miss ratio | Belady | KiB read/token | I/O wait share | chosen neurons not read |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut json_rows = Vec::new();
     for r in runs {
         let oracle = a
@@ -331,7 +345,10 @@ fn write_outputs(
             .collect();
         stream_lines(
             &points,
-            &format!("{name}, oracle at sparsity {s}: streamed FFN on this disk"),
+            &format!(
+                "{name}, {} at sparsity {s}: streamed FFN on this disk",
+                a.ffn
+            ),
             dense_tps,
             oracle_tps[i],
             &with_ext(&format!("-{s}.png")),

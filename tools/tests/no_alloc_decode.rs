@@ -9,12 +9,18 @@ mod common;
 use leanstream::engine::generate::{generate, GenerateParams};
 use leanstream::engine::sample::{Sampler, SamplerConfig};
 use leanstream::engine::tap::TapOptions;
+use leanstream::engine::StreamOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
+use leanstream::predict::PredictKind;
 use leanstream::quant::{Packing, Precision};
+use leanstream::sparsity::ThresholdTable;
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
+use leanstream::stream::{CacheBudget, Policy as CachePolicy};
 use leanstream_tools::offline::calibrate::calibrate;
+use leanstream_tools::offline::flash::{write_image, BoardTarget, FlashOptions};
+use leanstream_tools::offline::placement::{Active, PlacementKind};
 use std::path::Path;
 
 /// The dense FFN, and the sparse modes over bundles: oracle (glu score, thresholds calibrated
@@ -211,6 +217,74 @@ fn main() {
             );
             checked += 1;
         }
+    }
+    if let Some(model) = common::model(common::SMOLLM2) {
+        // The FFN streamed from a flash image: requests, reads, arrivals, evictions and the
+        // runs summed as blocks arrive, with both predictors, at a budget that evicts.
+        let dir = std::env::temp_dir().join(format!("leanstream-noalloc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("smollm2.flash");
+        let table = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+        let o = FlashOptions {
+            board: BoardTarget::load("host").unwrap(),
+            precision: Precision::Native,
+            placement: PlacementKind::Identity,
+            thresholds: Some(table.clone()),
+            trace: None,
+            eval_trace: None,
+            active: Active::TopK { keep: 0.2 },
+        };
+        write_image(&model, &image, &o, &mut |_, _| {}).unwrap();
+        let file = leanstream::model::ModelFile::open(&model).unwrap();
+        let t = ThresholdTable::load(&table, &file).unwrap();
+        for (predict, policy) in [
+            (PredictKind::Oracle, CachePolicy::Lfu),
+            (PredictKind::Stale, CachePolicy::Lru),
+        ] {
+            let ffn = FfnOptions {
+                mode: FfnMode::Oracle,
+                score: Score::Glu,
+                sparsity: 0.5,
+                thresholds: Some(t.thresholds(0.5, Score::Glu).unwrap()),
+                dropped: Some(t.dropped_mean(0.5, Score::Glu).unwrap()),
+                ..Default::default()
+            };
+            let stream = StreamOptions {
+                image: image.clone(),
+                budget: CacheBudget::Fraction(0.25),
+                policy,
+                predict,
+                hot: Vec::new(),
+                faults: Vec::new(),
+                shuffle: None,
+            };
+            let (n, allocs, _) = allocations_from_prompt(
+                &image,
+                None,
+                "Here is a long list of fruits: apple,",
+                EngineOptions {
+                    ffn,
+                    stream: Some(stream),
+                    context: 160,
+                    ..opts(Precision::Native, Packing::Interleaved)
+                },
+                64,
+            );
+            assert!(
+                n > 20,
+                "only {n} steps decoded (streamed, {})",
+                predict.name()
+            );
+            assert_eq!(
+                allocs,
+                0,
+                "{allocs} heap allocations while decoding SmolLM2 streamed ({}, {})",
+                predict.name(),
+                policy.name()
+            );
+            checked += 1;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
     if checked == 0 {
         eprintln!("skipped: no model available for the allocation test");

@@ -7,6 +7,8 @@
 mod root;
 pub use root::*;
 
+pub mod daemon;
+
 use std::path::{Path, PathBuf};
 
 /// `leanstreamd`, built beside this crate's `leanstream`: the workspace's `cargo test` builds
