@@ -145,7 +145,7 @@ fn check_bit_for_bit(model_name: &str, table_name: &str, configs: &[Config]) {
         let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
         // The batched prefill path, then token by token.
         let p = e.prefill(&tokens, 0).to_vec();
-        same_bits(&[p], &[want_prefill.clone()], "prefill");
+        same_bits(&[p], std::slice::from_ref(&want_prefill), "prefill");
         let got = logits(&mut e, &tokens);
         same_bits(
             &got,
