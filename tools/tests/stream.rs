@@ -322,3 +322,125 @@ fn a_budget_below_one_layer_is_refused() {
         "{msg}"
     );
 }
+
+fn leanstream(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The CLI on an image (`--image`): perplexity and greedy text equal the in-memory oracle's
+/// with the same neurons; what cannot stream is refused in a sentence.
+#[test]
+fn cli_on_an_image_matches_the_in_memory_oracle_and_refuses_what_cannot_stream() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let Some(text) = common::shared("data/wikitext-2/wiki.test.raw") else {
+        return;
+    };
+    let table = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir = TmpDir::new("cli");
+    let path = image(&dir, &model, &table);
+    let (m, p, t) = (
+        model.to_str().unwrap(),
+        path.to_str().unwrap(),
+        text.to_str().unwrap(),
+    );
+    let sparse = ["--ffn", "oracle", "--sparsity", "0.5"];
+    let run = |src: &[&str], cmd: &[&str]| {
+        let mut args = cmd.to_vec();
+        args.extend(src);
+        args.extend(sparse);
+        let out = leanstream(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let ppl = ["perplexity", "--file", t, "--ctx", "64", "--chunks", "1"];
+    let memory = ["--model", m, "--bundle-down", "q8"];
+    let streamed = ["--image", p, "--ffn-budget", "20%", "--cache", "lfu"];
+    let last = |s: String| s.lines().last().unwrap_or_default().to_string();
+    let want = last(run(&memory, &ppl).0);
+    assert!(want.starts_with("ppl = "), "{want}");
+    assert_eq!(last(run(&streamed, &ppl).0), want);
+    let gen = [
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "12",
+    ];
+    let (text_mem, _) = run(&memory, &gen);
+    let (text_img, stats) = run(&streamed, &gen);
+    assert_eq!(text_img, text_mem);
+    assert!(stats.contains("streamed FFN: cache hit ratio"), "{stats}");
+
+    let refused = |args: &[&str], says: &str| {
+        let out = leanstream(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    };
+    refused(
+        &["generate", "--image", p, "--prompt", "x"],
+        "a streamed FFN computes only the neurons a token needs",
+    );
+    refused(
+        &[
+            "generate",
+            "--image",
+            p,
+            "--prompt",
+            "x",
+            "--ffn",
+            "oracle",
+            "--thresholds",
+            table.to_str().unwrap(),
+        ],
+        "carries the thresholds table it was written with",
+    );
+    refused(
+        &[
+            "generate",
+            "--image",
+            p,
+            "--prompt",
+            "x",
+            "--ffn",
+            "topk",
+            "--ffn-budget",
+            "1%",
+        ],
+        "raise --ffn-budget",
+    );
+    refused(
+        &[
+            "generate", "--image", p, "--prompt", "x", "--ffn", "topk", "--cache", "hot",
+        ],
+        "this flash image has none",
+    );
+    refused(
+        &[
+            "generate",
+            "--image",
+            p,
+            "--prompt",
+            "x",
+            "--ffn",
+            "topk",
+            "--predict",
+            "psychic",
+        ],
+        "unknown predictor 'psychic'",
+    );
+}
