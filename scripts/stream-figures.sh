@@ -50,4 +50,6 @@ bench() { # name, model, images, ffn, sparsities, warm, tokens
 bench smollm2-135m "$smol" "$work/smol-identity.flash,$work/smol-coact.flash" oracle 0.5,0.8 16 48
 bench qwen2.5-0.5b "$qwen05" "$work/qwen05-identity.flash" oracle 0.5,0.8 6 12
 bench qwen2.5-1.5b "$qwen15" "$work/qwen15-identity.flash" topk 0.5,0.8 2 6
-echo "figures in $out (work files in $work)"
+python3 scripts/stream-tables.py "$out"/stream-smollm2-135m.json "$out"/stream-qwen2.5-0.5b.json \
+  "$out"/stream-qwen2.5-1.5b.json > "$out/summary.md"
+echo "figures in $out (summary: $out/summary.md; work files in $work)"

@@ -34,6 +34,10 @@ pub struct FlashArgs {
     /// per-token top-k). Default: the trace's own sparsity, else 0.8.
     #[arg(long, value_name = "S")]
     active_sparsity: Option<f32>,
+    /// Read units per block: 1 fills one read unit with as many bundles as fit; N > 1 makes
+    /// larger blocks of more bundles (for models whose one bundle nearly fills a read unit).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    block_units: u32,
     /// Where to write it (default: <model stem>.<board>.<precision>.flash beside the model).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -82,6 +86,7 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
         trace: a.trace.clone(),
         eval_trace: a.eval_trace.clone(),
         active: active.clone(),
+        block_units: a.block_units as usize,
     };
     // A bar on a terminal (indicatif draws nothing when stderr is not one).
     let bar = indicatif::ProgressBar::new(0);

@@ -142,6 +142,10 @@ pub struct FlashOptions {
     pub eval_trace: Option<PathBuf>,
     /// Which neurons of the trace count as active.
     pub active: Active,
+    /// Read units per block (1: as many bundles as fill one read unit). Larger blocks hold
+    /// more bundles: fewer, larger reads, and room for placement to group co-active neurons
+    /// where one bundle nearly fills a read unit.
+    pub block_units: usize,
 }
 
 /// What `flash` wrote.
@@ -286,17 +290,24 @@ pub fn write_image(
         );
         let dty = down_column_type(dt, h.dim, BUNDLE_DOWN);
         geometry.push(
-            LayerGeometry::new(h.hidden_dim, h.dim, gt, ut, dty, o.board.read_unit).ok_or_else(
-                || {
-                    format!(
-                        "layer {l}: rows of {} values are not whole blocks of {}, {} and {}",
-                        h.dim,
-                        gt.name(),
-                        ut.name(),
-                        dty.name()
-                    )
-                },
-            )?,
+            LayerGeometry::new(
+                h.hidden_dim,
+                h.dim,
+                gt,
+                ut,
+                dty,
+                o.board.read_unit,
+                o.block_units,
+            )
+            .ok_or_else(|| {
+                format!(
+                    "layer {l}: rows of {} values are not whole blocks of {}, {} and {}",
+                    h.dim,
+                    gt.name(),
+                    ut.name(),
+                    dty.name()
+                )
+            })?,
         );
     }
     let min_cache = geometry

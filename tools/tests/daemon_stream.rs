@@ -37,6 +37,7 @@ fn streamed_daemon_serves_the_oracles_text_and_survives_a_truncated_image() {
         trace: None,
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
+        block_units: 1,
     };
     write_image(&model, &whole, &o, &mut |_, _| {}).unwrap();
     std::fs::copy(&whole, &served).unwrap();

@@ -53,6 +53,7 @@ fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
         trace,
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
+        block_units: 1,
     }
 }
 

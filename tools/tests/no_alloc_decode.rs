@@ -233,6 +233,7 @@ fn main() {
             trace: None,
             eval_trace: None,
             active: Active::TopK { keep: 0.2 },
+            block_units: 1,
         };
         write_image(&model, &image, &o, &mut |_, _| {}).unwrap();
         let file = leanstream::model::ModelFile::open(&model).unwrap();

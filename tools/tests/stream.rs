@@ -38,7 +38,12 @@ impl Drop for TmpDir {
 
 /// An image of `model` with its committed thresholds table, in `dir`.
 fn image(dir: &TmpDir, model: &Path, table: &Path) -> PathBuf {
-    let out = dir.0.join("model.flash");
+    image_of(dir, model, table, 1)
+}
+
+/// An image of blocks of `units` read units.
+fn image_of(dir: &TmpDir, model: &Path, table: &Path, units: usize) -> PathBuf {
+    let out = dir.0.join(format!("model-{units}.flash"));
     let o = FlashOptions {
         board: BoardTarget::load("host").unwrap(),
         precision: Precision::Native,
@@ -47,6 +52,7 @@ fn image(dir: &TmpDir, model: &Path, table: &Path) -> PathBuf {
         trace: None,
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
+        block_units: units,
     };
     write_image(model, &out, &o, &mut |_, _| {}).unwrap();
     out
@@ -116,12 +122,16 @@ const TOKENS: &[u32] = &[1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 2683, 7, 9
 type Config = (f64, Policy, usize, Option<u64>);
 
 fn check_bit_for_bit(model_name: &str, table_name: &str, configs: &[Config]) {
+    check_bit_for_bit_in(model_name, table_name, 1, configs)
+}
+
+fn check_bit_for_bit_in(model_name: &str, table_name: &str, units: usize, configs: &[Config]) {
     let Some(model) = common::model(model_name) else {
         return;
     };
     let table_path = common::repo_root().join("tables").join(table_name);
-    let dir = TmpDir::new(model_name);
-    let path = image(&dir, &model, &table_path);
+    let dir = TmpDir::new(&format!("{model_name}-{units}"));
+    let path = image_of(&dir, &model, &table_path, units);
     let file = ModelFile::open(&model).unwrap();
     let table = ThresholdTable::load(&table_path, &file).unwrap();
     let h = file.hyper().unwrap();
@@ -181,6 +191,17 @@ fn smollm2_streamed_logits_are_the_in_memory_oracles_bit_for_bit() {
             (0.5, Policy::Hot, 400, Some(12345)),
             (1.0, Policy::Lru, 0, None),
         ],
+    );
+}
+
+/// Blocks of two read units (six SmolLM2 bundles each) stream the same sums.
+#[test]
+fn larger_blocks_stream_the_same_logits() {
+    check_bit_for_bit_in(
+        common::SMOLLM2,
+        "SmolLM2-135M-Instruct.Q4_1.thresh",
+        2,
+        &[(0.3, Policy::Lfu, 0, None), (0.3, Policy::Lru, 0, Some(3))],
     );
 }
 

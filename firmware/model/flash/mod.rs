@@ -102,8 +102,9 @@ pub struct LayerGeometry {
 
 impl LayerGeometry {
     /// The geometry of a layer of `neurons` bundles of `dim` values: as many bundles per block
-    /// as fill one `read_unit` (at least one), each block rounded up to whole read units.
-    /// None when a row of `dim` values is not whole blocks of one of the types.
+    /// as fill `units` read units (at least one bundle), each block rounded up to whole read
+    /// units. None when a row of `dim` values is not whole blocks of one of the types.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         neurons: usize,
         dim: usize,
@@ -111,9 +112,10 @@ impl LayerGeometry {
         up: GgmlType,
         down: GgmlType,
         read_unit: usize,
+        units: usize,
     ) -> Option<LayerGeometry> {
         let bundle = gate.row_bytes(dim)? + up.row_bytes(dim)? + down.row_bytes(dim)?;
-        let k = (read_unit / bundle).max(1);
+        let k = (units.max(1) * read_unit / bundle).max(1);
         let block = (k * bundle).next_multiple_of(read_unit);
         Some(LayerGeometry {
             neurons: u32::try_from(neurons).ok()?,
