@@ -1,0 +1,429 @@
+//! K-quant rows (Q4_K, Q6_K) dotted in their stored super-blocks, in integers.
+//!
+//! A super-block holds 256 weights: Q4_K as 8 sub-blocks of 32, each with a 6-bit scale `sc`
+//! and min `m` under the block's f16 `d` and `dmin` (weight = `d * sc * q - dmin * m`, q in
+//! 0..15); Q6_K as 16 sub-blocks of 16 with int8 scales under `d` (weight = `d * sc * (q - 32)`,
+//! q in 0..63). The input is quantized as for the classic types (`ActScratch`: int8 groups of
+//! 32 with scale `d_x` and `s_x = d_x * sum(q_x)`), so each run of 32 weights meets one
+//! activation group and is one int8 x int8 -> int32 dot:
+//!
+//! - Q4_K, group g: `d * sc_g * d_x * sum(q * q_x) - dmin * m_g * s_x`;
+//! - Q6_K, group g (halves h of 16): `d * d_x * sum_h sc_h * sum((q - 32) * q_x)`.
+//!
+//! The only error against dequantizing to f32 is the int8 input's (llama.cpp's Q8_K idea, on
+//! the classic kernels' groups of 32), and the weights are read as stored: 4.5 and 6.56 bits.
+//!
+//! Kernels: AVX2+FMA+F16C four rows at a time (x86_64; `vpdpbusd` where the CPU has VNNI and
+//! `ks.vnni` is on), and a scalar one for every other CPU (NEON included). Both make the same
+//! int32 sums per group (Q6_K: per 16); they differ only in the order of the float sums.
+
+use super::{le16, ChunkFn};
+use crate::backend::cpu::kernel::Act;
+use crate::model::ggml::{f16_to_f32, GgmlType, QK};
+
+/// Bytes of one Q4_K super-block: `d`, `dmin`, 12 bytes of scales and mins, 128 of nibbles.
+const Q4K_BYTES: usize = 144;
+/// Bytes of one Q6_K super-block: 128 of low nibbles, 64 of high bit pairs, 16 scales, `d`.
+const Q6K_BYTES: usize = 210;
+/// Activation groups of 32 per super-block.
+const GROUPS: usize = 8;
+
+/// Q4_K's 12 bytes of packed 6-bit scales and mins, unpacked: byte j of the first word is
+/// sub-block j's scale, of the second its min (ggml's `get_scale_min_k4` for all eight at once,
+/// in its `kmask` form).
+#[inline(always)]
+fn q4k_scales_mins(s: &[u8]) -> (u64, u64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let m_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    (
+        (w0 & LOW6) as u64 | (sc_hi as u64) << 32,
+        (w1 & LOW6) as u64 | (m_hi as u64) << 32,
+    )
+}
+
+/// Checks a chunk's bounds once, so that the kernels may read without them: `out.len()` rows
+/// of `row_bytes` (whole super-blocks of `bytes`), `stride` apart in `data`, and `a` quantized
+/// over at least their columns. Returns the super-blocks per row.
+fn chunk_blocks(
+    data: &[u8],
+    row_bytes: usize,
+    stride: usize,
+    a: &Act,
+    rows: usize,
+    bytes: usize,
+) -> usize {
+    let nsb = row_bytes / bytes;
+    assert_eq!(nsb * bytes, row_bytes, "rows of {row_bytes} bytes");
+    assert!(
+        rows == 0 || data.len() >= (rows - 1) * stride + row_bytes,
+        "{rows} rows of {row_bytes} bytes, {stride} apart, in {} bytes",
+        data.len()
+    );
+    assert!(
+        a.qs.len() >= nsb * GROUPS * QK
+            && a.d.len() >= nsb * GROUPS
+            && a.s.len() >= nsb * GROUPS
+            && a.ls.len() >= nsb * GROUPS * 8,
+        "the input is not quantized over {} columns",
+        nsb * GROUPS * QK
+    );
+    nsb
+}
+
+/// The scalar kernel of K-quant type `ty`. Panics for any other type (the caller's fault).
+pub(super) fn scalar_chunk_fn(ty: GgmlType) -> ChunkFn {
+    match ty {
+        GgmlType::Q4_K => scalar::chunk::<{ scalar::Q4K }>,
+        GgmlType::Q6_K => scalar::chunk::<{ scalar::Q6K }>,
+        _ => panic!("{} is not a K-quant type", ty.name()),
+    }
+}
+
+/// The AVX2 kernel of K-quant type `ty` in the VNNI form `ks` uses. Panics for any other type.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
+    use crate::backend::cpu::lowbit::x86::{VNNI_EVEX, VNNI_NONE, VNNI_VEX};
+    macro_rules! by_vnni {
+        ($t:expr) => {
+            match crate::backend::cpu::lowbit::vnni_form(ks) {
+                VNNI_VEX => x86::chunk::<{ $t }, VNNI_VEX>,
+                VNNI_EVEX => x86::chunk::<{ $t }, VNNI_EVEX>,
+                _ => x86::chunk::<{ $t }, VNNI_NONE>,
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_K => by_vnni!(x86::Q4K),
+        GgmlType::Q6_K => by_vnni!(x86::Q6K),
+        _ => panic!("{} is not a K-quant type", ty.name()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar kernels: the portable path, and the definition the AVX2 ones mirror.
+
+pub(super) mod scalar {
+    use super::*;
+
+    pub(in crate::backend::cpu::matvec) const Q4K: u8 = 0;
+    pub(in crate::backend::cpu::matvec) const Q6K: u8 = 1;
+
+    pub(in crate::backend::cpu::matvec) fn chunk<const T: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        stride: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let bytes = if T == Q4K { Q4K_BYTES } else { Q6K_BYTES };
+        chunk_blocks(data, row_bytes, stride, a, out.len(), bytes);
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = &data[i * stride..][..row_bytes];
+            *o = if T == Q4K {
+                dot_q4_k(row, a)
+            } else {
+                dot_q6_k(row, a)
+            };
+        }
+    }
+
+    /// The int32 sum of `w(l) * y[l]` for l in `range`.
+    #[inline(always)]
+    fn idot(y: &[i8], range: std::ops::Range<usize>, w: impl Fn(usize) -> i32) -> i32 {
+        range.map(|l| w(l) * y[l] as i32).sum()
+    }
+
+    pub(in crate::backend::cpu::matvec) fn dot_q4_k(row: &[u8], a: &Act) -> f32 {
+        let (mut acc, mut mins) = (0f32, 0f32);
+        for (sb, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
+            let (d, dmin) = (f16_to_f32(le16(blk, 0)), f16_to_f32(le16(blk, 2)));
+            let (sc, m) = q4k_scales_mins(&blk[4..16]);
+            for g in 0..GROUPS {
+                let b = GROUPS * sb + g;
+                // Groups 2k and 2k + 1 are the low and high nibbles of the same 32 bytes.
+                let q = &blk[16 + 32 * (g / 2)..][..32];
+                let shift = 4 * (g % 2);
+                let i = idot(&a.qs[b * QK..][..QK], 0..QK, |l| {
+                    (q[l] >> shift & 0xF) as i32
+                });
+                let (scg, mg) = ((sc >> (8 * g)) as u8, (m >> (8 * g)) as u8);
+                acc += d * scg as f32 * a.d[b] * i as f32;
+                mins += dmin * mg as f32 * a.s[b];
+            }
+        }
+        acc - mins
+    }
+
+    pub(in crate::backend::cpu::matvec) fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
+        let mut acc = 0f32;
+        for (sb, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
+            let d = f16_to_f32(le16(blk, 208));
+            for g in 0..GROUPS {
+                let b = GROUPS * sb + g;
+                // Half n of the block (4 groups) reads 64 bytes of low nibbles and 32 of high
+                // bit pairs: group i of the half is nibble i / 2 of byte 32 * (i % 2) + l, and
+                // bits 2i, 2i + 1 of byte l of the pairs.
+                let (n, i) = (g / 4, g % 4);
+                let ql = &blk[64 * n + 32 * (i % 2)..][..32];
+                let qh = &blk[128 + 32 * n..][..32];
+                let q = |l: usize| {
+                    let lo = ql[l] >> (4 * (i / 2)) & 0xF;
+                    let hi = qh[l] >> (2 * i) & 3;
+                    (lo | hi << 4) as i32 - 32
+                };
+                let y = &a.qs[b * QK..][..QK];
+                let sc = |h: usize| blk[192 + 8 * n + 2 * i + h] as i8 as i32;
+                let isum = sc(0) * idot(y, 0..16, q) + sc(1) * idot(y, 16..32, q);
+                acc += d * a.d[b] * isum as f32;
+            }
+        }
+        acc
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C kernels: four rows at a time sharing each activation group.
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start};
+    use std::arch::x86_64::*;
+
+    pub(super) const Q4K: u8 = 0;
+    pub(super) const Q6K: u8 = 1;
+
+    /// How many rows ahead the four-row kernels prefetch (as the classic kernels do).
+    const PF_ROWS: usize = 4;
+
+    /// `T`'s rows four at a time, then the rest one by one. `V`: the VNNI form (`dpbusd`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn chunk<const T: u8, const V: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        stride: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let bytes = if T == Q4K { Q4K_BYTES } else { Q6K_BYTES };
+        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), bytes);
+        let base = data.as_ptr();
+        let mut r = 0;
+        while r + 4 <= out.len() {
+            let rows = [0, 1, 2, 3].map(|k| base.add((r + k) * stride));
+            // SAFETY: `chunk_blocks` checked that these rows and the input are whole.
+            let o = if T == Q4K {
+                rows_q4_k::<V, 4>(rows, nsb, PF_ROWS * stride, a)
+            } else {
+                rows_q6_k::<V, 4>(rows, nsb, PF_ROWS * stride, a)
+            };
+            out[r..r + 4].copy_from_slice(&o);
+            r += 4;
+        }
+        while r < out.len() {
+            let row = [base.add(r * stride)];
+            // SAFETY: as above.
+            out[r] = if T == Q4K {
+                rows_q4_k::<V, 1>(row, nsb, 0, a)[0]
+            } else {
+                rows_q6_k::<V, 1>(row, nsb, 0, a)[0]
+            };
+            r += 1;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// The f16 at `p` (unaligned) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// Input group `b`'s 32 int8 values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(a: &Act, b: usize) -> __m256i {
+        _mm256_loadu_si256(a.qs.as_ptr().add(b * QK).cast())
+    }
+
+    /// Hints the cache lines of the `bytes` at `p` (a block `pf` bytes on: rows to come).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prefetch(p: *const u8, bytes: usize) {
+        // Past the end of the data this is a harmless hint, never a load.
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast());
+            o += 64;
+        }
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1).cast());
+    }
+
+    /// `R` Q4_K rows of `nsb` super-blocks against `a`. Unsafe: each row must hold `nsb`
+    /// super-blocks and `a` cover them (`chunk_blocks`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_q4_k<const V: u8, const R: usize>(
+        rows: [*const u8; R],
+        nsb: usize,
+        pf: usize,
+        a: &Act,
+    ) -> [f32; R] {
+        let low = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [_mm256_setzero_ps(); R];
+        // Row k's `d * sc_g * d_x` for the eight groups of the current super-block.
+        let mut f = [[0f32; GROUPS]; R];
+        for sb in 0..nsb {
+            let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
+            let sx = _mm256_loadu_ps(a.s.as_ptr().add(GROUPS * sb));
+            for k in 0..R {
+                let p = rows[k].add(sb * Q4K_BYTES);
+                if pf != 0 {
+                    prefetch(p.wrapping_add(pf), Q4K_BYTES);
+                }
+                let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(p.add(4), 12));
+                let bytes_ps =
+                    |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+                let dmin = _mm256_set1_ps(f16_at(p.add(2)));
+                mins[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes_ps(m)), sx, mins[k]);
+                let d = _mm256_set1_ps(f16_at(p));
+                let fk = _mm256_mul_ps(_mm256_mul_ps(d, bytes_ps(sc)), dx);
+                _mm256_storeu_ps(f[k].as_mut_ptr(), fk);
+            }
+            for j in 0..4 {
+                let b = GROUPS * sb + 2 * j;
+                let (y0, y1) = (group(a, b), group(a, b + 1));
+                for k in 0..R {
+                    let q = _mm256_loadu_si256(rows[k].add(sb * Q4K_BYTES + 16 + 32 * j).cast());
+                    let lo = _mm256_and_si256(q, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+                    // Nibbles (0..15) are unsigned operands as they are: exact under `maddubs`.
+                    let i0 = dpbusd::<V>(_mm256_setzero_si256(), lo, y0);
+                    let i1 = dpbusd::<V>(_mm256_setzero_si256(), hi, y1);
+                    let f0 = _mm256_set1_ps(f[k][2 * j]);
+                    let f1 = _mm256_set1_ps(f[k][2 * j + 1]);
+                    acc[k] = _mm256_fmadd_ps(f0, _mm256_cvtepi32_ps(i0), acc[k]);
+                    acc[k] = _mm256_fmadd_ps(f1, _mm256_cvtepi32_ps(i1), acc[k]);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for k in 0..R {
+            out[k] = hsum(acc[k]) - hsum(mins[k]);
+        }
+        out
+    }
+
+    /// Group `I` (0..4) of a Q6_K half-block as unsigned bytes 0..63: the low nibbles of `ql`
+    /// (bytes `32 * (I % 2)..` of the half's 64, nibble `I / 2`) and bits 2I, 2I + 1 of `qh`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6_group<const I: usize>(ql: *const u8, qh: __m256i) -> __m256i {
+        let l = _mm256_loadu_si256(ql.add(32 * (I % 2)).cast());
+        let l = if I < 2 { l } else { _mm256_srli_epi16::<4>(l) };
+        let l = _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
+        // The pair to bits 4 and 5 (no bit crosses a byte: the mask keeps two).
+        let h = match I {
+            0 => _mm256_slli_epi16::<4>(qh),
+            1 => _mm256_slli_epi16::<2>(qh),
+            2 => qh,
+            _ => _mm256_srli_epi16::<2>(qh),
+        };
+        _mm256_or_si256(l, _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
+    }
+
+    /// `R` Q6_K rows of `nsb` super-blocks against `a`. Unsafe: as `rows_q4_k`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_q6_k<const V: u8, const R: usize>(
+        rows: [*const u8; R],
+        nsb: usize,
+        pf: usize,
+        a: &Act,
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        // Row k's `d * sc_h * d_x` for the 16 halves of the current super-block: [k][n] holds
+        // half-block n's eight (groups 4n..4n + 4, two halves each).
+        let mut f = [[_mm256_setzero_ps(); 2]; R];
+        // Which of those a group's eight int32 lanes take: lanes 0-3 its first 16 values.
+        let pick = |i: i32| {
+            _mm256_setr_epi32(
+                2 * i,
+                2 * i,
+                2 * i,
+                2 * i,
+                2 * i + 1,
+                2 * i + 1,
+                2 * i + 1,
+                2 * i + 1,
+            )
+        };
+        let picks = [pick(0), pick(1), pick(2), pick(3)];
+        for sb in 0..nsb {
+            let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
+            let dx_halves = [
+                _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
+                _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)),
+            ];
+            for k in 0..R {
+                let p = rows[k].add(sb * Q6K_BYTES);
+                if pf != 0 {
+                    prefetch(p.wrapping_add(pf), Q6K_BYTES);
+                }
+                let d = _mm256_set1_ps(f16_at(p.add(208)));
+                for n in 0..2 {
+                    let sc = _mm_loadl_epi64(p.add(192 + 8 * n).cast());
+                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+                    f[k][n] = _mm256_mul_ps(_mm256_mul_ps(d, sc), dx_halves[n]);
+                }
+            }
+            for n in 0..2 {
+                macro_rules! one_group {
+                    ($i:literal) => {{
+                        let b = GROUPS * sb + 4 * n + $i;
+                        let y = group(a, b);
+                        // `-32 * y` summed per lane: the start that turns `q` into `q - 32`.
+                        let start = offset_start::<5>(a, b);
+                        for k in 0..R {
+                            let p = rows[k].add(sb * Q6K_BYTES);
+                            let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+                            let q = q6_group::<$i>(p.add(64 * n), qh);
+                            // q <= 63: exact under `maddubs` too.
+                            let i = dpbusd::<V>(start, q, y);
+                            let fk = _mm256_permutevar8x32_ps(f[k][n], picks[$i]);
+                            acc[k] = _mm256_fmadd_ps(fk, _mm256_cvtepi32_ps(i), acc[k]);
+                        }
+                    }};
+                }
+                one_group!(0);
+                one_group!(1);
+                one_group!(2);
+                one_group!(3);
+            }
+        }
+        let mut out = [0f32; R];
+        for k in 0..R {
+            out[k] = hsum(acc[k]);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
