@@ -3,7 +3,7 @@
 //! Classic quant types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) use the llama.cpp approach: the input
 //! vector is quantized once per call to int8 blocks of 32 (Q8_1-style: `d = amax / 127`, plus
 //! `s = d * sum(q)` for the `_1` types' offset term), and each weight block is dotted in
-//! integers (int8 x int8 -> int32) and scaled by `d_w * d_x`. K-quants (Q4_K, Q6_K) dot the
+//! integers (int8 x int8 -> int32) and scaled by `d_w * d_x`. K-quants (Q4_K, Q5_K, Q6_K) dot the
 //! same int8 input in their stored super-blocks (`kquant`). Float types (F32, F16, BF16) are
 //! dotted in f32 with `x` directly.
 //!
@@ -158,6 +158,7 @@ fn uses_q8(ty: GgmlType) -> bool {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::Q4_K
+            | GgmlType::Q5_K
             | GgmlType::Q6_K
     )
 }
@@ -666,7 +667,7 @@ mod scalar {
             GgmlType::F32 => chunk::<F32>,
             GgmlType::F16 => chunk::<F16>,
             GgmlType::BF16 => chunk::<Bf16>,
-            GgmlType::Q4_K | GgmlType::Q6_K => super::kquant::scalar_chunk_fn(ty),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::scalar_chunk_fn(ty),
         }
     }
 
@@ -829,7 +830,9 @@ mod x86 {
             GgmlType::F32 => chunk_f32,
             GgmlType::F16 => chunk_f16,
             GgmlType::BF16 => chunk_bf16,
-            GgmlType::Q4_K | GgmlType::Q6_K => super::kquant::avx2_chunk_fn(ty, ks),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                super::kquant::avx2_chunk_fn(ty, ks)
+            }
         }
     }
 

@@ -1,17 +1,18 @@
-//! K-quant rows (Q4_K, Q6_K) dotted in their stored super-blocks, in integers.
+//! K-quant rows (Q4_K, Q5_K, Q6_K) dotted in their stored super-blocks, in integers.
 //!
-//! A super-block holds 256 weights: Q4_K as 8 sub-blocks of 32, each with a 6-bit scale `sc`
-//! and min `m` under the block's f16 `d` and `dmin` (weight = `d * sc * q - dmin * m`, q in
-//! 0..15); Q6_K as 16 sub-blocks of 16 with int8 scales under `d` (weight = `d * sc * (q - 32)`,
-//! q in 0..63). The input is quantized as for the classic types (`ActScratch`: int8 groups of
+//! A super-block holds 256 weights: Q4_K and Q5_K as 8 sub-blocks of 32, each with a 6-bit
+//! scale `sc` and min `m` under the block's f16 `d` and `dmin` (weight = `d * sc * q - dmin * m`,
+//! q in 0..15, or 0..31 with Q5_K's fifth bits); Q6_K as 16 sub-blocks of 16 with int8 scales
+//! under `d` (weight = `d * sc * (q - 32)`, q in 0..63). The input is quantized as for the classic types (`ActScratch`: int8 groups of
 //! 32 with scale `d_x` and `s_x = d_x * sum(q_x)`), so each run of 32 weights meets one
 //! activation group and is one int8 x int8 -> int32 dot:
 //!
-//! - Q4_K, group g: `d * sc_g * d_x * sum(q * q_x) - dmin * m_g * s_x`;
+//! - Q4_K and Q5_K, group g: `d * sc_g * d_x * sum(q * q_x) - dmin * m_g * s_x`;
 //! - Q6_K, group g (halves h of 16): `d * d_x * sum_h sc_h * sum((q - 32) * q_x)`.
 //!
 //! The only error against dequantizing to f32 is the int8 input's (llama.cpp's Q8_K idea, on
-//! the classic kernels' groups of 32), and the weights are read as stored: 4.5 and 6.56 bits.
+//! the classic kernels' groups of 32), and the weights are read as stored: 4.5, 5.5 and 6.56
+//! bits a weight.
 //!
 //! Kernels: AVX2+FMA+F16C four rows at a time (x86_64; `vpdpbusd` where the CPU has VNNI and
 //! `ks.vnni` is on), and a scalar one for every other CPU (NEON included). Both make the same
@@ -23,6 +24,8 @@ use crate::model::ggml::{f16_to_f32, GgmlType, QK};
 
 /// Bytes of one Q4_K super-block: `d`, `dmin`, 12 bytes of scales and mins, 128 of nibbles.
 const Q4K_BYTES: usize = 144;
+/// Bytes of one Q5_K super-block: Q4_K's, with 32 bytes of fifth bits before the nibbles.
+const Q5K_BYTES: usize = 176;
 /// Bytes of one Q6_K super-block: 128 of low nibbles, 64 of high bit pairs, 16 scales, `d`.
 const Q6K_BYTES: usize = 210;
 /// Activation groups of 32 per super-block.
@@ -75,11 +78,26 @@ fn chunk_blocks(
     nsb
 }
 
+/// The kernels' type parameter.
+const Q4K: u8 = 0;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
+
+/// Bytes of a super-block of kernel type `t`.
+const fn block_bytes(t: u8) -> usize {
+    match t {
+        Q4K => Q4K_BYTES,
+        Q5K => Q5K_BYTES,
+        _ => Q6K_BYTES,
+    }
+}
+
 /// The scalar kernel of K-quant type `ty`. Panics for any other type (the caller's fault).
 pub(super) fn scalar_chunk_fn(ty: GgmlType) -> ChunkFn {
     match ty {
-        GgmlType::Q4_K => scalar::chunk::<{ scalar::Q4K }>,
-        GgmlType::Q6_K => scalar::chunk::<{ scalar::Q6K }>,
+        GgmlType::Q4_K => scalar::chunk::<Q4K>,
+        GgmlType::Q5_K => scalar::chunk::<Q5K>,
+        GgmlType::Q6_K => scalar::chunk::<Q6K>,
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
 }
@@ -91,15 +109,16 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
     macro_rules! by_vnni {
         ($t:expr) => {
             match crate::backend::cpu::lowbit::vnni_form(ks) {
-                VNNI_VEX => x86::chunk::<{ $t }, VNNI_VEX>,
-                VNNI_EVEX => x86::chunk::<{ $t }, VNNI_EVEX>,
-                _ => x86::chunk::<{ $t }, VNNI_NONE>,
+                VNNI_VEX => x86::chunk::<$t, VNNI_VEX>,
+                VNNI_EVEX => x86::chunk::<$t, VNNI_EVEX>,
+                _ => x86::chunk::<$t, VNNI_NONE>,
             }
         };
     }
     match ty {
-        GgmlType::Q4_K => by_vnni!(x86::Q4K),
-        GgmlType::Q6_K => by_vnni!(x86::Q6K),
+        GgmlType::Q4_K => by_vnni!(Q4K),
+        GgmlType::Q5_K => by_vnni!(Q5K),
+        GgmlType::Q6_K => by_vnni!(Q6K),
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
 }
@@ -110,9 +129,6 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
 pub(super) mod scalar {
     use super::*;
 
-    pub(in crate::backend::cpu::matvec) const Q4K: u8 = 0;
-    pub(in crate::backend::cpu::matvec) const Q6K: u8 = 1;
-
     pub(in crate::backend::cpu::matvec) fn chunk<const T: u8>(
         data: &[u8],
         row_bytes: usize,
@@ -120,14 +136,13 @@ pub(super) mod scalar {
         a: &Act,
         out: &mut [f32],
     ) {
-        let bytes = if T == Q4K { Q4K_BYTES } else { Q6K_BYTES };
-        chunk_blocks(data, row_bytes, stride, a, out.len(), bytes);
+        chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
         for (i, o) in out.iter_mut().enumerate() {
             let row = &data[i * stride..][..row_bytes];
-            *o = if T == Q4K {
-                dot_q4_k(row, a)
-            } else {
-                dot_q6_k(row, a)
+            *o = match T {
+                Q4K => dot_q45_k::<false>(row, a),
+                Q5K => dot_q45_k::<true>(row, a),
+                _ => dot_q6_k(row, a),
             };
         }
     }
@@ -138,18 +153,31 @@ pub(super) mod scalar {
         range.map(|l| w(l) * y[l] as i32).sum()
     }
 
-    pub(in crate::backend::cpu::matvec) fn dot_q4_k(row: &[u8], a: &Act) -> f32 {
+    /// Q4_K, or with `FIVE` Q5_K (the same but for the fifth bits).
+    fn dot_q45_k<const FIVE: bool>(row: &[u8], a: &Act) -> f32 {
+        let (bytes, qs_at) = if FIVE {
+            (Q5K_BYTES, 48)
+        } else {
+            (Q4K_BYTES, 16)
+        };
         let (mut acc, mut mins) = (0f32, 0f32);
-        for (sb, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
+        for (sb, blk) in row.chunks_exact(bytes).enumerate() {
             let (d, dmin) = (f16_to_f32(le16(blk, 0)), f16_to_f32(le16(blk, 2)));
             let (sc, m) = q4k_scales_mins(&blk[4..16]);
             for g in 0..GROUPS {
                 let b = GROUPS * sb + g;
                 // Groups 2k and 2k + 1 are the low and high nibbles of the same 32 bytes.
-                let q = &blk[16 + 32 * (g / 2)..][..32];
+                let q = &blk[qs_at + 32 * (g / 2)..][..32];
                 let shift = 4 * (g % 2);
+                // Q5_K: bit g of byte l of the fifth bits is value l's.
+                let qh = &blk[16..48];
                 let i = idot(&a.qs[b * QK..][..QK], 0..QK, |l| {
-                    (q[l] >> shift & 0xF) as i32
+                    let lo = (q[l] >> shift & 0xF) as i32;
+                    if FIVE {
+                        lo | ((qh[l] >> g & 1) as i32) << 4
+                    } else {
+                        lo
+                    }
                 });
                 let (scg, mg) = ((sc >> (8 * g)) as u8, (m >> (8 * g)) as u8);
                 acc += d * scg as f32 * a.d[b] * i as f32;
@@ -159,7 +187,7 @@ pub(super) mod scalar {
         acc - mins
     }
 
-    pub(in crate::backend::cpu::matvec) fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
+    fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
         let mut acc = 0f32;
         for (sb, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
             let d = f16_to_f32(le16(blk, 208));
@@ -195,9 +223,6 @@ mod x86 {
     use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start};
     use std::arch::x86_64::*;
 
-    pub(super) const Q4K: u8 = 0;
-    pub(super) const Q6K: u8 = 1;
-
     /// How many rows ahead the four-row kernels prefetch (as the classic kernels do).
     const PF_ROWS: usize = 4;
 
@@ -210,17 +235,17 @@ mod x86 {
         a: &Act,
         out: &mut [f32],
     ) {
-        let bytes = if T == Q4K { Q4K_BYTES } else { Q6K_BYTES };
-        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), bytes);
+        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
         let base = data.as_ptr();
         let mut r = 0;
         while r + 4 <= out.len() {
             let rows = [0, 1, 2, 3].map(|k| base.add((r + k) * stride));
             // SAFETY: `chunk_blocks` checked that these rows and the input are whole.
-            let o = if T == Q4K {
-                rows_q4_k::<V, 4>(rows, nsb, PF_ROWS * stride, a)
-            } else {
-                rows_q6_k::<V, 4>(rows, nsb, PF_ROWS * stride, a)
+            let pf = PF_ROWS * stride;
+            let o = match T {
+                Q4K => rows_q45_k::<V, 4, false>(rows, nsb, pf, a),
+                Q5K => rows_q45_k::<V, 4, true>(rows, nsb, pf, a),
+                _ => rows_q6_k::<V, 4>(rows, nsb, pf, a),
             };
             out[r..r + 4].copy_from_slice(&o);
             r += 4;
@@ -228,10 +253,10 @@ mod x86 {
         while r < out.len() {
             let row = [base.add(r * stride)];
             // SAFETY: as above.
-            out[r] = if T == Q4K {
-                rows_q4_k::<V, 1>(row, nsb, 0, a)[0]
-            } else {
-                rows_q6_k::<V, 1>(row, nsb, 0, a)[0]
+            out[r] = match T {
+                Q4K => rows_q45_k::<V, 1, false>(row, nsb, 0, a)[0],
+                Q5K => rows_q45_k::<V, 1, true>(row, nsb, 0, a)[0],
+                _ => rows_q6_k::<V, 1>(row, nsb, 0, a)[0],
             };
             r += 1;
         }
@@ -274,16 +299,21 @@ mod x86 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1).cast());
     }
 
-    /// `R` Q4_K rows of `nsb` super-blocks against `a`. Unsafe: each row must hold `nsb`
-    /// super-blocks and `a` cover them (`chunk_blocks`).
+    /// `R` Q4_K rows (with `FIVE`, Q5_K rows) of `nsb` super-blocks against `a`. Unsafe: each
+    /// row must hold `nsb` super-blocks and `a` cover them (`chunk_blocks`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows_q4_k<const V: u8, const R: usize>(
+    unsafe fn rows_q45_k<const V: u8, const R: usize, const FIVE: bool>(
         rows: [*const u8; R],
         nsb: usize,
         pf: usize,
         a: &Act,
     ) -> [f32; R] {
+        let (bytes, qs_at) = if FIVE {
+            (Q5K_BYTES, 48)
+        } else {
+            (Q4K_BYTES, 16)
+        };
         let low = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [_mm256_setzero_ps(); R];
@@ -293,9 +323,9 @@ mod x86 {
             let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
             let sx = _mm256_loadu_ps(a.s.as_ptr().add(GROUPS * sb));
             for k in 0..R {
-                let p = rows[k].add(sb * Q4K_BYTES);
+                let p = rows[k].add(sb * bytes);
                 if pf != 0 {
-                    prefetch(p.wrapping_add(pf), Q4K_BYTES);
+                    prefetch(p.wrapping_add(pf), bytes);
                 }
                 let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(p.add(4), 12));
                 let bytes_ps =
@@ -309,11 +339,27 @@ mod x86 {
             for j in 0..4 {
                 let b = GROUPS * sb + 2 * j;
                 let (y0, y1) = (group(a, b), group(a, b + 1));
+                // Q5_K: the bits of groups 2j and 2j + 1 in each byte of the fifth bits.
+                let (m0, m1) = (
+                    _mm256_set1_epi8(1 << (2 * j)),
+                    _mm256_set1_epi8(2 << (2 * j)),
+                );
                 for k in 0..R {
-                    let q = _mm256_loadu_si256(rows[k].add(sb * Q4K_BYTES + 16 + 32 * j).cast());
-                    let lo = _mm256_and_si256(q, low);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
-                    // Nibbles (0..15) are unsigned operands as they are: exact under `maddubs`.
+                    let p = rows[k].add(sb * bytes);
+                    let q = _mm256_loadu_si256(p.add(qs_at + 32 * j).cast());
+                    let mut lo = _mm256_and_si256(q, low);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+                    if FIVE {
+                        let qh = _mm256_loadu_si256(p.add(16).cast());
+                        let sixteen = _mm256_set1_epi8(16);
+                        let bit = |m: __m256i| {
+                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m);
+                            _mm256_and_si256(set, sixteen)
+                        };
+                        lo = _mm256_or_si256(lo, bit(m0));
+                        hi = _mm256_or_si256(hi, bit(m1));
+                    }
+                    // Values 0..31 are unsigned operands as they are: exact under `maddubs`.
                     let i0 = dpbusd::<V>(_mm256_setzero_si256(), lo, y0);
                     let i1 = dpbusd::<V>(_mm256_setzero_si256(), hi, y1);
                     let f0 = _mm256_set1_ps(f[k][2 * j]);
@@ -348,7 +394,7 @@ mod x86 {
         _mm256_or_si256(l, _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
     }
 
-    /// `R` Q6_K rows of `nsb` super-blocks against `a`. Unsafe: as `rows_q4_k`.
+    /// `R` Q6_K rows of `nsb` super-blocks against `a`. Unsafe: as `rows_q45_k`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn rows_q6_k<const V: u8, const R: usize>(

@@ -8,7 +8,7 @@ use crate::backend::cpu::matvec::{
 };
 use crate::model::ggml::dequantize_row;
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 /// Tiny seeded generator (xorshift64*).
 struct Rng(u64);
@@ -41,10 +41,10 @@ fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8>
         .map(|_| rng.byte())
         .collect();
     for b in data.chunks_exact_mut(ty.block_bytes()) {
-        let at: &[usize] = if ty == GgmlType::Q4_K {
-            &[0, 2]
-        } else {
+        let at: &[usize] = if ty == GgmlType::Q6_K {
             &[208]
+        } else {
+            &[0, 2]
         };
         for &o in at {
             b[o..o + 2].copy_from_slice(&rng.f16_scale().to_le_bytes());
@@ -224,7 +224,7 @@ fn avx2_agrees_with_scalar() {
                 // Quants and scales at their extremes.
                 for b in w.chunks_exact_mut(ty.block_bytes()) {
                     match ty {
-                        GgmlType::Q4_K => b[4..].fill(0xFF),
+                        GgmlType::Q4_K | GgmlType::Q5_K => b[4..].fill(0xFF),
                         _ => {
                             b[..192].fill(0xFF);
                             b[192..208].fill(0x80);
@@ -238,7 +238,7 @@ fn avx2_agrees_with_scalar() {
                 // Q6_K's most negative quant (0 - 32) with the largest positive scale.
                 for b in w.chunks_exact_mut(ty.block_bytes()) {
                     match ty {
-                        GgmlType::Q4_K => b[16..].fill(0),
+                        GgmlType::Q4_K | GgmlType::Q5_K => b[16..].fill(0),
                         _ => {
                             b[..192].fill(0);
                             b[192..208].fill(0x7F);
