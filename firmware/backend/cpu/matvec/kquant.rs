@@ -439,7 +439,8 @@ mod x86 {
                     f[k][n] = _mm256_mul_ps(_mm256_mul_ps(d, sc), dx_halves[n]);
                 }
             }
-            for n in 0..2 {
+            // The two half-blocks (an array, not a range: `n` indexes several things).
+            for n in [0, 1] {
                 macro_rules! one_group {
                     ($i:literal) => {{
                         let b = GROUPS * sb + 4 * n + $i;
