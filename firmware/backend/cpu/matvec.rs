@@ -7,7 +7,8 @@
 //! same int8 input in their stored super-blocks (`kquant`). Float types (F32, F16, BF16) are
 //! dotted in f32 with `x` directly.
 //!
-//! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; classic types),
+//! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; Q4_0, Q4_1,
+//! Q8_0 and the K-quants),
 //! and a portable scalar fallback that is always compiled. Every entry point takes the
 //! [`KernelSet`] its caller picked at boot (tests and ablations pass another).
 //!
@@ -1425,7 +1426,8 @@ mod x86 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// NEON kernels (aarch64), classic types only; the scalar code is their definition. They use
+// NEON kernels (aarch64), Q4_0, Q4_1 and Q8_0 (the K-quants' are in `kquant`); the scalar code
+// is their definition. They use
 // vmull_s8 + vpadalq_s16 (baseline NEON); `vdotq_s32` would be faster on cores with dotprod.
 
 #[cfg(target_arch = "aarch64")]
@@ -1439,6 +1441,7 @@ mod neon {
             GgmlType::Q4_0 => chunk::<18, 2, false, true>,
             GgmlType::Q4_1 => chunk::<20, 4, true, true>,
             GgmlType::Q8_0 => chunk::<34, 2, false, false>,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::neon_chunk_fn(ty),
             _ => return None,
         })
     }

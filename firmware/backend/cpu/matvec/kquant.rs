@@ -15,8 +15,9 @@
 //! bits a weight.
 //!
 //! Kernels: AVX2+FMA+F16C four rows at a time (x86_64; `vpdpbusd` where the CPU has VNNI and
-//! `ks.vnni` is on), and a scalar one for every other CPU (NEON included). Both make the same
-//! int32 sums per group (Q6_K: per 16); they differ only in the order of the float sums.
+//! `ks.vnni` is on), NEON (aarch64) and a scalar one. All make the same int32 sums per group
+//! (Q6_K: per 16); the AVX2 ones add the floats in another order, the NEON ones in the scalar
+//! order (bit-identical to it).
 
 use super::{le16, ChunkFn};
 use crate::backend::cpu::kernel::Act;
@@ -119,6 +120,17 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
         GgmlType::Q4_K => by_vnni!(Q4K),
         GgmlType::Q5_K => by_vnni!(Q5K),
         GgmlType::Q6_K => by_vnni!(Q6K),
+        _ => panic!("{} is not a K-quant type", ty.name()),
+    }
+}
+
+/// The NEON kernel of K-quant type `ty`. Panics for any other type.
+#[cfg(target_arch = "aarch64")]
+pub(super) fn neon_chunk_fn(ty: GgmlType) -> ChunkFn {
+    match ty {
+        GgmlType::Q4_K => neon::chunk::<Q4K>,
+        GgmlType::Q5_K => neon::chunk::<Q5K>,
+        GgmlType::Q6_K => neon::chunk::<Q6K>,
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
 }
@@ -469,6 +481,117 @@ mod x86 {
             out[k] = hsum(acc[k]);
         }
         out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEON kernels (aarch64): the scalar kernels with each group's int32 sum made 16 bytes at a time
+// (`vmull_s8` + `vpadalq_s16`, exact), the float arithmetic theirs, in their order.
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::*;
+    use crate::backend::cpu::kernel::neon::mul_acc;
+    use std::arch::aarch64::*;
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn chunk<const T: u8>(
+        data: &[u8],
+        row_bytes: usize,
+        stride: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = &data[i * stride..][..row_bytes];
+            *o = match T {
+                Q4K => dot_q45_k::<false>(row, a),
+                Q5K => dot_q45_k::<true>(row, a),
+                _ => dot_q6_k(row, a),
+            };
+        }
+    }
+
+    /// The int32 dot of 16 signed weights with the 16 input values at `y`.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn dot16(w: int8x16_t, y: *const i8) -> i32 {
+        vaddvq_s32(mul_acc(vdupq_n_s32(0), w, vld1q_s8(y)))
+    }
+
+    /// `scalar::dot_q45_k`.
+    #[target_feature(enable = "neon")]
+    unsafe fn dot_q45_k<const FIVE: bool>(row: &[u8], a: &Act) -> f32 {
+        let (bytes, qs_at) = if FIVE {
+            (Q5K_BYTES, 48)
+        } else {
+            (Q4K_BYTES, 16)
+        };
+        let (mut acc, mut mins) = (0f32, 0f32);
+        for (sb, blk) in row.chunks_exact(bytes).enumerate() {
+            let (d, dmin) = (f16_to_f32(le16(blk, 0)), f16_to_f32(le16(blk, 2)));
+            let (sc, m) = q4k_scales_mins(&blk[4..16]);
+            let p = blk.as_ptr();
+            for g in 0..GROUPS {
+                let b = GROUPS * sb + g;
+                let y = a.qs[b * QK..][..QK].as_ptr();
+                let q = p.add(qs_at + 32 * (g / 2));
+                let half = |h: usize| {
+                    let v = vld1q_u8(q.add(16 * h));
+                    let v = if g % 2 == 0 {
+                        vandq_u8(v, vdupq_n_u8(0x0F))
+                    } else {
+                        vshrq_n_u8(v, 4)
+                    };
+                    let v = if FIVE {
+                        let set = vtstq_u8(vld1q_u8(p.add(16 + 16 * h)), vdupq_n_u8(1 << g));
+                        vorrq_u8(v, vandq_u8(set, vdupq_n_u8(16)))
+                    } else {
+                        v
+                    };
+                    vreinterpretq_s8_u8(v)
+                };
+                let i = dot16(half(0), y) + dot16(half(1), y.add(16));
+                let (scg, mg) = ((sc >> (8 * g)) as u8, (m >> (8 * g)) as u8);
+                acc += d * scg as f32 * a.d[b] * i as f32;
+                mins += dmin * mg as f32 * a.s[b];
+            }
+        }
+        acc - mins
+    }
+
+    /// `scalar::dot_q6_k`.
+    #[target_feature(enable = "neon")]
+    unsafe fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
+        let mut acc = 0f32;
+        for (sb, blk) in row.chunks_exact(Q6K_BYTES).enumerate() {
+            let d = f16_to_f32(le16(blk, 208));
+            let p = blk.as_ptr();
+            for g in 0..GROUPS {
+                let b = GROUPS * sb + g;
+                let y = a.qs[b * QK..][..QK].as_ptr();
+                let (n, i) = (g / 4, g % 4);
+                let (ql, qh) = (p.add(64 * n + 32 * (i % 2)), p.add(128 + 32 * n));
+                // Bits 2i and 2i + 1 of the high pairs to bits 4 and 5 (a negative count
+                // shifts right).
+                let up = vdupq_n_s8(4 - 2 * i as i8);
+                let half = |h: usize| {
+                    let l = vld1q_u8(ql.add(16 * h));
+                    let l = if i < 2 {
+                        vandq_u8(l, vdupq_n_u8(0x0F))
+                    } else {
+                        vshrq_n_u8(l, 4)
+                    };
+                    let hi = vandq_u8(vshlq_u8(vld1q_u8(qh.add(16 * h)), up), vdupq_n_u8(0x30));
+                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, hi)), vdupq_n_s8(32))
+                };
+                let sc = |h: usize| blk[192 + 8 * n + 2 * i + h] as i8 as i32;
+                let isum = sc(0) * dot16(half(0), y) + sc(1) * dot16(half(1), y.add(16));
+                acc += d * a.d[b] * isum as f32;
+            }
+        }
+        acc
     }
 }
 

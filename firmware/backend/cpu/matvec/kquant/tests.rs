@@ -296,3 +296,46 @@ fn avx2_agrees_with_scalar() {
         eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (the maddubs form alone ran)");
     }
 }
+
+/// The NEON kernels make the scalar kernels' int32 sums and add the floats in their order, so
+/// the results are bit-identical, extreme blocks included.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_equals_scalar() {
+    let (rows, cols) = (13, 768);
+    for ty in TYPES {
+        for case in 0..2 {
+            let mut rng = Rng(0x4E0 + 10 * case + ty as u64);
+            let mut w = random_rows(&mut rng, ty, rows, cols);
+            if case == 1 {
+                for b in w.chunks_exact_mut(ty.block_bytes()) {
+                    match ty {
+                        GgmlType::Q4_K | GgmlType::Q5_K => b[4..].fill(0xFF),
+                        _ => {
+                            b[..192].fill(0);
+                            b[192..208].fill(0x80);
+                        }
+                    }
+                }
+            }
+            let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+            let mut s = ActScratch::new(cols);
+            let a = s.quantize(&x, false);
+            let rb = ty.row_bytes(cols).unwrap();
+            let call = |f: ChunkFn| {
+                let mut out = vec![f32::NAN; rows];
+                // SAFETY: NEON is baseline on aarch64; `w` holds `rows` rows of `rb` bytes and
+                // `a` covers their columns.
+                unsafe { f(&w, rb, rb, &a, &mut out) };
+                out
+            };
+            let scalar = call(scalar_chunk_fn(ty));
+            assert!(
+                scalar.iter().any(|&v| v != 0.0),
+                "{} case {case}",
+                ty.name()
+            );
+            assert_eq!(call(neon_chunk_fn(ty)), scalar, "{} case {case}", ty.name());
+        }
+    }
+}
