@@ -2,7 +2,9 @@
 //! product (`matmul_many`, 16 inputs, one thread: the kernels' own speed), in weight values
 //! times inputs per second.
 //!
-//! Shapes are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (output).
+//! Shapes are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (output);
+//! the K-quants (and Q4_0 beside them) run Qwen2.5-1.5B's: 8960x1536 (ffn gate/up), 1536x8960
+//! (ffn down), as their columns must be whole super-blocks of 256.
 //! `cargo bench --bench matvec [-- FILTER]`, e.g. `-- matmul16` for the batched group alone.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -23,7 +25,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
         })
         .collect();
     let scale_offsets: &[usize] = match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
         GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         _ => &[],
     };
@@ -37,19 +40,23 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 
 fn bench(c: &mut Criterion) {
     let pools = [WorkerPool::new(1), WorkerPool::new(2)];
-    let mut act = ActScratch::new(1536);
-    let shapes = [(1536, 576), (576, 1536), (49152, 576)];
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::F16,
+    let mut act = ActScratch::new(8960);
+    let small = [(1536, 576), (576, 1536), (49152, 576)];
+    let wide = [(8960, 1536), (1536, 8960)];
+    for (group, ty, shapes) in [
+        ("matvec", GgmlType::Q4_1, &small[..]),
+        ("matvec", GgmlType::Q8_0, &small[..]),
+        ("matvec", GgmlType::Q4_0, &small[..]),
+        ("matvec", GgmlType::F16, &small[..]),
+        ("matvec_wide", GgmlType::Q4_K, &wide[..]),
+        ("matvec_wide", GgmlType::Q6_K, &wide[..]),
+        ("matvec_wide", GgmlType::Q4_0, &wide[..]),
     ] {
-        let mut g = c.benchmark_group(format!("matvec_{}", ty.name()));
+        let mut g = c.benchmark_group(format!("{group}_{}", ty.name()));
         g.warm_up_time(Duration::from_millis(300))
             .measurement_time(Duration::from_millis(1200))
             .sample_size(20);
-        for (rows, cols) in shapes {
+        for &(rows, cols) in shapes {
             let data = weights(ty, rows, cols);
             let w = Matrix {
                 ty,

@@ -15,6 +15,7 @@ pub enum GgmlType {
     Q5_1 = 7,
     Q8_0 = 8,
     Q4_K = 12,
+    Q5_K = 13,
     Q6_K = 14,
     BF16 = 30,
 }
@@ -35,6 +36,7 @@ impl GgmlType {
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             _ => return None,
@@ -51,6 +53,7 @@ impl GgmlType {
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::BF16 => "BF16",
         }
@@ -63,7 +66,7 @@ impl GgmlType {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
                 QK
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => QK_K,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
         }
     }
 
@@ -78,6 +81,7 @@ impl GgmlType {
             GgmlType::Q5_1 => 2 + 2 + 4 + 16,
             GgmlType::Q8_0 => 2 + 32,
             GgmlType::Q4_K => 2 + 2 + 12 + 128,
+            GgmlType::Q5_K => 2 + 2 + 12 + 32 + 128,
             GgmlType::Q6_K => 128 + 64 + 16 + 2,
         }
     }
@@ -283,6 +287,29 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Q5_K => {
+            for (b, y) in blocks {
+                let d = f16_at(b, 0);
+                let min = f16_at(b, 2);
+                let scales = &b[4..16];
+                let qh = &b[16..48];
+                let qs = &b[48..176];
+                for (k, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+                    let (sc, m) = scale_min_k4(2 * k, scales);
+                    let (d1, m1) = (d * sc as f32, min * m as f32);
+                    let (sc, m) = scale_min_k4(2 * k + 1, scales);
+                    let (d2, m2) = (d * sc as f32, min * m as f32);
+                    // The fifth bit of sub-block j's values: bit j of qh[l].
+                    let (u1, u2) = (1u8 << (2 * k), 2u8 << (2 * k));
+                    for l in 0..32 {
+                        let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+                        let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+                        y[l] = d1 * ((q[l] & 0xf) + h1) as f32 - m1;
+                        y[l + 32] = d2 * ((q[l] >> 4) + h2) as f32 - m2;
+                    }
+                }
+            }
+        }
         GgmlType::Q6_K => {
             for (b, y) in blocks {
                 let d = f16_at(b, 208);
@@ -450,6 +477,34 @@ mod tests {
         for j in 0..16 {
             assert_eq!(y[j], (j as f32 - 8.0) * 0.5);
             assert_eq!(y[j + 16], (7.0 - j as f32) * 0.5);
+        }
+    }
+
+    /// Q5_K by ggml's layout (no fixture from ggml has this type): `d`, `dmin`, 12 bytes of
+    /// 6-bit scales and mins, 32 bytes of fifth bits (bit j of byte l: value l of sub-block j),
+    /// 128 bytes of nibbles (byte l of run k: value l of sub-blocks 2k (low) and 2k + 1 (high)).
+    #[test]
+    fn q5_k_by_hand() {
+        let mut b = f32_to_f16(0.5).to_le_bytes().to_vec();
+        b.extend(f32_to_f16(0.25).to_le_bytes());
+        // Sub-blocks 0-3: scales 1-4, mins 5-8 (6 bits each, top bits of these bytes clear);
+        // 4-7: scales 1, 3, 5, 7 and mins 2, 4, 6, 8 from the last four bytes' nibbles.
+        b.extend([1, 2, 3, 4, 5, 6, 7, 8, 0x21, 0x43, 0x65, 0x87]);
+        b.extend((0..32u8).map(|l| l.wrapping_mul(37)));
+        for _ in 0..4 {
+            b.extend((0..32u8).map(|l| (l % 16) | ((15 - l % 16) << 4)));
+        }
+        assert_eq!(b.len(), GgmlType::Q5_K.block_bytes());
+        let (sc, m) = ([1, 2, 3, 4, 1, 3, 5, 7], [5, 6, 7, 8, 2, 4, 6, 8]);
+        let mut y = [0f32; QK_K];
+        dequantize_row(GgmlType::Q5_K, &b, &mut y);
+        for (j, y) in y.chunks_exact(32).enumerate() {
+            for (l, &v) in y.iter().enumerate() {
+                let nibble = if j % 2 == 0 { l % 16 } else { 15 - l % 16 };
+                let fifth = ((l as u8).wrapping_mul(37) >> j) & 1;
+                let q = (nibble + 16 * fifth as usize) as f32;
+                assert_eq!(v, 0.5 * sc[j] as f32 * q - 0.25 * m[j] as f32, "{j} {l}");
+            }
         }
     }
 

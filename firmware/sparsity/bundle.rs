@@ -387,6 +387,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
                 }
             }
         }
-        GgmlType::Q4_K | GgmlType::Q6_K => panic!("bundles store K-quant columns as Q8_0"),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            panic!("bundles store K-quant columns as Q8_0")
+        }
     }
 }

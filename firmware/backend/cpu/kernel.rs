@@ -9,7 +9,7 @@ pub enum Kernel {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
-    /// aarch64 NEON (classic quant types; the others run the scalar code).
+    /// aarch64 NEON (Q4_0, Q4_1, Q8_0 and the K-quants; the others run the scalar code).
     Neon,
 }
 
@@ -87,7 +87,7 @@ impl Default for KernelSet {
     }
 }
 
-/// The input as kernels see it: `x` itself, and (for classic quant types) its int8 blocks:
+/// The input as kernels see it: `x` itself, and (for the quant types) its int8 blocks:
 /// value `c` ~ `d[c / 32] * qs[c]`, and `s[b] = d[b] * sum(qs of block b)`.
 #[derive(Clone, Copy)]
 pub(crate) struct Act<'a> {

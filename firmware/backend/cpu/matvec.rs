@@ -3,10 +3,12 @@
 //! Classic quant types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) use the llama.cpp approach: the input
 //! vector is quantized once per call to int8 blocks of 32 (Q8_1-style: `d = amax / 127`, plus
 //! `s = d * sum(q)` for the `_1` types' offset term), and each weight block is dotted in
-//! integers (int8 x int8 -> int32) and scaled by `d_w * d_x`. Float types (F32, F16, BF16) and
-//! K-quants (Q4_K, Q6_K) are dequantized a block at a time and dotted in f32 with `x` directly.
+//! integers (int8 x int8 -> int32) and scaled by `d_w * d_x`. K-quants (Q4_K, Q5_K, Q6_K) dot the
+//! same int8 input in their stored super-blocks (`kquant`). Float types (F32, F16, BF16) are
+//! dotted in f32 with `x` directly.
 //!
-//! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; classic types),
+//! Kernels: AVX2+FMA+F16C (x86_64, detected once at run time), NEON (aarch64; Q4_0, Q4_1,
+//! Q8_0 and the K-quants),
 //! and a portable scalar fallback that is always compiled. Every entry point takes the
 //! [`KernelSet`] its caller picked at boot (tests and ablations pass another).
 //!
@@ -16,9 +18,11 @@ pub use super::kernel::{best_kernel, kernel_supported, Kernel, KernelSet, MAX_IN
 use super::kernel::{Act, QChunkFn, QChunkManyFn, LANES};
 use super::pool::WorkerPool;
 use super::{prefetch_gathered, OutPtr};
-use crate::model::ggml::{bf16_to_f32, dequantize_row, f16_to_f32, GgmlType, QK, QK_K};
+use crate::model::ggml::{bf16_to_f32, f16_to_f32, GgmlType, QK};
 pub use crate::quant::view::{Matrix, Rows, Tile};
 use crate::quant::{Packing, QFormat};
+
+mod kquant;
 
 /// Scratch for the int8-quantized input vector, allocated once for the widest input.
 pub struct ActScratch {
@@ -149,7 +153,14 @@ fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 fn uses_q8(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -641,12 +652,6 @@ fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-/// Dequantizes one K-quant super-block (the generic path: ggml's reference dequantization).
-#[inline(always)]
-fn dequant_block(ty: GgmlType, blk: &[u8], y: &mut [f32; QK_K]) {
-    dequantize_row(ty, blk, y);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Scalar kernels: the portable fallback, and the definition the SIMD kernels mirror.
 
@@ -663,8 +668,7 @@ mod scalar {
             GgmlType::F32 => chunk::<F32>,
             GgmlType::F16 => chunk::<F16>,
             GgmlType::BF16 => chunk::<Bf16>,
-            GgmlType::Q4_K => chunk::<Q4K>,
-            GgmlType::Q6_K => chunk::<Q6K>,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::scalar_chunk_fn(ty),
         }
     }
 
@@ -791,32 +795,6 @@ mod scalar {
                 .sum()
         }
     }
-
-    pub(super) struct Q4K;
-    impl RowDot for Q4K {
-        fn dot(row: &[u8], a: &Act) -> f32 {
-            let mut y = [0f32; QK_K];
-            let mut acc = 0f32;
-            for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
-                dequant_block(GgmlType::Q4_K, blk, &mut y);
-                acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
-            }
-            acc
-        }
-    }
-
-    pub(super) struct Q6K;
-    impl RowDot for Q6K {
-        fn dot(row: &[u8], a: &Act) -> f32 {
-            let mut y = [0f32; QK_K];
-            let mut acc = 0f32;
-            for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
-                dequant_block(GgmlType::Q6_K, blk, &mut y);
-                acc += y.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
-            }
-            acc
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -853,8 +831,9 @@ mod x86 {
             GgmlType::F32 => chunk_f32,
             GgmlType::F16 => chunk_f16,
             GgmlType::BF16 => chunk_bf16,
-            GgmlType::Q4_K => chunk_q4_k,
-            GgmlType::Q6_K => chunk_q6_k,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                super::kquant::avx2_chunk_fn(ty, ks)
+            }
         }
     }
 
@@ -992,8 +971,6 @@ mod x86 {
     chunk!(chunk_f32, dot_f32);
     chunk!(chunk_f16, dot_f16);
     chunk!(chunk_bf16, dot_bf16);
-    chunk!(chunk_q4_k, dot_q4_k);
-    chunk!(chunk_q6_k, dot_q6_k);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1446,34 +1423,11 @@ mod x86 {
             |i| bf16_to_f32(le16(row, 2 * i)),
         )
     }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_q4_k(row: &[u8], a: &Act) -> f32 {
-        let mut y = [0f32; QK_K];
-        let mut acc = 0f32;
-        for (blk, x) in row.chunks_exact(144).zip(a.x.chunks_exact(QK_K)) {
-            dequant_block(GgmlType::Q4_K, blk, &mut y);
-            acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
-        }
-        acc
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_q6_k(row: &[u8], a: &Act) -> f32 {
-        let mut y = [0f32; QK_K];
-        let mut acc = 0f32;
-        for (blk, x) in row.chunks_exact(210).zip(a.x.chunks_exact(QK_K)) {
-            dequant_block(GgmlType::Q6_K, blk, &mut y);
-            acc += dot8(x, QK_K, |i| _mm256_loadu_ps(y.as_ptr().add(i)), |_| 0.0);
-        }
-        acc
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
-// NEON kernels (aarch64), classic types only; the scalar code is their definition. They use
+// NEON kernels (aarch64), Q4_0, Q4_1 and Q8_0 (the K-quants' are in `kquant`); the scalar code
+// is their definition. They use
 // vmull_s8 + vpadalq_s16 (baseline NEON); `vdotq_s32` would be faster on cores with dotprod.
 
 #[cfg(target_arch = "aarch64")]
@@ -1487,6 +1441,7 @@ mod neon {
             GgmlType::Q4_0 => chunk::<18, 2, false, true>,
             GgmlType::Q4_1 => chunk::<20, 4, true, true>,
             GgmlType::Q8_0 => chunk::<34, 2, false, false>,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::neon_chunk_fn(ty),
             _ => return None,
         })
     }

@@ -35,7 +35,7 @@ fn kernels() -> Vec<Kernel> {
     k
 }
 
-const ALL: [GgmlType; 10] = [
+const ALL: [GgmlType; 11] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -45,6 +45,7 @@ const ALL: [GgmlType; 10] = [
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
@@ -80,7 +81,7 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
                 put(b, 2, rng.f16_small());
             }
         }
-        GgmlType::Q4_K => {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
             for b in data.chunks_exact_mut(ty.block_bytes()) {
                 put(b, 0, rng.f16_small() & 0x7fff);
                 put(b, 2, rng.f16_small() & 0x7fff);
