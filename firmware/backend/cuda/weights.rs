@@ -1,7 +1,7 @@
 //! GGUF tensors repacked into the layout the CUDA kernels read (kernels-ptx/decode.cu): per
 //! matrix, struct-of-arrays — quants of all blocks, then their f16 scales (and mins or high
 //! bits) — so every quant word is 4-byte aligned for dp4a. At `native` the values are the
-//! file's, unchanged, and types without a kernel (Q5_1, Q4_K, Q6_K, BF16) become f16 at load; at
+//! file's, unchanged, and types without a kernel (Q5_1, Q4_K, Q5_K, Q6_K, BF16) become f16 at load; at
 //! `f16` every matrix becomes f16; at `w8a8`/`w4a8` each matrix becomes the GGML Q8_0 or Q4_0 of
 //! its role (`quant::target`), requantized exactly as the CPU backend's boot does it.
 
