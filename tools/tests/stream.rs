@@ -70,6 +70,31 @@ fn oracle(table: &ThresholdTable, sparsity: f32) -> FfnOptions {
     }
 }
 
+/// SmolLM2's image (identity placement, the committed table) in a folder of its own, with its
+/// thresholds and the dense part to boot; None (after a `skipped:` line) without the model.
+struct Smol {
+    _dir: TmpDir,
+    path: PathBuf,
+    table: ThresholdTable,
+    dense: ModelFile,
+}
+
+fn smollm2(test: &str) -> Option<Smol> {
+    let model = common::model(common::SMOLLM2)?;
+    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir = TmpDir::new(test);
+    let path = image(&dir, &model, &table_path);
+    let file = ModelFile::open(&model).unwrap();
+    let table = ThresholdTable::load(&table_path, &file).unwrap();
+    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
+    Some(Smol {
+        _dir: dir,
+        path,
+        table,
+        dense,
+    })
+}
+
 fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> StreamOptions {
     StreamOptions {
         image: path.to_path_buf(),
@@ -219,15 +244,16 @@ fn qwen_streamed_logits_are_the_in_memory_oracles_bit_for_bit() {
 /// sensible enough that the logits are finite.
 #[test]
 fn stale_reads_last_tokens_blocks_and_counts_what_it_missed() {
-    let Some(model) = common::model(common::SMOLLM2) else {
+    // The folder lives as long as `_dir` (a `..` would drop it here, image and all).
+    let Some(Smol {
+        _dir,
+        path,
+        table,
+        dense,
+    }) = smollm2("stale")
+    else {
         return;
     };
-    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
-    let dir = TmpDir::new("stale");
-    let path = image(&dir, &model, &table_path);
-    let file = ModelFile::open(&model).unwrap();
-    let table = ThresholdTable::load(&table_path, &file).unwrap();
-    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
     let so = stream(&path, 0.5, Policy::Lru, PredictKind::Stale);
     let mut arenas = Arenas::from_board().unwrap();
     let mut e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so))).unwrap();
@@ -247,17 +273,17 @@ fn stale_reads_last_tokens_blocks_and_counts_what_it_missed() {
 /// the same, naming the truncation.
 #[test]
 fn failed_reads_end_the_request_and_the_engine_goes_on() {
-    let Some(model) = common::model(common::SMOLLM2) else {
+    let Some(Smol {
+        _dir: dir,
+        path,
+        table,
+        dense,
+    }) = smollm2("faults")
+    else {
         return;
     };
-    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
-    let dir = TmpDir::new("faults");
-    let path = image(&dir, &model, &table_path);
-    let file = ModelFile::open(&model).unwrap();
-    let table = ThresholdTable::load(&table_path, &file).unwrap();
     let ffn = oracle(&table, 0.5);
     let img = FlashImage::open(&path).unwrap();
-    let dense = img.dense_model().unwrap();
     // The stale predictor reads every block of a layer for a sequence's first token, so each
     // of layer 0's blocks fails its first three attempts (the read and both retries) there.
     fn boot<'a>(
@@ -323,15 +349,16 @@ fn failed_reads_end_the_request_and_the_engine_goes_on() {
 /// A budget that cannot hold one layer's blocks is refused at boot, naming the flag.
 #[test]
 fn a_budget_below_one_layer_is_refused() {
-    let Some(model) = common::model(common::SMOLLM2) else {
+    // The folder lives as long as `_dir` (a `..` would drop it here, image and all).
+    let Some(Smol {
+        _dir,
+        path,
+        table,
+        dense,
+    }) = smollm2("small")
+    else {
         return;
     };
-    let table_path = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
-    let dir = TmpDir::new("small");
-    let path = image(&dir, &model, &table_path);
-    let file = ModelFile::open(&model).unwrap();
-    let table = ThresholdTable::load(&table_path, &file).unwrap();
-    let dense = FlashImage::open(&path).unwrap().dense_model().unwrap();
     let so = stream(&path, 0.02, Policy::Lru, PredictKind::Oracle);
     let mut arenas = Arenas::from_board().unwrap();
     let e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so)))

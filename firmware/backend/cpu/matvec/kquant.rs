@@ -233,6 +233,8 @@ pub(super) mod scalar {
 mod x86 {
     use super::*;
     use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start};
+    // The classic kernels' horizontal sum and f16 load.
+    use crate::backend::cpu::matvec::x86::{f16_at, hsum};
     use std::arch::x86_64::*;
 
     /// How many rows ahead the four-row kernels prefetch (as the classic kernels do).
@@ -272,23 +274,6 @@ mod x86 {
             };
             r += 1;
         }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// The f16 at `p` (unaligned) as f32.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        let h = p.cast::<u16>().read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
     }
 
     /// Input group `b`'s 32 int8 values.
