@@ -10,6 +10,8 @@
 //!   It needs the layer's input and the engine's kernels, so the engine implements it.
 //! - [`PredictKind::Stale`]: the previous token's set ([`Stale`], here).
 
+pub mod hash;
+
 use crate::boot::{BootError, Carver, Plan};
 
 /// What a predictor does for one layer and token.

@@ -1,0 +1,357 @@
+//! Stacked learnable hashing (LeanStream paper 3.3.1): which neurons a layer's FFN will use,
+//! predicted with integer bit work from a table made offline (`leanstream train-predictor`).
+//!
+//! One net per model layer, `depth` hashing layers:
+//! 1. the first hashes the input x (the layer's FFN input, or the residual: [`PredictorInput`])
+//!    with `heads` hyperplane hashes of `tau` bits each: bit t of head h is
+//!    sign(x . P[:, h*tau + t] + bias). P is the PCA projection (fitted offline, 30% of the
+//!    dimensions kept) multiplied into the layer's learned matrix W, so x is projected once
+//!    and the table stores one int8 matrix with a scale per column (the product is exact; it
+//!    keeps the table small: dim x heads*tau instead of dim x 0.3 dim).
+//!    Each head's tau bits index its own table of 2^tau learned 64-bit rows; the heads' rows
+//!    side by side are the layer's output y: d = 64 * heads bits.
+//! 2. each middle layer hashes y with binary hyperplanes: bit t of head h is set when y agrees
+//!    with the learned binary vector w_{h,t} in more than `thr` places (XNOR and popcount:
+//!    popcount(!(y ^ w)) > thr, the sign of the +-1 dot product against a learned offset), and
+//!    looks up 64-bit rows as the first layer does.
+//! 3. the last layer hashes y the same way with `out_heads` heads of `out_tau` bits; each head's
+//!    index picks a row of one bit per neuron (multi-label classification: "this neuron is
+//!    active"). A neuron's score is how many heads vote for it (0..=out_heads).
+//!
+//! The layer reads the `read` neurons of highest score (ties to the lower index): `read` is
+//! set offline for the recall the table was trained to (the loading redundancy it costs).
+//! Inference allocates nothing: the working bits live in fixed arrays on the stack.
+
+use crate::tables::{self, TableError};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The table file's kind and format version (`crate::tables`).
+pub const KIND: &str = "hashpred";
+pub const VERSION: u32 = 1;
+
+/// Most heads a hashing layer may have (d = 64 * heads bits), and most bits per hash.
+pub const MAX_HEADS: usize = 8;
+pub const MAX_TAU: usize = 12;
+/// Most output heads (a score is a count of them).
+pub const MAX_OUT_HEADS: usize = 16;
+
+/// What a predictor reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PredictorInput {
+    /// h_n, the layer's FFN input (normed residual): the current context.
+    FfnInput,
+    /// x_n, the residual entering layer n's FFN (before the norm).
+    Residual,
+    /// x_{n-1}, the residual entering the previous layer's FFN (for layer 0: layer 0's own):
+    /// known one layer ahead, so the reads can start before the layer (the stale context).
+    PrevResidual,
+}
+
+/// One middle hashing layer over binary input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BinaryLayer {
+    /// `heads * tau` binary hyperplanes of `in_heads` words each.
+    pub w: Vec<u64>,
+    /// Per hyperplane: the bit is set when more than `thr` input bits agree with it.
+    pub thr: Vec<u16>,
+    /// `heads` tables of 2^tau rows.
+    pub table: Vec<u64>,
+}
+
+/// The predictor of one model layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HashNet {
+    /// The first layer's projection, PCA times W: `dim` rows of `heads * tau` int8 columns.
+    pub proj: Vec<i8>,
+    /// Per column: the int8's scale, and the bias (minus the PCA mean's projection).
+    pub proj_scale: Vec<f32>,
+    pub proj_bias: Vec<f32>,
+    /// The first layer's `heads` tables of 2^tau rows.
+    pub first_table: Vec<u64>,
+    /// `depth - 2` middle layers.
+    pub middle: Vec<BinaryLayer>,
+    /// The last layer: `out_heads * out_tau` hyperplanes of `heads` words, their thresholds,
+    /// and `out_heads` tables of 2^out_tau rows of `words(neurons)` words.
+    pub out_w: Vec<u64>,
+    pub out_thr: Vec<u16>,
+    pub out_table: Vec<u64>,
+    /// Neurons read per token.
+    pub read: u32,
+}
+
+/// A model's predictor table: one [`HashNet`] per layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HashPredictorTable {
+    /// The model's name, for messages.
+    pub model: String,
+    pub dim: u32,
+    pub neurons: u32,
+    pub input: PredictorInput,
+    /// Hashing layers per net (>= 2: the first and the last).
+    pub depth: u8,
+    pub heads: u8,
+    pub tau: u8,
+    pub out_heads: u8,
+    pub out_tau: u8,
+    /// The oracle's sparsity the labels were made at, and the recall `read` was set for.
+    pub sparsity: f32,
+    pub target_recall: f32,
+    /// The training's seed and the PCA's kept dimensions (for the report).
+    pub seed: u64,
+    pub pca_dims: u32,
+    pub layers: Vec<HashNet>,
+}
+
+fn words(bits: usize) -> usize {
+    bits.div_ceil(64)
+}
+
+impl HashPredictorTable {
+    /// Checks every size against the header's shape; a table that fails is damaged.
+    pub fn validate(&self) -> Result<(), String> {
+        let (dim, n) = (self.dim as usize, self.neurons as usize);
+        let (heads, tau) = (self.heads as usize, self.tau as usize);
+        let (oh, ot) = (self.out_heads as usize, self.out_tau as usize);
+        if dim == 0 || n == 0 {
+            return Err("zero dim or neurons".into());
+        }
+        if !(1..=MAX_HEADS).contains(&heads) || !(1..=MAX_TAU).contains(&tau) {
+            return Err(format!(
+                "{heads} heads of {tau} bits: at most {MAX_HEADS} of {MAX_TAU}"
+            ));
+        }
+        if !(1..=MAX_OUT_HEADS).contains(&oh) || !(1..=MAX_TAU).contains(&ot) {
+            return Err(format!(
+                "{oh} output heads of {ot} bits: at most {MAX_OUT_HEADS} of {MAX_TAU}"
+            ));
+        }
+        if self.depth < 2 {
+            return Err(format!("depth {}: at least 2", self.depth));
+        }
+        let cols = heads * tau;
+        for (l, net) in self.layers.iter().enumerate() {
+            let bad = |what: &str, got: usize, want: usize| {
+                Err(format!(
+                    "layer {l}: {what} has {got} entries, expected {want}"
+                ))
+            };
+            if net.proj.len() != dim * cols {
+                return bad("proj", net.proj.len(), dim * cols);
+            }
+            if net.proj_scale.len() != cols {
+                return bad("proj_scale", net.proj_scale.len(), cols);
+            }
+            if net.proj_bias.len() != cols {
+                return bad("proj_bias", net.proj_bias.len(), cols);
+            }
+            if net.first_table.len() != heads << tau {
+                return bad("first_table", net.first_table.len(), heads << tau);
+            }
+            if net.middle.len() != self.depth as usize - 2 {
+                return bad("middle", net.middle.len(), self.depth as usize - 2);
+            }
+            for (k, m) in net.middle.iter().enumerate() {
+                if m.w.len() != cols * heads || m.thr.len() != cols || m.table.len() != heads << tau
+                {
+                    return Err(format!("layer {l}: middle layer {k} has the wrong shape"));
+                }
+            }
+            if net.out_w.len() != oh * ot * heads {
+                return bad("out_w", net.out_w.len(), oh * ot * heads);
+            }
+            if net.out_thr.len() != oh * ot {
+                return bad("out_thr", net.out_thr.len(), oh * ot);
+            }
+            if net.out_table.len() != (oh << ot) * words(n) {
+                return bad("out_table", net.out_table.len(), (oh << ot) * words(n));
+            }
+            if net.read == 0 || net.read as usize > n {
+                return Err(format!("layer {l}: reads {} of {n} neurons", net.read));
+            }
+            if net
+                .proj_scale
+                .iter()
+                .chain(&net.proj_bias)
+                .any(|v| !v.is_finite())
+            {
+                return Err(format!(
+                    "layer {l}: a projection scale or bias is not finite"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The table's bytes as the daemon holds them (the report's "size").
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|n| {
+                n.proj.len()
+                    + 4 * (n.proj_scale.len() + n.proj_bias.len())
+                    + 8 * n.first_table.len()
+                    + n.middle
+                        .iter()
+                        .map(|m| 8 * (m.w.len() + m.table.len()) + 2 * m.thr.len())
+                        .sum::<usize>()
+                    + 8 * (n.out_w.len() + n.out_table.len())
+                    + 2 * n.out_thr.len()
+            })
+            .sum()
+    }
+
+    pub fn encode(&self, model_id: u64) -> Vec<u8> {
+        tables::encode(KIND, VERSION, model_id, self)
+    }
+
+    /// Decodes and checks a table for the model of identity `model_id` with `layers` layers of
+    /// `dim` inputs and `neurons` neurons.
+    pub fn decode(
+        bytes: &[u8],
+        model_id: u64,
+        layers: usize,
+        dim: usize,
+        neurons: usize,
+    ) -> Result<HashPredictorTable, TableError> {
+        let t: HashPredictorTable = tables::decode(bytes, KIND, VERSION, model_id)?;
+        if t.layers.len() != layers || t.dim as usize != dim || t.neurons as usize != neurons {
+            return Err(TableError::Damaged(format!(
+                "predictor for {} layers of {} inputs and {} neurons, the model has {layers} of {dim} and {neurons}",
+                t.layers.len(),
+                t.dim,
+                t.neurons
+            )));
+        }
+        t.validate().map_err(TableError::Damaged)?;
+        Ok(t)
+    }
+
+    pub fn read(
+        path: &Path,
+        model_id: u64,
+        layers: usize,
+        dim: usize,
+        neurons: usize,
+    ) -> Result<HashPredictorTable, TableError> {
+        let bytes = std::fs::read(path).map_err(|source| TableError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::decode(&bytes, model_id, layers, dim, neurons)
+    }
+
+    /// Layer `l`'s score for every neuron (`out.len()` is `neurons`), from its input `x`.
+    pub fn scores(&self, l: usize, x: &[f32], out: &mut [u8]) {
+        let net = &self.layers[l];
+        let (heads, tau) = (self.heads as usize, self.tau as usize);
+        let cols = heads * tau;
+        assert_eq!(x.len(), self.dim as usize, "one input per dimension");
+        assert_eq!(out.len(), self.neurons as usize, "one score per neuron");
+
+        // First layer: project, hash, look up.
+        let mut z = [0f32; MAX_HEADS * MAX_TAU];
+        let z = &mut z[..cols];
+        for (xi, row) in x.iter().zip(net.proj.chunks_exact(cols)) {
+            for (zc, &w) in z.iter_mut().zip(row) {
+                *zc += xi * w as f32;
+            }
+        }
+        let mut y = [0u64; MAX_HEADS];
+        for (h, yh) in y.iter_mut().enumerate().take(heads) {
+            let mut idx = 0usize;
+            for t in 0..tau {
+                let c = h * tau + t;
+                if z[c] * net.proj_scale[c] + net.proj_bias[c] >= 0.0 {
+                    idx |= 1 << t;
+                }
+            }
+            *yh = net.first_table[(h << tau) + idx];
+        }
+        // Middle layers: XNOR-popcount hashes over y.
+        for m in &net.middle {
+            let mut next = [0u64; MAX_HEADS];
+            for (h, nh) in next.iter_mut().enumerate().take(heads) {
+                let idx = hash_bits(&y[..heads], &m.w, &m.thr, h, tau);
+                *nh = m.table[(h << tau) + idx];
+            }
+            y = next;
+        }
+        // Last layer: each head votes for the neurons of its row.
+        out.fill(0);
+        let (oh, ot) = (self.out_heads as usize, self.out_tau as usize);
+        let nw = words(out.len());
+        for h in 0..oh {
+            let idx = hash_bits(&y[..heads], &net.out_w, &net.out_thr, h, ot);
+            let row = &net.out_table[((h << ot) + idx) * nw..][..nw];
+            for (w, &bits) in row.iter().enumerate() {
+                let mut b = bits;
+                while b != 0 {
+                    let j = w * 64 + b.trailing_zeros() as usize;
+                    b &= b - 1;
+                    if j < out.len() {
+                        out[j] += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Head `h`'s index: bit t set when more than `thr` bits of `y` agree with hyperplane
+/// `h * tau + t`.
+fn hash_bits(y: &[u64], w: &[u64], thr: &[u16], h: usize, tau: usize) -> usize {
+    let words = y.len();
+    let mut idx = 0;
+    for t in 0..tau {
+        let c = h * tau + t;
+        let plane = &w[c * words..][..words];
+        let agree: u32 = y
+            .iter()
+            .zip(plane)
+            .map(|(a, b)| (!(a ^ b)).count_ones())
+            .sum();
+        if agree > thr[c] as u32 {
+            idx |= 1 << t;
+        }
+    }
+    idx
+}
+
+/// The `read` highest scores' indices into `out` (ascending index), ties to the lower index;
+/// returns how many (min(read, scores.len())). `count` is scratch of `max score + 1` entries.
+pub fn top_scores(scores: &[u8], read: usize, count: &mut [u32], out: &mut [u32]) -> usize {
+    let read = read.min(scores.len());
+    count.fill(0);
+    for &s in scores {
+        count[s as usize] += 1;
+    }
+    // The lowest score c still taken, and how many of it.
+    let mut above = 0usize;
+    let mut cut = 0usize;
+    let mut at_cut = read;
+    for c in (0..count.len()).rev() {
+        let n = count[c] as usize;
+        if above + n >= read {
+            cut = c;
+            at_cut = read - above;
+            break;
+        }
+        above += n;
+    }
+    let mut k = 0;
+    for (j, &s) in scores.iter().enumerate() {
+        let s = s as usize;
+        if s > cut || (s == cut && at_cut > 0) {
+            if s == cut {
+                at_cut -= 1;
+            }
+            out[k] = j as u32;
+            k += 1;
+        }
+    }
+    k
+}
+
+#[cfg(test)]
+mod tests;
