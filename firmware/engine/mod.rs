@@ -12,6 +12,7 @@ mod plan;
 pub mod sample;
 pub mod stream_args;
 pub mod stream_ffn;
+pub mod stream_predict;
 pub mod tap;
 
 pub use plan::{kv_plan, BootPlan};

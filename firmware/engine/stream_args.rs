@@ -5,7 +5,7 @@ use super::StreamOptions;
 use crate::predict::PredictKind;
 use crate::stream::{CacheBudget, Policy};
 use clap::Args;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Clone, Debug)]
 pub struct StreamArgs {
@@ -17,10 +17,13 @@ pub struct StreamArgs {
     /// pinned, the rest LFU).
     #[arg(long, default_value = "lru", value_name = "POLICY")]
     pub cache: String,
-    /// With a flash image: which blocks are read: oracle (the thresholds' neurons) or stale (the
-    /// previous token's blocks).
+    /// With a flash image: which blocks are read: oracle (the thresholds' neurons), stale (the
+    /// previous token's blocks) or hash (a table from train-predictor, --predictor).
     #[arg(long, default_value = "oracle", value_name = "KIND")]
     pub predict: String,
+    /// With --predict hash: the predictor table (leanstream train-predictor).
+    #[arg(long, value_name = "FILE")]
+    pub predictor: Option<PathBuf>,
 }
 
 impl StreamArgs {
@@ -29,14 +32,57 @@ impl StreamArgs {
         let budget: CacheBudget = self.ffn_budget.parse()?;
         let policy: Policy = self.cache.parse()?;
         let predict = PredictKind::parse(&self.predict).map_err(|e| e.to_string())?;
+        match (predict, &self.predictor) {
+            (PredictKind::Hash, None) => return Err(
+                "--predict hash needs --predictor FILE (a table from leanstream train-predictor)"
+                    .into(),
+            ),
+            (PredictKind::Oracle | PredictKind::Stale, Some(_)) => {
+                return Err(format!(
+                    "--predictor is read by --predict hash, not by --predict {}",
+                    predict.name()
+                ))
+            }
+            _ => {}
+        }
         Ok(StreamOptions {
             image: image.to_path_buf(),
             budget,
             policy,
             predict,
+            predictor: self.predictor.clone(),
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(predict: &str, predictor: Option<&str>) -> StreamArgs {
+        StreamArgs {
+            ffn_budget: "25%".into(),
+            cache: "lru".into(),
+            predict: predict.into(),
+            predictor: predictor.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn hash_needs_a_table_and_only_hash_reads_one() {
+        let img = Path::new("m.flash");
+        let e = args("hash", None).options(img).unwrap_err();
+        assert!(e.contains("--predict hash needs --predictor FILE"), "{e}");
+        let e = args("stale", Some("t.hashpred")).options(img).unwrap_err();
+        assert_eq!(
+            e,
+            "--predictor is read by --predict hash, not by --predict stale"
+        );
+        let o = args("hash", Some("t.hashpred")).options(img).unwrap();
+        assert_eq!(o.predict, PredictKind::Hash);
+        assert_eq!(o.predictor.as_deref(), Some(Path::new("t.hashpred")));
     }
 }

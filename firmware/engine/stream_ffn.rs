@@ -6,9 +6,10 @@
 //! Which neurons: the sparse FFN's own choice (`SparseFfn::choose`: the calibrated thresholds,
 //! or top-k) over the gate and up rows of a resident copy made at boot from the image, kept
 //! outside the board's budget and not counted: the upper bound on prediction. With `oracle`
-//! the lanes read exactly the blocks of the chosen neurons; with `stale` they read the blocks
-//! the previous token used, and chosen neurons in blocks that were not read are dropped (they
-//! count with their calibrated mean, as every dropped neuron does).
+//! the lanes read exactly the blocks of the chosen neurons; with `stale` (the previous token's
+//! blocks) or `hash` (a learned table's guess) they read the predicted blocks
+//! (`stream_predict`), and chosen neurons in blocks that were not read are dropped (they count
+//! with their calibrated mean, as every dropped neuron does).
 //!
 //! Order-free and exact: the chosen neurons (ascending) are cut into runs of
 //! `axpy::ROWS_PER_TASK`, as the in-memory sparse FFN's down projection cuts them; a run is
@@ -23,6 +24,7 @@
 //! leaves its neurons out (zero rows), and the first such error is kept for the caller
 //! ([`StreamedFfn::take_error`]): the request ends with it.
 
+use super::stream_predict::{BlockPredictor, PredictorBootError};
 use super::Disjoint;
 use crate::backend::cpu::axpy::{axpy_run, ROWS_PER_TASK};
 use crate::backend::cpu::sparse_ffn::SparseFfn;
@@ -30,7 +32,7 @@ use crate::backend::cpu::{ActScratch, KernelSet, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::model::flash::{FlashError, FlashImage, LayerGeometry};
 use crate::model::Hyper;
-use crate::predict::{PredictKind, Predictor, Stale};
+use crate::predict::PredictKind;
 use crate::stream::backend::best_backend;
 use crate::stream::fault::{Fault, FaultBackend};
 use crate::stream::{
@@ -50,6 +52,8 @@ pub struct StreamOptions {
     pub budget: CacheBudget,
     pub policy: Policy,
     pub predict: PredictKind,
+    /// The `hash` predictor's table (`leanstream train-predictor`).
+    pub predictor: Option<PathBuf>,
     /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
     /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
     /// while a whole layer still fits beside them.
@@ -103,8 +107,7 @@ pub struct StreamedFfn<'a> {
     file: FileId,
     lanes: Lanes<'a>,
     cache: WeightCache<'a>,
-    predict: PredictKind,
-    stale: Option<Stale<'a>>,
+    predictor: BlockPredictor<'a>,
     /// Layer l's blocks are global ids `base[l]..base[l + 1]`.
     base: Vec<u32>,
     /// The oracle's resident gate and up rows, neuron order, per layer: (gate at, up at).
@@ -189,9 +192,7 @@ impl<'a> StreamedFfn<'a> {
         }
         plan.add::<f32>(runs(h.hidden_dim) * h.dim);
         plan.add::<u8>(Self::down_row_bytes(image));
-        if predict == PredictKind::Stale {
-            Stale::plan(plan, image.layers(), blocks);
-        }
+        BlockPredictor::plan(plan, predict, image.layers(), blocks, h.hidden_dim);
     }
 
     fn down_row_bytes(image: &FlashImage) -> usize {
@@ -294,18 +295,20 @@ impl<'a> StreamedFfn<'a> {
         }
         let dim = image.geometry(0).dim as usize;
         let hidden = image.geometry(0).neurons as usize;
-        let stale = match opts.predict {
-            PredictKind::Stale => Some(Stale::new(scratch, layers, largest)?),
-            PredictKind::Oracle => None,
-        };
+        let predictor = BlockPredictor::new(
+            opts.predict,
+            opts.predictor.as_deref(),
+            &image,
+            largest,
+            scratch,
+        )?;
         let zero_row = scratch.take::<u8>(Self::down_row_bytes(&image))?;
         zero_row.fill(0);
         let s = StreamedFfn {
             file,
             lanes,
             cache,
-            predict: opts.predict,
-            stale,
+            predictor,
             base,
             resident,
             resident_at,
@@ -391,9 +394,7 @@ impl<'a> StreamedFfn<'a> {
 
     /// A new sequence: the stale predictor forgets the last token.
     pub fn reset_sequence(&mut self) {
-        if let Some(s) = self.stale.as_mut() {
-            s.reset();
-        }
+        self.predictor.reset();
     }
 
     /// Counts `n` tokens run through every layer.
@@ -457,19 +458,14 @@ impl<'a> StreamedFfn<'a> {
             }
         }
         let prio = &mut self.prio[..blocks];
-        match (self.predict, self.stale.as_mut()) {
-            (PredictKind::Stale, Some(stale)) => {
-                stale.predict(l, x, prio);
-                stale.observe(l, &self.used[..used_n]);
-            }
-            _ => {
-                prio.fill(0.0);
-                for (&n, hv) in idx.iter().zip(h.iter()) {
-                    // Larger activations first; every needed block above 0.
-                    prio[self.image.block_of(l, n as usize)] += 1.0 + hv.abs();
-                }
-            }
-        }
+        self.predictor.priorities(
+            l,
+            x,
+            (&idx[..k], &h[..k]),
+            &self.used[..used_n],
+            &self.image,
+            prio,
+        );
         for &b in &self.used[..used_n] {
             self.mark[b as usize] = UNSEEN;
         }
@@ -702,6 +698,7 @@ pub enum StreamBootError {
     Boot(BootError),
     /// The `hot` policy on an image without a profile.
     NoProfile,
+    Predictor(PredictorBootError),
     /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
     TooSmall {
         slots: usize,
@@ -717,6 +714,12 @@ impl From<StreamError> for StreamBootError {
     }
 }
 
+impl From<PredictorBootError> for StreamBootError {
+    fn from(e: PredictorBootError) -> Self {
+        StreamBootError::Predictor(e)
+    }
+}
+
 impl From<BootError> for StreamBootError {
     fn from(e: BootError) -> Self {
         StreamBootError::Boot(e)
@@ -728,6 +731,7 @@ impl std::fmt::Display for StreamBootError {
         match self {
             StreamBootError::Stream(e) => write!(f, "{e}"),
             StreamBootError::Boot(e) => write!(f, "{e}"),
+            StreamBootError::Predictor(e) => write!(f, "{e}"),
             StreamBootError::NoProfile => write!(
                 f,
                 "--cache hot pins the blocks a profile used most, and this flash image has none (write it with leanstream flash --trace)"

@@ -3,8 +3,8 @@
 //! fixed buffer, the I/O lanes read the missing blocks highest first, and after the layer has
 //! run the predictor is told what was really used.
 //!
-//! Two predictors stand before the learned ones (the next issue plugs those in through the
-//! same trait):
+//! Two predictors stand beside the learned ones ([`hash`]: stacked learnable hashing, paper
+//! 3.3.1):
 //! - [`PredictKind::Oracle`]: the set the calibrated thresholds pick from the gate computed on
 //!   a resident copy of the gate rows kept outside the budget: the upper bound on prediction.
 //!   It needs the layer's input and the engine's kernels, so the engine implements it.
@@ -32,6 +32,7 @@ pub trait Predictor {
 pub enum PredictKind {
     Oracle,
     Stale,
+    Hash,
 }
 
 impl PredictKind {
@@ -39,6 +40,7 @@ impl PredictKind {
         match s {
             "oracle" => Ok(PredictKind::Oracle),
             "stale" => Ok(PredictKind::Stale),
+            "hash" => Ok(PredictKind::Hash),
             _ => Err(UnknownPredictor(s.to_string())),
         }
     }
@@ -47,6 +49,7 @@ impl PredictKind {
         match self {
             PredictKind::Oracle => "oracle",
             PredictKind::Stale => "stale",
+            PredictKind::Hash => "hash",
         }
     }
 }
@@ -59,7 +62,7 @@ impl std::fmt::Display for UnknownPredictor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "unknown predictor '{}': expected oracle or stale",
+            "unknown predictor '{}': expected oracle, stale or hash",
             self.0
         )
     }
@@ -181,13 +184,13 @@ mod tests {
 
     #[test]
     fn predictor_names_parse_and_bad_ones_are_named() {
-        for k in [PredictKind::Oracle, PredictKind::Stale] {
+        for k in [PredictKind::Oracle, PredictKind::Stale, PredictKind::Hash] {
             assert_eq!(PredictKind::parse(k.name()), Ok(k));
         }
         let e = PredictKind::parse("psychic").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown predictor 'psychic': expected oracle or stale"
+            "unknown predictor 'psychic': expected oracle, stale or hash"
         );
     }
 }

@@ -204,6 +204,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         budget: CacheBudget::Fraction(budget / 100.0),
                         policy,
                         predict,
+                        predictor: None,
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,

@@ -238,9 +238,12 @@ fn main() {
         write_image(&model, &image, &o, &mut |_, _| {}).unwrap();
         let file = leanstream::model::ModelFile::open(&model).unwrap();
         let t = ThresholdTable::load(&table, &file).unwrap();
+        let hash_table = dir.join("smollm2.hashpred");
+        std::fs::write(&hash_table, hash_table_for(&image)).unwrap();
         for (predict, policy) in [
             (PredictKind::Oracle, CachePolicy::Lfu),
             (PredictKind::Stale, CachePolicy::Lru),
+            (PredictKind::Hash, CachePolicy::Lru),
         ] {
             let ffn = FfnOptions {
                 mode: FfnMode::Oracle,
@@ -255,6 +258,7 @@ fn main() {
                 budget: CacheBudget::Fraction(0.25),
                 policy,
                 predict,
+                predictor: (predict == PredictKind::Hash).then(|| hash_table.clone()),
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,
@@ -291,4 +295,56 @@ fn main() {
         eprintln!("skipped: no model available for the allocation test");
     }
     println!("no_alloc_decode: {checked} passed, 0 failed");
+}
+
+/// A hash predictor table for `image` with every layer kind (projection, a middle layer, two
+/// voting heads), filled from a fixed generator: its guesses are arbitrary, its work is real.
+fn hash_table_for(image: &std::path::Path) -> Vec<u8> {
+    use leanstream::predict::hash::{BinaryLayer, HashNet, HashPredictorTable, PredictorInput};
+    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
+    let g = img.geometry(0);
+    let (dim, n) = (g.dim as usize, g.neurons as usize);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (heads, tau, oh, ot) = (2usize, 6usize, 2usize, 5usize);
+    let cols = heads * tau;
+    let layers = (0..img.layers())
+        .map(|_| HashNet {
+            proj: (0..dim * cols).map(|_| next() as i8).collect(),
+            proj_scale: vec![1e-3; cols],
+            proj_bias: vec![0.0; cols],
+            first_table: (0..heads << tau).map(|_| next()).collect(),
+            middle: vec![BinaryLayer {
+                w: (0..cols * heads).map(|_| next()).collect(),
+                thr: vec![64; cols],
+                table: (0..heads << tau).map(|_| next()).collect(),
+            }],
+            out_w: (0..oh * ot * heads).map(|_| next()).collect(),
+            out_thr: vec![64; oh * ot],
+            out_table: (0..(oh << ot) * n.div_ceil(64)).map(|_| next()).collect(),
+            read: (n / 2) as u32,
+        })
+        .collect();
+    HashPredictorTable {
+        model: "SmolLM2 (arbitrary)".into(),
+        dim: dim as u32,
+        neurons: n as u32,
+        input: PredictorInput::FfnInput,
+        depth: 3,
+        heads: heads as u8,
+        tau: tau as u8,
+        out_heads: oh as u8,
+        out_tau: ot as u8,
+        sparsity: 0.5,
+        target_recall: 0.9,
+        seed: 1,
+        pca_dims: 1,
+        layers,
+    }
+    .encode(img.header.tables_identity)
 }

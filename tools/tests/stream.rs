@@ -9,6 +9,7 @@ mod common;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions, StreamOptions};
 use leanstream::model::flash::FlashImage;
 use leanstream::model::ModelFile;
+use leanstream::predict::hash::{HashNet, HashPredictorTable, PredictorInput};
 use leanstream::predict::PredictKind;
 use leanstream::quant::Precision;
 use leanstream::sparsity::{BundleDown, FfnMode, FfnOptions, Score, ThresholdTable};
@@ -101,6 +102,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         budget: CacheBudget::Fraction(budget),
         policy,
         predict,
+        predictor: None,
         hot: Vec::new(),
         faults: Vec::new(),
         shuffle: None,
@@ -266,6 +268,137 @@ fn stale_reads_last_tokens_blocks_and_counts_what_it_missed() {
     let before = e.stream().unwrap().stats().missed;
     e.forward(TOKENS[0], 0);
     assert_eq!(e.stream().unwrap().stats().missed, before);
+}
+
+/// A hash table whose hashes always pick bucket 0 (thresholds no input can pass), so it votes
+/// for one fixed set of neurons: `set`, reading `read` of them.
+fn fixed_hash_table(
+    img: &FlashImage,
+    set: &dyn Fn(usize) -> bool,
+    read: u32,
+) -> HashPredictorTable {
+    let g = img.geometry(0);
+    let (dim, n) = (g.dim as usize, g.neurons as usize);
+    let words = n.div_ceil(64);
+    let mut row0 = vec![0u64; words];
+    for j in (0..n).filter(|&j| set(j)) {
+        row0[j / 64] |= 1 << (j % 64);
+    }
+    let net = HashNet {
+        proj: vec![0; dim],
+        proj_scale: vec![1.0],
+        proj_bias: vec![0.0],
+        first_table: vec![u64::MAX, 0],
+        middle: Vec::new(),
+        out_w: vec![0],
+        out_thr: vec![u16::MAX],
+        out_table: [row0, vec![u64::MAX; words]].concat(),
+        read,
+    };
+    HashPredictorTable {
+        model: "SmolLM2 (fixed set)".into(),
+        dim: dim as u32,
+        neurons: n as u32,
+        input: PredictorInput::FfnInput,
+        depth: 2,
+        heads: 1,
+        tau: 1,
+        out_heads: 1,
+        out_tau: 1,
+        sparsity: 0.5,
+        target_recall: 1.0,
+        seed: 0,
+        pca_dims: 1,
+        layers: vec![net; img.layers()],
+    }
+}
+
+/// `--predict hash` reads the blocks of the neurons its table scores highest: a table voting
+/// for every neuron streams the oracle's logits bit for bit; one voting for the first third
+/// reads only their blocks and counts the chosen neurons it left out; a table of another
+/// model, a damaged one, or one without `--predictor` is refused in a sentence.
+#[test]
+fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
+    let Some(Smol {
+        _dir: dir,
+        path,
+        table,
+        dense,
+    }) = smollm2("hash")
+    else {
+        return;
+    };
+    let img = FlashImage::open(&path).unwrap();
+    let id = img.header.tables_identity;
+    let n = img.geometry(0).neurons as usize;
+    let ffn = oracle(&table, 0.5);
+    let run = |t: &HashPredictorTable, name: &str| {
+        let file = dir.0.join(name);
+        std::fs::write(&file, t.encode(id)).unwrap();
+        let mut so = stream(&path, 0.5, Policy::Lru, PredictKind::Hash);
+        so.predictor = Some(file);
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        e.stream_mut().unwrap().set_recording(true);
+        let out = logits(&mut e, &TOKENS[..6]);
+        let rec = e.stream_mut().unwrap().take_recorded();
+        (out, e.stream().unwrap().stats(), rec)
+    };
+    let want = {
+        let mut arenas = Arenas::from_board().unwrap();
+        let so = stream(&path, 0.5, Policy::Lru, PredictKind::Oracle);
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        logits(&mut e, &TOKENS[..6])
+    };
+    let (all, st, _) = run(&fixed_hash_table(&img, &|_| true, n as u32), "all.hashpred");
+    same_bits(&all, &want, "a table reading every neuron");
+    assert_eq!(st.missed, 0, "{st:?}");
+
+    let third = n / 3;
+    let (some, st, rec) = run(
+        &fixed_hash_table(&img, &|j| j < third, third as u32),
+        "third.hashpred",
+    );
+    assert!(some.iter().flatten().all(|v| v.is_finite()));
+    assert!(st.missed > 0 && st.missed < st.chosen, "{st:?}");
+    // Every layer-step read the blocks of the first third of the neurons, and only those.
+    let layers = img.layers();
+    assert_eq!(rec.len(), 6 * layers);
+    for (i, step) in rec.iter().enumerate() {
+        let l = i % layers;
+        let base: u32 = (0..l).map(|k| img.blocks(k) as u32).sum();
+        let mut want: Vec<u32> = (0..third)
+            .map(|j| base + img.block_of(l, j) as u32)
+            .collect();
+        want.dedup();
+        assert_eq!(step, &want, "layer-step {i}");
+    }
+
+    // Refusals, each naming the flag and why.
+    let refused = |so: StreamOptions, says: &str| {
+        let mut arenas = Arenas::from_board().unwrap();
+        let msg = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(msg.contains("--predictor") && msg.contains(says), "{msg}");
+    };
+    let other = dir.0.join("other.hashpred");
+    std::fs::write(&other, fixed_hash_table(&img, &|_| true, 9).encode(id ^ 1)).unwrap();
+    let mut so = stream(&path, 0.5, Policy::Lru, PredictKind::Hash);
+    so.predictor = Some(other.clone());
+    refused(so.clone(), "made for another model");
+    let mut bytes = fixed_hash_table(&img, &|_| true, 9).encode(id);
+    bytes.truncate(bytes.len() - 3);
+    std::fs::write(&other, &bytes).unwrap();
+    refused(so, "damaged");
+    let mut t = fixed_hash_table(&img, &|_| true, 9);
+    t.input = PredictorInput::PrevResidual;
+    let res = dir.0.join("residual.hashpred");
+    std::fs::write(&res, t.encode(id)).unwrap();
+    let mut so = stream(&path, 0.5, Policy::Lru, PredictKind::Hash);
+    so.predictor = Some(res);
+    refused(so, "train it with --input ffn-input");
 }
 
 /// EIO on every attempt of a block ends that token's request with an error naming the read;
@@ -490,5 +623,17 @@ fn cli_on_an_image_matches_the_in_memory_oracle_and_refuses_what_cannot_stream()
             "psychic",
         ],
         "unknown predictor 'psychic'",
+    );
+    refused(
+        &[
+            "generate",
+            "--image",
+            p,
+            "--prompt",
+            "x",
+            "--predict",
+            "hash",
+        ],
+        "--predict hash needs --predictor FILE",
     );
 }
