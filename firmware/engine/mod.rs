@@ -719,7 +719,7 @@ impl<'a> Engine<'a> {
                         .as_mut()
                         .expect("streaming comes with SparseFfn");
                     let stream = self.stream.as_mut().expect("a streamed layer");
-                    stream.forward_layer(l, sparse, ks, pool, s.xb, act);
+                    stream.forward_layer(l, 0, sparse, ks, pool, s.xb, act);
                 }
             }
             add(s.x, s.xb);
@@ -942,8 +942,8 @@ impl Engine<'_> {
                         .as_mut()
                         .expect("streaming comes with SparseFfn");
                     let stream = self.stream.as_mut().expect("a streamed layer");
-                    for xbt in xb.chunks_exact_mut(dim) {
-                        stream.forward_layer(l, sparse, ks, pool, xbt, &mut acts[0]);
+                    for (t, xbt) in xb.chunks_exact_mut(dim).enumerate() {
+                        stream.forward_layer(l, t, sparse, ks, pool, xbt, &mut acts[0]);
                     }
                 }
             }

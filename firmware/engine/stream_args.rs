@@ -14,14 +14,16 @@ pub struct StreamArgs {
     #[arg(long, default_value = "25%", value_name = "SIZE")]
     pub ffn_budget: String,
     /// With a flash image: the cache policy: lru, lfu, or hot (the image's profiled hot blocks
-    /// pinned, the rest LFU).
-    #[arg(long, default_value = "lru", value_name = "POLICY")]
-    pub cache: String,
+    /// pinned, the rest LFU). Default: lru; hot with --predict powerinfer2.
+    #[arg(long, value_name = "POLICY")]
+    pub cache: Option<String>,
     /// With a flash image: which blocks are read: oracle (the thresholds' neurons), stale (the
-    /// previous token's blocks) or hash (a table from train-predictor, --predictor).
+    /// previous token's blocks), or a table from train-predictor (--predictor): hash, dejavu,
+    /// dejavu-stale, bnn, powerinfer2 (dejavu's table with --cache hot).
     #[arg(long, default_value = "oracle", value_name = "KIND")]
     pub predict: String,
-    /// With --predict hash: the predictor table (leanstream train-predictor).
+    /// The predictor table for --predict hash, dejavu, dejavu-stale, bnn, powerinfer2
+    /// (leanstream train-predictor).
     #[arg(long, value_name = "FILE")]
     pub predictor: Option<PathBuf>,
 }
@@ -30,16 +32,27 @@ impl StreamArgs {
     /// The engine's streaming options for `image`.
     pub fn options(&self, image: &Path) -> Result<StreamOptions, String> {
         let budget: CacheBudget = self.ffn_budget.parse()?;
-        let policy: Policy = self.cache.parse()?;
         let predict = PredictKind::parse(&self.predict).map_err(|e| e.to_string())?;
-        match (predict, &self.predictor) {
-            (PredictKind::Hash, None) => return Err(
-                "--predict hash needs --predictor FILE (a table from leanstream train-predictor)"
-                    .into(),
-            ),
-            (PredictKind::Oracle | PredictKind::Stale, Some(_)) => {
+        let policy: Policy = match (&self.cache, predict) {
+            (None, PredictKind::PowerInfer2) => Policy::Hot,
+            (None, _) => Policy::Lru,
+            (Some(c), _) => c.parse()?,
+        };
+        if predict == PredictKind::PowerInfer2 && policy != Policy::Hot {
+            return Err(format!(
+                "--predict powerinfer2 pins hot neurons: it runs with --cache hot, not --cache {policy}"
+            ));
+        }
+        match (predict.needs_table(), &self.predictor) {
+            (true, None) => {
                 return Err(format!(
-                    "--predictor is read by --predict hash, not by --predict {}",
+                    "--predict {} needs --predictor FILE (a table from leanstream train-predictor)",
+                    predict.name()
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(format!(
+                    "--predictor is read by the learned predictors, not by --predict {}",
                     predict.name()
                 ))
             }
@@ -65,7 +78,7 @@ mod tests {
     fn args(predict: &str, predictor: Option<&str>) -> StreamArgs {
         StreamArgs {
             ffn_budget: "25%".into(),
-            cache: "lru".into(),
+            cache: None,
             predict: predict.into(),
             predictor: predictor.map(PathBuf::from),
         }
@@ -79,7 +92,17 @@ mod tests {
         let e = args("stale", Some("t.hashpred")).options(img).unwrap_err();
         assert_eq!(
             e,
-            "--predictor is read by --predict hash, not by --predict stale"
+            "--predictor is read by the learned predictors, not by --predict stale"
+        );
+        let o = args("powerinfer2", Some("t.mlppred")).options(img).unwrap();
+        assert_eq!(o.policy, Policy::Hot, "powerinfer2 pins hot neurons");
+        let mut a = args("powerinfer2", Some("t.mlppred"));
+        a.cache = Some("lru".into());
+        let e = a.options(img).unwrap_err();
+        assert!(e.contains("runs with --cache hot, not --cache lru"), "{e}");
+        assert_eq!(
+            args("oracle", None).options(img).unwrap().policy,
+            Policy::Lru
         );
         let o = args("hash", Some("t.hashpred")).options(img).unwrap();
         assert_eq!(o.predict, PredictKind::Hash);

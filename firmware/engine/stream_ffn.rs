@@ -192,7 +192,7 @@ impl<'a> StreamedFfn<'a> {
         }
         plan.add::<f32>(runs(h.hidden_dim) * h.dim);
         plan.add::<u8>(Self::down_row_bytes(image));
-        BlockPredictor::plan(plan, predict, image.layers(), blocks, h.hidden_dim);
+        BlockPredictor::plan(plan, predict, image.layers(), blocks, (h.dim, h.hidden_dim));
     }
 
     fn down_row_bytes(image: &FlashImage) -> usize {
@@ -431,11 +431,13 @@ impl<'a> StreamedFfn<'a> {
         }
     }
 
-    /// Layer `l`'s FFN for the input `x` (the normed residual), into `x`.
+    /// Layer `l`'s FFN for the input `x` (the normed residual), into `x`; `t` is the token's
+    /// row in a prefill batch (0 when decoding).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_layer(
         &mut self,
         l: usize,
+        t: usize,
         sparse: &mut SparseFfn,
         ks: KernelSet,
         pool: &WorkerPool,
@@ -460,6 +462,7 @@ impl<'a> StreamedFfn<'a> {
         let prio = &mut self.prio[..blocks];
         self.predictor.priorities(
             l,
+            t,
             x,
             (&idx[..k], &h[..k]),
             &self.used[..used_n],

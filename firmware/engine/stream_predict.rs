@@ -4,11 +4,19 @@
 //! - `stale`: the blocks the previous token used (`predict::Stale`);
 //! - `hash`: the `read` neurons the stacked learnable hashing table (`predict::hash`, made by
 //!   `leanstream train-predictor`) scores highest from the layer's FFN input, a block at its
-//!   best neuron's score.
+//!   best neuron's score;
+//! - the baselines `dejavu`, `dejavu-stale`, `bnn` and `powerinfer2` (`predict::mlp`) the same
+//!   way from their tables.
+//!
+//! A table trained on the previous layer's FFN input (the stale context, known a layer ahead)
+//! gets it from `prev`: each token's input to the layer before, kept per row of a prefill batch
+//! (the batch runs layer by layer); layer 0 gets its own input.
 
+use crate::board::PREFILL_BATCH;
 use crate::boot::{Carver, Plan};
 use crate::model::flash::FlashImage;
 use crate::predict::hash::{top_scores, HashPredictorTable, PredictorInput, MAX_OUT_HEADS};
+use crate::predict::mlp::{top_read, MlpPredictorTable, MAX_RANK};
 use crate::predict::{PredictKind, Predictor, Stale};
 use crate::tables::TableError;
 use std::path::{Path, PathBuf};
@@ -22,6 +30,12 @@ pub enum PredictorBootError {
     },
     /// The table reads an input the streaming engine does not hand it.
     Input(PredictorInput),
+    /// The table is not the predictor `--predict` names.
+    Kind {
+        path: PathBuf,
+        wanted: PredictKind,
+        found: &'static str,
+    },
 }
 
 impl std::fmt::Display for PredictorBootError {
@@ -32,7 +46,24 @@ impl std::fmt::Display for PredictorBootError {
             }
             PredictorBootError::Input(i) => write!(
                 f,
-                "--predictor: the table predicts from {i:?}, and the streaming engine hands the predictor the layer's FFN input: train it with --input ffn-input"
+                "--predictor: the table predicts from {i:?}, and the streaming engine hands the predictor the layer's FFN input or the previous layer's: train it with --input ffn-input or prev-ffn-input"
+            ),
+            PredictorBootError::Kind {
+                path,
+                wanted,
+                found,
+            } => write!(
+                f,
+                "--predictor {}: --predict {} runs {} table, and this one holds a {found} predictor",
+                path.display(),
+                wanted.name(),
+                match wanted {
+                    PredictKind::PowerInfer2 => "a dejavu",
+                    PredictKind::Bnn => "a bnn",
+                    PredictKind::DejavuStale => "a dejavu-stale",
+                    PredictKind::Dejavu => "a dejavu",
+                    _ => "a hash",
+                }
             ),
         }
     }
@@ -47,12 +78,50 @@ pub enum BlockPredictor<'a> {
         scores: &'a mut [u8],
         count: &'a mut [u32],
         read: &'a mut [u32],
+        prev: Option<&'a mut [f32]>,
     },
+    Mlp {
+        table: MlpPredictorTable,
+        hidden: &'a mut [f32],
+        scores: &'a mut [f32],
+        order: &'a mut [u32],
+        read: &'a mut [u32],
+        prev: Option<&'a mut [f32]>,
+    },
+}
+
+/// Runs `score` on the input a table reads: the layer's own `x`, or (stale, `prev` given)
+/// the previous layer's for the same token `t`, after which `x` takes its place there.
+fn with_input(
+    prev: &mut Option<&mut [f32]>,
+    l: usize,
+    t: usize,
+    x: &[f32],
+    score: impl FnOnce(&[f32]),
+) {
+    match prev.as_deref_mut() {
+        None => score(x),
+        Some(p) => {
+            let row = &mut p[t * x.len()..][..x.len()];
+            if l == 0 {
+                score(x);
+            } else {
+                score(row);
+            }
+            row.copy_from_slice(x);
+        }
+    }
 }
 
 impl<'a> BlockPredictor<'a> {
     /// What [`new`](Self::new) carves from the scratch arena.
-    pub fn plan(plan: &mut Plan, kind: PredictKind, layers: usize, blocks: usize, hidden: usize) {
+    pub fn plan(
+        plan: &mut Plan,
+        kind: PredictKind,
+        layers: usize,
+        blocks: usize,
+        (dim, hidden): (usize, usize),
+    ) {
         match kind {
             PredictKind::Oracle => {}
             PredictKind::Stale => Stale::plan(plan, layers, blocks),
@@ -60,12 +129,23 @@ impl<'a> BlockPredictor<'a> {
                 plan.add::<u8>(hidden);
                 plan.add::<u32>(MAX_OUT_HEADS + 1);
                 plan.add::<u32>(hidden);
+                plan.add::<f32>(PREFILL_BATCH * dim);
+            }
+            PredictKind::Dejavu
+            | PredictKind::DejavuStale
+            | PredictKind::Bnn
+            | PredictKind::PowerInfer2 => {
+                plan.add::<f32>(MAX_RANK);
+                plan.add::<f32>(hidden);
+                plan.add::<u32>(hidden);
+                plan.add::<u32>(hidden);
+                plan.add::<f32>(PREFILL_BATCH * dim);
             }
         }
     }
 
-    /// The predictor `kind` for `image` (`blocks`: its largest layer's count); `hash` loads
-    /// the table at `table`, checked against the image's model.
+    /// The predictor `kind` for `image` (`blocks`: its largest layer's count); the learned
+    /// ones load the table at `table`, checked against the image's model and `kind`.
     pub fn new(
         kind: PredictKind,
         table: Option<&Path>,
@@ -76,27 +156,59 @@ impl<'a> BlockPredictor<'a> {
         let layers = image.layers();
         let g = image.geometry(0);
         let (dim, hidden) = (g.dim as usize, g.neurons as usize);
+        let id = image.header.tables_identity;
+        let path = || table.expect("StreamArgs requires --predictor with a learned predictor");
+        let bad = |error| PredictorBootError::Table {
+            path: path().to_path_buf(),
+            error,
+        };
+        let stale_input = |input| match input {
+            PredictorInput::FfnInput => Ok(false),
+            PredictorInput::PrevFfnInput => Ok(true),
+            other => Err(PredictorBootError::Input(other)),
+        };
         Ok(match kind {
             PredictKind::Oracle => BlockPredictor::Oracle,
             PredictKind::Stale => BlockPredictor::Stale(Stale::new(scratch, layers, blocks)?),
             PredictKind::Hash => {
-                let path = table.expect("StreamArgs requires --predictor with --predict hash");
-                let id = image.header.tables_identity;
                 let table =
-                    HashPredictorTable::read(path, id, layers, dim, hidden).map_err(|error| {
-                        PredictorBootError::Table {
-                            path: path.to_path_buf(),
-                            error,
-                        }
-                    })?;
-                if table.input != PredictorInput::FfnInput {
-                    return Err(PredictorBootError::Input(table.input).into());
-                }
+                    HashPredictorTable::read(path(), id, layers, dim, hidden).map_err(bad)?;
+                let stale = stale_input(table.input)?;
                 BlockPredictor::Hash {
                     table,
                     scores: scratch.take(hidden)?,
                     count: scratch.take(MAX_OUT_HEADS + 1)?,
                     read: scratch.take(hidden)?,
+                    prev: prev_rows(scratch, dim, stale)?,
+                }
+            }
+            PredictKind::Dejavu
+            | PredictKind::DejavuStale
+            | PredictKind::Bnn
+            | PredictKind::PowerInfer2 => {
+                let table =
+                    MlpPredictorTable::read(path(), id, layers, dim, hidden).map_err(bad)?;
+                let fits = match kind {
+                    PredictKind::Bnn => table.binary,
+                    PredictKind::DejavuStale => table.name() == "dejavu-stale",
+                    _ => table.name() == "dejavu",
+                };
+                if !fits {
+                    return Err(PredictorBootError::Kind {
+                        path: path().to_path_buf(),
+                        wanted: kind,
+                        found: table.name(),
+                    }
+                    .into());
+                }
+                let stale = stale_input(table.input)?;
+                BlockPredictor::Mlp {
+                    table,
+                    hidden: scratch.take(MAX_RANK)?,
+                    scores: scratch.take(hidden)?,
+                    order: scratch.take(hidden)?,
+                    read: scratch.take(hidden)?,
+                    prev: prev_rows(scratch, dim, stale)?,
                 }
             }
         })
@@ -109,11 +221,14 @@ impl<'a> BlockPredictor<'a> {
         }
     }
 
-    /// Layer `l`'s priorities into `prio` (one per block) for the FFN input `x`; `chosen` are
-    /// the neurons the sparse FFN chose and their activations, `used` their blocks.
+    /// Layer `l`'s priorities into `prio` (one per block) for the FFN input `x` of token `t`
+    /// of a batch; `chosen` are the neurons the sparse FFN chose and their activations, `used`
+    /// their blocks.
+    #[allow(clippy::too_many_arguments)]
     pub fn priorities(
         &mut self,
         l: usize,
+        t: usize,
         x: &[f32],
         chosen: (&[u32], &[f32]),
         used: &[u32],
@@ -137,21 +252,75 @@ impl<'a> BlockPredictor<'a> {
                 scores,
                 count,
                 read,
+                prev,
             } => {
-                table.scores(l, x, scores);
+                with_input(prev, l, t, x, |inp| table.scores(l, inp, scores));
                 let want = table.layers[l].read as usize;
-                let n = top_scores(
-                    scores,
-                    want,
-                    &mut count[..table.out_heads as usize + 1],
-                    read,
-                );
+                let heads = table.out_heads as usize;
+                let n = top_scores(scores, want, &mut count[..heads + 1], read);
                 prio.fill(0.0);
                 for &j in &read[..n] {
                     let b = image.block_of(l, j as usize);
                     prio[b] = prio[b].max(1.0 + scores[j as usize] as f32);
                 }
             }
+            BlockPredictor::Mlp {
+                table,
+                hidden,
+                scores,
+                order,
+                read,
+                prev,
+            } => {
+                with_input(prev, l, t, x, |inp| table.scores(l, inp, hidden, scores));
+                let n = top_read(scores, table.layers[l].read as usize, order, read);
+                // Priorities above 0 in score order: the score over the lowest one read.
+                let lowest = read[..n]
+                    .iter()
+                    .map(|&j| scores[j as usize])
+                    .fold(f32::INFINITY, f32::min);
+                prio.fill(0.0);
+                for &j in &read[..n] {
+                    let b = image.block_of(l, j as usize);
+                    prio[b] = prio[b].max(1.0 + (scores[j as usize] - lowest));
+                }
+            }
         }
+    }
+}
+
+/// The stale context's rows (one per token of a prefill batch), when a table reads it.
+fn prev_rows<'a>(
+    scratch: &mut Carver<'a>,
+    dim: usize,
+    stale: bool,
+) -> Result<Option<&'a mut [f32]>, crate::boot::BootError> {
+    let rows = scratch.take::<f32>(PREFILL_BATCH * dim)?;
+    rows.fill(0.0);
+    Ok(stale.then_some(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_input;
+
+    /// A stale table sees, for each token of a batch, the input of the layer before for that
+    /// same token (its own at layer 0); a fresh one sees the layer's.
+    #[test]
+    fn stale_tables_get_the_previous_layers_input_of_the_same_token() {
+        let mut rows = vec![0f32; 2 * 3];
+        let mut prev = Some(rows.as_mut_slice());
+        let seen = |prev: &mut Option<&mut [f32]>, l, t, x: &[f32]| {
+            let mut got = Vec::new();
+            with_input(prev, l, t, x, |i| got = i.to_vec());
+            got
+        };
+        // Layer-major, as a prefill batch of two tokens runs.
+        assert_eq!(seen(&mut prev, 0, 0, &[1.0, 1.0, 1.0]), [1.0; 3]);
+        assert_eq!(seen(&mut prev, 0, 1, &[2.0, 2.0, 2.0]), [2.0; 3]);
+        assert_eq!(seen(&mut prev, 1, 0, &[3.0, 3.0, 3.0]), [1.0; 3]);
+        assert_eq!(seen(&mut prev, 1, 1, &[4.0, 4.0, 4.0]), [2.0; 3]);
+        assert_eq!(seen(&mut prev, 2, 1, &[5.0, 5.0, 5.0]), [4.0; 3]);
+        assert_eq!(seen(&mut None, 2, 1, &[5.0, 5.0, 5.0]), [5.0; 3]);
     }
 }

@@ -46,6 +46,9 @@ pub enum PredictorInput {
     /// x_{n-1}, the residual entering the previous layer's FFN (for layer 0: layer 0's own):
     /// known one layer ahead, so the reads can start before the layer (the stale context).
     PrevResidual,
+    /// h_{n-1}, the previous layer's FFN input (for layer 0: layer 0's own): the stale context
+    /// as the streaming engine has it (DejaVu's DNN_stale).
+    PrevFfnInput,
 }
 
 /// One middle hashing layer over binary input.

@@ -11,6 +11,7 @@
 //! - [`PredictKind::Stale`]: the previous token's set ([`Stale`], here).
 
 pub mod hash;
+pub mod mlp;
 
 use crate::boot::{BootError, Carver, Plan};
 
@@ -32,15 +33,43 @@ pub trait Predictor {
 pub enum PredictKind {
     Oracle,
     Stale,
+    /// Stacked learnable hashing ([`hash`]): ours.
     Hash,
+    /// DejaVu's low-rank MLP on the layer's input (DNN_full, [`mlp`]).
+    Dejavu,
+    /// The same on the previous layer's input (DNN_stale).
+    DejavuStale,
+    /// A binarized MLP.
+    Bnn,
+    /// PowerInfer-2: DejaVu's MLP beside hot neurons pinned in the cache (`--cache hot`).
+    PowerInfer2,
 }
 
 impl PredictKind {
+    pub const ALL: [PredictKind; 7] = [
+        PredictKind::Oracle,
+        PredictKind::Stale,
+        PredictKind::Hash,
+        PredictKind::Dejavu,
+        PredictKind::DejavuStale,
+        PredictKind::Bnn,
+        PredictKind::PowerInfer2,
+    ];
+
+    /// Whether it runs a table made offline (`--predictor`).
+    pub fn needs_table(self) -> bool {
+        !matches!(self, PredictKind::Oracle | PredictKind::Stale)
+    }
+
     pub fn parse(s: &str) -> Result<PredictKind, UnknownPredictor> {
         match s {
             "oracle" => Ok(PredictKind::Oracle),
             "stale" => Ok(PredictKind::Stale),
             "hash" => Ok(PredictKind::Hash),
+            "dejavu" => Ok(PredictKind::Dejavu),
+            "dejavu-stale" => Ok(PredictKind::DejavuStale),
+            "bnn" => Ok(PredictKind::Bnn),
+            "powerinfer2" => Ok(PredictKind::PowerInfer2),
             _ => Err(UnknownPredictor(s.to_string())),
         }
     }
@@ -50,6 +79,10 @@ impl PredictKind {
             PredictKind::Oracle => "oracle",
             PredictKind::Stale => "stale",
             PredictKind::Hash => "hash",
+            PredictKind::Dejavu => "dejavu",
+            PredictKind::DejavuStale => "dejavu-stale",
+            PredictKind::Bnn => "bnn",
+            PredictKind::PowerInfer2 => "powerinfer2",
         }
     }
 }
@@ -62,7 +95,7 @@ impl std::fmt::Display for UnknownPredictor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "unknown predictor '{}': expected oracle, stale or hash",
+            "unknown predictor '{}': expected oracle, stale, hash, dejavu, dejavu-stale, bnn or powerinfer2",
             self.0
         )
     }
@@ -184,13 +217,13 @@ mod tests {
 
     #[test]
     fn predictor_names_parse_and_bad_ones_are_named() {
-        for k in [PredictKind::Oracle, PredictKind::Stale, PredictKind::Hash] {
+        for k in PredictKind::ALL {
             assert_eq!(PredictKind::parse(k.name()), Ok(k));
         }
         let e = PredictKind::parse("psychic").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown predictor 'psychic': expected oracle, stale or hash"
+            "unknown predictor 'psychic': expected oracle, stale, hash, dejavu, dejavu-stale, bnn or powerinfer2"
         );
     }
 }

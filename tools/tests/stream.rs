@@ -10,6 +10,7 @@ use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions, St
 use leanstream::model::flash::FlashImage;
 use leanstream::model::ModelFile;
 use leanstream::predict::hash::{HashNet, HashPredictorTable, PredictorInput};
+use leanstream::predict::mlp::{MlpNet, MlpPredictorTable, MlpWeights};
 use leanstream::predict::PredictKind;
 use leanstream::quant::Precision;
 use leanstream::sparsity::{BundleDown, FfnMode, FfnOptions, Score, ThresholdTable};
@@ -399,6 +400,68 @@ fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
     let mut so = stream(&path, 0.5, Policy::Lru, PredictKind::Hash);
     so.predictor = Some(res);
     refused(so, "train it with --input ffn-input");
+
+    // The baselines' tables run the same way: an MLP whose second layer favours the first
+    // third reads exactly their blocks, fresh or stale; a table of the wrong kind is refused.
+    let dim = img.geometry(0).dim as usize;
+    let mlp = |input| MlpPredictorTable {
+        model: "SmolLM2 (fixed set)".into(),
+        dim: dim as u32,
+        neurons: n as u32,
+        rank: 2,
+        input,
+        binary: false,
+        sparsity: 0.5,
+        target_recall: 1.0,
+        seed: 0,
+        layers: vec![
+            MlpNet {
+                weights: MlpWeights::Real {
+                    w1: vec![0.0; dim * 2],
+                    b1: vec![1.0, 1.0],
+                    w2: (0..n)
+                        .flat_map(|j| [(j < third) as u8 as f32, 0.5])
+                        .collect(),
+                    b2: vec![0.0; n],
+                },
+                read: third as u32,
+            };
+            layers
+        ],
+    };
+    for (kind, input) in [
+        (PredictKind::Dejavu, PredictorInput::FfnInput),
+        (PredictKind::DejavuStale, PredictorInput::PrevFfnInput),
+    ] {
+        let file = dir.0.join(format!("{}.mlppred", kind.name()));
+        std::fs::write(&file, mlp(input).encode(id)).unwrap();
+        let mut so = stream(&path, 0.5, Policy::Lru, kind);
+        so.predictor = Some(file.clone());
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        e.stream_mut().unwrap().set_recording(true);
+        let p = e.prefill(&TOKENS[..4], 0).to_vec();
+        assert!(p.iter().all(|v| v.is_finite()));
+        let got = logits(&mut e, &TOKENS[..2]);
+        assert!(got.iter().flatten().all(|v| v.is_finite()));
+        let rec = e.stream_mut().unwrap().take_recorded();
+        assert_eq!(rec.len(), 6 * layers, "{}", kind.name());
+        for (i, step) in rec.iter().enumerate() {
+            // The prefill runs layer by layer over its 4 tokens, then one token at a time.
+            let l = if i < 4 * layers { i / 4 } else { i % layers };
+            let base: u32 = (0..l).map(|k| img.blocks(k) as u32).sum();
+            assert_eq!(step.first(), Some(&base), "{} layer-step {i}", kind.name());
+            assert_eq!(
+                step.last(),
+                Some(&(base + img.block_of(l, third - 1) as u32)),
+                "{} layer-step {i}",
+                kind.name()
+            );
+        }
+        let mut so = stream(&path, 0.5, Policy::Lru, PredictKind::Bnn);
+        so.predictor = Some(file);
+        refused(so, "--predict bnn runs a bnn table");
+    }
 }
 
 /// EIO on every attempt of a block ends that token's request with an error naming the read;
