@@ -17,7 +17,7 @@ fn run(policy: Policy, slots: usize, hot: &[BlockId], seq: &[BlockId]) -> (u64, 
     let mut fl = Arena::map(ArenaKind::Flags, 4096).unwrap();
     let flags = flags_from_words(fl.carver().take::<u32>(16).unwrap());
     let arena = ffn.carver().take::<u8>(slots * 64).unwrap();
-    let mut cache = WeightCache::new(arena, 64, slots, policy, flags, hot).unwrap();
+    let mut cache = WeightCache::new(arena, 64, slots, policy, flags, hot, None).unwrap();
     for &b in seq {
         if cache.lookup(b).is_none() {
             cache.insert(b, &[b as u8; 64]).unwrap();

@@ -42,7 +42,7 @@ fn shuffled_completion_order_yields_every_block_once_with_its_bytes() {
         let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
         let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
         let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[]).unwrap();
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
         let staging = rig
             .staging
             .carver()
@@ -123,7 +123,7 @@ fn each_fault_ends_only_its_read_after_the_retries_and_caches_nothing_of_it() {
         let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
         let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
         let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lfu, flags, &[]).unwrap();
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lfu, flags, &[], None).unwrap();
         let staging = rig
             .staging
             .carver()
@@ -231,7 +231,8 @@ fn a_removed_file_serves_its_open_descriptor_and_a_missing_one_is_refused() {
     let mut rig = Rig::new(&cfg, N as usize, N as usize);
     let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
     let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-    let mut cache = WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[]).unwrap();
+    let mut cache =
+        WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
     let staging = rig
         .staging
         .carver()
@@ -268,7 +269,7 @@ fn queued_reads_are_reranked_and_dropped_when_the_prediction_changes() {
         let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
         let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
         let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[]).unwrap();
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
         let staging = rig
             .staging
             .carver()
@@ -327,7 +328,7 @@ fn evictions_clear_flags_and_bad_requests_are_refused() {
     let mut rig = Rig::new(&cfg, 4, N as usize);
     let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
     let slots = rig.ffn.carver().take::<u8>(4 * BLOCK).unwrap();
-    let mut cache = WeightCache::new(slots, BLOCK, 4, Policy::Lru, flags, &[]).unwrap();
+    let mut cache = WeightCache::new(slots, BLOCK, 4, Policy::Lru, flags, &[], None).unwrap();
     let staging = rig
         .staging
         .carver()

@@ -28,7 +28,7 @@ fn main() {
         let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
         let slots = rig.ffn.carver().take::<u8>(SLOTS * BLOCK).unwrap();
         let hot = [0, 1, 2, 3];
-        let mut cache = WeightCache::new(slots, BLOCK, SLOTS, policy, flags, &hot).unwrap();
+        let mut cache = WeightCache::new(slots, BLOCK, SLOTS, policy, flags, &hot, None).unwrap();
         let staging = rig
             .staging
             .carver()

@@ -22,6 +22,9 @@ pub struct StreamArgs {
     /// dejavu-stale, bnn, powerinfer2 (dejavu's table with --cache hot).
     #[arg(long, default_value = "oracle", value_name = "KIND")]
     pub predict: String,
+    /// With --cache learned: the reuse-distance table (leanstream train-eviction).
+    #[arg(long, value_name = "FILE")]
+    pub eviction: Option<PathBuf>,
     /// The predictor table for --predict hash, dejavu, dejavu-stale, bnn, powerinfer2
     /// (leanstream train-predictor).
     #[arg(long, value_name = "FILE")]
@@ -42,6 +45,18 @@ impl StreamArgs {
             return Err(format!(
                 "--predict powerinfer2 pins hot neurons: it runs with --cache hot, not --cache {policy}"
             ));
+        }
+        match (policy, &self.eviction) {
+            (Policy::Learned, None) => return Err(
+                "--cache learned needs --eviction FILE (a table from leanstream train-eviction)"
+                    .into(),
+            ),
+            (p, Some(_)) if p != Policy::Learned => {
+                return Err(format!(
+                    "--eviction is read by --cache learned, not by --cache {p}"
+                ))
+            }
+            _ => {}
         }
         match (predict.needs_table(), &self.predictor) {
             (true, None) => {
@@ -64,6 +79,7 @@ impl StreamArgs {
             policy,
             predict,
             predictor: self.predictor.clone(),
+            eviction: self.eviction.clone(),
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
@@ -81,6 +97,7 @@ mod tests {
             cache: None,
             predict: predict.into(),
             predictor: predictor.map(PathBuf::from),
+            eviction: None,
         }
     }
 
@@ -103,6 +120,18 @@ mod tests {
         assert_eq!(
             args("oracle", None).options(img).unwrap().policy,
             Policy::Lru
+        );
+        let mut a = args("oracle", None);
+        a.cache = Some("learned".into());
+        let e = a.options(img).unwrap_err();
+        assert!(e.contains("--cache learned needs --eviction FILE"), "{e}");
+        a.eviction = Some("t.reuse".into());
+        assert_eq!(a.options(img).unwrap().policy, Policy::Learned);
+        a.cache = Some("lfu".into());
+        let e = a.options(img).unwrap_err();
+        assert_eq!(
+            e,
+            "--eviction is read by --cache learned, not by --cache lfu"
         );
         let o = args("hash", Some("t.hashpred")).options(img).unwrap();
         assert_eq!(o.predict, PredictKind::Hash);

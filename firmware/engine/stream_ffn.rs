@@ -32,6 +32,7 @@ use crate::backend::cpu::{ActScratch, KernelSet, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::model::flash::{FlashError, FlashImage, LayerGeometry};
 use crate::model::Hyper;
+use crate::predict::reuse::ReuseTable;
 use crate::predict::PredictKind;
 use crate::stream::backend::best_backend;
 use crate::stream::fault::{Fault, FaultBackend};
@@ -52,8 +53,10 @@ pub struct StreamOptions {
     pub budget: CacheBudget,
     pub policy: Policy,
     pub predict: PredictKind,
-    /// The `hash` predictor's table (`leanstream train-predictor`).
+    /// The learned predictors' table (`leanstream train-predictor`).
     pub predictor: Option<PathBuf>,
+    /// The `learned` cache policy's reuse-distance table (`leanstream train-eviction`).
+    pub eviction: Option<PathBuf>,
     /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
     /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
     /// while a whole layer still fits beside them.
@@ -258,7 +261,18 @@ impl<'a> StreamedFfn<'a> {
                 hot: hot_n,
             });
         }
-        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, &hot)?;
+        let reuse = match (&opts.eviction, opts.policy) {
+            (Some(path), Policy::Learned) => Some(std::sync::Arc::new(
+                ReuseTable::read(path, image.header.tables_identity).map_err(|error| {
+                    PredictorBootError::Eviction {
+                        path: path.clone(),
+                        error,
+                    }
+                })?,
+            )),
+            _ => None,
+        };
+        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, &hot, reuse)?;
         let inner = best_backend(cfg.lanes, cfg.queue_depth);
         let backend: Box<dyn crate::stream::backend::ReadBackend> =
             if opts.faults.is_empty() && opts.shuffle.is_none() {

@@ -30,6 +30,11 @@ pub enum PredictorBootError {
     },
     /// The table reads an input the streaming engine does not hand it.
     Input(PredictorInput),
+    /// The `learned` cache policy's table cannot be used.
+    Eviction {
+        path: PathBuf,
+        error: TableError,
+    },
     /// The table is not the predictor `--predict` names.
     Kind {
         path: PathBuf,
@@ -43,6 +48,9 @@ impl std::fmt::Display for PredictorBootError {
         match self {
             PredictorBootError::Table { path, error } => {
                 write!(f, "--predictor {}: {error}", path.display())
+            }
+            PredictorBootError::Eviction { path, error } => {
+                write!(f, "--eviction {}: {error}", path.display())
             }
             PredictorBootError::Input(i) => write!(
                 f,

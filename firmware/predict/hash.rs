@@ -114,74 +114,14 @@ impl HashPredictorTable {
     /// Checks every size against the header's shape; a table that fails is damaged.
     pub fn validate(&self) -> Result<(), String> {
         let (dim, n) = (self.dim as usize, self.neurons as usize);
-        let (heads, tau) = (self.heads as usize, self.tau as usize);
-        let (oh, ot) = (self.out_heads as usize, self.out_tau as usize);
         if dim == 0 || n == 0 {
             return Err("zero dim or neurons".into());
         }
-        if !(1..=MAX_HEADS).contains(&heads) || !(1..=MAX_TAU).contains(&tau) {
-            return Err(format!(
-                "{heads} heads of {tau} bits: at most {MAX_HEADS} of {MAX_TAU}"
-            ));
-        }
-        if !(1..=MAX_OUT_HEADS).contains(&oh) || !(1..=MAX_TAU).contains(&ot) {
-            return Err(format!(
-                "{oh} output heads of {ot} bits: at most {MAX_OUT_HEADS} of {MAX_TAU}"
-            ));
-        }
-        if self.depth < 2 {
-            return Err(format!("depth {}: at least 2", self.depth));
-        }
-        let cols = heads * tau;
+        let (s, depth) = (self.shape(), self.depth as usize);
+        s.check(depth)?;
         for (l, net) in self.layers.iter().enumerate() {
-            let bad = |what: &str, got: usize, want: usize| {
-                Err(format!(
-                    "layer {l}: {what} has {got} entries, expected {want}"
-                ))
-            };
-            if net.proj.len() != dim * cols {
-                return bad("proj", net.proj.len(), dim * cols);
-            }
-            if net.proj_scale.len() != cols {
-                return bad("proj_scale", net.proj_scale.len(), cols);
-            }
-            if net.proj_bias.len() != cols {
-                return bad("proj_bias", net.proj_bias.len(), cols);
-            }
-            if net.first_table.len() != heads << tau {
-                return bad("first_table", net.first_table.len(), heads << tau);
-            }
-            if net.middle.len() != self.depth as usize - 2 {
-                return bad("middle", net.middle.len(), self.depth as usize - 2);
-            }
-            for (k, m) in net.middle.iter().enumerate() {
-                if m.w.len() != cols * heads || m.thr.len() != cols || m.table.len() != heads << tau
-                {
-                    return Err(format!("layer {l}: middle layer {k} has the wrong shape"));
-                }
-            }
-            if net.out_w.len() != oh * ot * heads {
-                return bad("out_w", net.out_w.len(), oh * ot * heads);
-            }
-            if net.out_thr.len() != oh * ot {
-                return bad("out_thr", net.out_thr.len(), oh * ot);
-            }
-            if net.out_table.len() != (oh << ot) * words(n) {
-                return bad("out_table", net.out_table.len(), (oh << ot) * words(n));
-            }
-            if net.read == 0 || net.read as usize > n {
-                return Err(format!("layer {l}: reads {} of {n} neurons", net.read));
-            }
-            if net
-                .proj_scale
-                .iter()
-                .chain(&net.proj_bias)
-                .any(|v| !v.is_finite())
-            {
-                return Err(format!(
-                    "layer {l}: a projection scale or bias is not finite"
-                ));
-            }
+            net.check(s, dim, n, depth)
+                .map_err(|e| format!("layer {l}: {e}"))?;
         }
         Ok(())
     }
@@ -246,11 +186,109 @@ impl HashPredictorTable {
 
     /// Layer `l`'s score for every neuron (`out.len()` is `neurons`), from its input `x`.
     pub fn scores(&self, l: usize, x: &[f32], out: &mut [u8]) {
-        let net = &self.layers[l];
-        let (heads, tau) = (self.heads as usize, self.tau as usize);
-        let cols = heads * tau;
         assert_eq!(x.len(), self.dim as usize, "one input per dimension");
         assert_eq!(out.len(), self.neurons as usize, "one score per neuron");
+        self.layers[l].scores(self.shape(), x, out);
+    }
+
+    /// The hashing layers' shape, shared by every layer's net.
+    pub fn shape(&self) -> HashShape {
+        HashShape {
+            heads: self.heads as usize,
+            tau: self.tau as usize,
+            out_heads: self.out_heads as usize,
+            out_tau: self.out_tau as usize,
+        }
+    }
+}
+
+/// The hashing layers' widths (the table's header holds them for all its nets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashShape {
+    pub heads: usize,
+    pub tau: usize,
+    pub out_heads: usize,
+    pub out_tau: usize,
+}
+
+impl HashShape {
+    /// Whether the widths are within what the inference's fixed arrays hold.
+    pub fn check(&self, depth: usize) -> Result<(), String> {
+        let (heads, tau, oh, ot) = (self.heads, self.tau, self.out_heads, self.out_tau);
+        if !(1..=MAX_HEADS).contains(&heads) || !(1..=MAX_TAU).contains(&tau) {
+            return Err(format!(
+                "{heads} heads of {tau} bits: at most {MAX_HEADS} of {MAX_TAU}"
+            ));
+        }
+        if !(1..=MAX_OUT_HEADS).contains(&oh) || !(1..=MAX_TAU).contains(&ot) {
+            return Err(format!(
+                "{oh} output heads of {ot} bits: at most {MAX_OUT_HEADS} of {MAX_TAU}"
+            ));
+        }
+        if depth < 2 {
+            return Err(format!("depth {depth}: at least 2"));
+        }
+        Ok(())
+    }
+}
+
+impl HashNet {
+    /// Checks the net's sizes for `dim` inputs, `n` outputs and `depth` hashing layers.
+    pub fn check(&self, s: HashShape, dim: usize, n: usize, depth: usize) -> Result<(), String> {
+        s.check(depth)?;
+        let (heads, tau, oh, ot) = (s.heads, s.tau, s.out_heads, s.out_tau);
+        let cols = heads * tau;
+        let bad = |what: &str, got: usize, want: usize| {
+            Err(format!("{what} has {got} entries, expected {want}"))
+        };
+        if self.proj.len() != dim * cols {
+            return bad("proj", self.proj.len(), dim * cols);
+        }
+        if self.proj_scale.len() != cols {
+            return bad("proj_scale", self.proj_scale.len(), cols);
+        }
+        if self.proj_bias.len() != cols {
+            return bad("proj_bias", self.proj_bias.len(), cols);
+        }
+        if self.first_table.len() != heads << tau {
+            return bad("first_table", self.first_table.len(), heads << tau);
+        }
+        if self.middle.len() != depth - 2 {
+            return bad("middle", self.middle.len(), depth - 2);
+        }
+        for (k, m) in self.middle.iter().enumerate() {
+            if m.w.len() != cols * heads || m.thr.len() != cols || m.table.len() != heads << tau {
+                return Err(format!("middle layer {k} has the wrong shape"));
+            }
+        }
+        if self.out_w.len() != oh * ot * heads {
+            return bad("out_w", self.out_w.len(), oh * ot * heads);
+        }
+        if self.out_thr.len() != oh * ot {
+            return bad("out_thr", self.out_thr.len(), oh * ot);
+        }
+        if self.out_table.len() != (oh << ot) * words(n) {
+            return bad("out_table", self.out_table.len(), (oh << ot) * words(n));
+        }
+        if self.read == 0 || self.read as usize > n {
+            return Err(format!("reads {} of {n} neurons", self.read));
+        }
+        if self
+            .proj_scale
+            .iter()
+            .chain(&self.proj_bias)
+            .any(|v| !v.is_finite())
+        {
+            return Err("a projection scale or bias is not finite".into());
+        }
+        Ok(())
+    }
+
+    /// Every output's score (votes) for the input `x` (`out.len()` outputs).
+    pub fn scores(&self, s: HashShape, x: &[f32], out: &mut [u8]) {
+        let net = self;
+        let (heads, tau) = (s.heads, s.tau);
+        let cols = heads * tau;
 
         // First layer: project, hash, look up.
         let mut z = [0f32; MAX_HEADS * MAX_TAU];
@@ -282,7 +320,7 @@ impl HashPredictorTable {
         }
         // Last layer: each head votes for the neurons of its row.
         out.fill(0);
-        let (oh, ot) = (self.out_heads as usize, self.out_tau as usize);
+        let (oh, ot) = (s.out_heads, s.out_tau);
         let nw = words(out.len());
         for h in 0..oh {
             let idx = hash_bits(&y[..heads], &net.out_w, &net.out_thr, h, ot);

@@ -12,6 +12,7 @@
 
 pub mod hash;
 pub mod mlp;
+pub mod reuse;
 
 use crate::boot::{BootError, Carver, Plan};
 

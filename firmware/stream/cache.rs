@@ -11,7 +11,9 @@
 use super::policy::{Policy, Replacement};
 use super::{BlockId, StreamError, FLAG_EMPTY, FLAG_FAILED, FLAG_READY};
 use crate::boot::SLICE_ALIGN;
+use crate::predict::reuse::ReuseTable;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// How much of the FFN the cache may hold: a fraction of the model's FFN bytes, or bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -103,7 +105,7 @@ pub struct WeightCache<'a> {
 impl<'a> WeightCache<'a> {
     /// `slots` slots of `slot_bytes` from `arena` (carved from `boot::Arenas::ffn`), one flag
     /// per block in `flags` (all cleared now). With `Policy::Hot`, `hot` are pinned once they
-    /// arrive; the other policies ignore it.
+    /// arrive; the other policies ignore it. `Policy::Learned` takes its table in `reuse`.
     pub fn new(
         arena: &'a mut [u8],
         slot_bytes: usize,
@@ -111,6 +113,7 @@ impl<'a> WeightCache<'a> {
         policy: Policy,
         flags: &'a [AtomicU32],
         hot: &[BlockId],
+        reuse: Option<Arc<ReuseTable>>,
     ) -> Result<WeightCache<'a>, StreamError> {
         if slot_bytes == 0 || slots == 0 {
             return Err(StreamError::Config(
@@ -142,7 +145,15 @@ impl<'a> WeightCache<'a> {
         for f in flags {
             f.store(FLAG_EMPTY, Ordering::Release);
         }
-        let mut repl = Replacement::new(policy, slots, flags.len());
+        let mut repl = match (policy, reuse) {
+            (Policy::Learned, Some(t)) => Replacement::learned(slots, flags.len(), t),
+            (Policy::Learned, None) => {
+                return Err(StreamError::Config(
+                    "the learned cache policy needs its eviction table",
+                ))
+            }
+            _ => Replacement::new(policy, slots, flags.len()),
+        };
         if policy == Policy::Hot {
             for &b in hot {
                 repl.pin(b);
@@ -312,7 +323,7 @@ mod tests {
     fn refuses_slots_the_arena_cannot_hold_in_one_sentence() {
         let mut arena = vec![0u8; 4096];
         let f = flags(8);
-        let e = WeightCache::new(&mut arena, 1024, 5, Policy::Lru, &f, &[])
+        let e = WeightCache::new(&mut arena, 1024, 5, Policy::Lru, &f, &[], None)
             .err()
             .unwrap();
         let msg = e.to_string();
@@ -320,7 +331,7 @@ mod tests {
             msg,
             "the weight cache's 5 slots of 1024 bytes need 5120 bytes but budget.ffn_cache gives 4096"
         );
-        let e = WeightCache::new(&mut arena, 64, 2, Policy::Hot, &f, &[1, 2])
+        let e = WeightCache::new(&mut arena, 64, 2, Policy::Hot, &f, &[1, 2], None)
             .err()
             .unwrap();
         assert!(matches!(e, StreamError::TooManyHot { hot: 2, slots: 2 }));
@@ -330,7 +341,7 @@ mod tests {
     fn insert_evicts_and_moves_flags_with_the_bytes() {
         let mut arena = vec![0u8; 4 * 64];
         let f = flags(8);
-        let mut c = WeightCache::new(&mut arena, 64, 2, Policy::Lru, &f, &[]).unwrap();
+        let mut c = WeightCache::new(&mut arena, 64, 2, Policy::Lru, &f, &[], None).unwrap();
         assert!(
             (0..8).all(|b| c.flag(b) == FLAG_EMPTY),
             "flags cleared at construction"
@@ -359,7 +370,7 @@ mod tests {
     fn pinned_blocks_stay_and_a_full_pinned_cache_refuses() {
         let mut arena = vec![0u8; 2 * 64];
         let f = flags(8);
-        let mut c = WeightCache::new(&mut arena, 64, 2, Policy::Lfu, &f, &[]).unwrap();
+        let mut c = WeightCache::new(&mut arena, 64, 2, Policy::Lfu, &f, &[], None).unwrap();
         c.pin(0);
         c.pin(1);
         c.insert(0, &[0; 8]).unwrap();

@@ -5,18 +5,30 @@
 //! - `lru`: the tick of the last access;
 //! - `lfu`: the block's access count over the whole run (kept across evictions, so a block that
 //!   was often used comes back with its history), ties broken by recency;
-//! - `hot` (PowerInfer-2): the given hot blocks are pinned once loaded, the rest are LFU.
+//! - `hot` (PowerInfer-2): the given hot blocks are pinned once loaded, the rest are LFU;
+//! - `learned` (paper 3.3.3): each access predicts the block's reuse distance from its recent
+//!   inter-arrival times (`predict::reuse`); the victim is, among `SAMPLES` evictable slots
+//!   drawn at random, the one whose predicted next use is farthest (a block past its predicted
+//!   use counts by the time since its last access, as LRU would). The heap is then only the set
+//!   of evictable slots.
 //!
 //! Pinned slots are not in the heap, so they are never evicted. O(log slots) per access.
 
 use super::BlockId;
+use crate::predict::reuse::{ReuseTable, HISTORY, NEVER};
 use std::fmt;
+use std::sync::Arc;
+
+/// Evictable slots the `learned` policy compares per eviction.
+pub const SAMPLES: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     Lru,
     Lfu,
     Hot,
+    /// Needs its table (`Replacement::learned`, `--eviction`).
+    Learned,
 }
 
 impl Policy {
@@ -27,6 +39,7 @@ impl Policy {
             Policy::Lru => "lru",
             Policy::Lfu => "lfu",
             Policy::Hot => "hot",
+            Policy::Learned => "learned",
         }
     }
 }
@@ -44,8 +57,9 @@ impl std::str::FromStr for Policy {
             "lru" => Ok(Policy::Lru),
             "lfu" => Ok(Policy::Lfu),
             "hot" | "powerinfer2" => Ok(Policy::Hot),
+            "learned" => Ok(Policy::Learned),
             _ => Err(format!(
-                "unknown cache policy '{s}' (expected lru, lfu or hot)"
+                "unknown cache policy '{s}' (expected lru, lfu, hot or learned)"
             )),
         }
     }
@@ -74,10 +88,44 @@ pub struct Replacement {
     heap: Vec<u32>,
     free: Vec<u32>,
     tick: u64,
+    reuse: Option<Reuse>,
+}
+
+/// The `learned` policy's state: its table and, per block, what its features need.
+struct Reuse {
+    table: Arc<ReuseTable>,
+    /// Per block: the tick of its last access (u64::MAX: none), its last gaps (newest first),
+    /// and the distance predicted at its last access.
+    last: Vec<u64>,
+    gaps: Vec<[u32; HISTORY]>,
+    predicted: Vec<u32>,
+    /// The sampling's xorshift state (fixed seed: runs repeat).
+    rng: u64,
 }
 
 impl Replacement {
     pub fn new(policy: Policy, slots: usize, blocks: usize) -> Replacement {
+        assert!(
+            policy != Policy::Learned,
+            "the learned policy needs its table: Replacement::learned"
+        );
+        Self::make(policy, slots, blocks)
+    }
+
+    /// The `learned` policy with its reuse-distance table.
+    pub fn learned(slots: usize, blocks: usize, table: Arc<ReuseTable>) -> Replacement {
+        let mut r = Self::make(Policy::Learned, slots, blocks);
+        r.reuse = Some(Reuse {
+            table,
+            last: vec![u64::MAX; blocks],
+            gaps: vec![[NEVER; HISTORY]; blocks],
+            predicted: vec![0; blocks],
+            rng: 0x2545_f491_4f6c_dd1d,
+        });
+        r
+    }
+
+    fn make(policy: Policy, slots: usize, blocks: usize) -> Replacement {
         Replacement {
             policy,
             block_of: vec![NONE; slots],
@@ -89,6 +137,7 @@ impl Replacement {
             heap: Vec::with_capacity(slots),
             free: (0..slots as u32).rev().collect(),
             tick: 0,
+            reuse: None,
         }
     }
 
@@ -121,7 +170,7 @@ impl Replacement {
 
     fn key_for(&self, block: BlockId) -> u64 {
         match self.policy {
-            Policy::Lru => self.tick,
+            Policy::Lru | Policy::Learned => self.tick,
             Policy::Lfu | Policy::Hot => {
                 let c = (self.count[block as usize] as u64).min(MAX_COUNT);
                 (c << TICK_BITS) | (self.tick & ((1 << TICK_BITS) - 1))
@@ -134,6 +183,17 @@ impl Replacement {
         self.tick += 1;
         let b = block as usize;
         self.count[b] = self.count[b].saturating_add(1);
+        if let Some(r) = self.reuse.as_mut() {
+            let gap = match r.last[b] {
+                u64::MAX => NEVER,
+                last => (self.tick - last).min(NEVER as u64) as u32,
+            };
+            let g = &mut r.gaps[b];
+            g.copy_within(0..HISTORY - 1, 1);
+            g[0] = gap;
+            r.last[b] = self.tick;
+            r.predicted[b] = r.table.distance(g, self.count[b]);
+        }
         let s = self.slot_of[b];
         if s == NONE {
             return None;
@@ -161,7 +221,10 @@ impl Replacement {
                 if self.heap.is_empty() {
                     return None;
                 }
-                let s = self.heap[0] as usize;
+                let s = match self.reuse.is_some() {
+                    true => self.learned_victim(),
+                    false => self.heap[0] as usize,
+                };
                 self.heap_remove(s);
                 let victim = self.block_of[s];
                 self.slot_of[victim as usize] = NONE;
@@ -218,6 +281,32 @@ impl Replacement {
             self.key[s] = self.key_for(block);
             self.heap_push(s);
         }
+    }
+
+    /// Among up to `SAMPLES` evictable slots drawn at random, the one whose block's predicted
+    /// next use is farthest from now.
+    fn learned_victim(&mut self) -> usize {
+        let r = self.reuse.as_mut().expect("the learned policy");
+        let n = self.heap.len();
+        let (mut best, mut best_far) = (self.heap[0] as usize, 0u64);
+        for _ in 0..SAMPLES.min(n) {
+            r.rng ^= r.rng << 13;
+            r.rng ^= r.rng >> 7;
+            r.rng ^= r.rng << 17;
+            let s = self.heap[(r.rng % n as u64) as usize] as usize;
+            let b = self.block_of[s] as usize;
+            let last = r.last[b].min(self.tick);
+            let next = last + r.predicted[b] as u64;
+            let far = if next > self.tick {
+                next - self.tick
+            } else {
+                self.tick - last
+            };
+            if far >= best_far {
+                (best, best_far) = (s, far);
+            }
+        }
+        best
     }
 
     fn heap_push(&mut self, slot: usize) {

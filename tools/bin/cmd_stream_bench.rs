@@ -205,6 +205,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         policy,
                         predict,
                         predictor: None,
+                        eviction: None,
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,

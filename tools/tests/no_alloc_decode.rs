@@ -259,6 +259,7 @@ fn main() {
                 policy,
                 predict,
                 predictor: (predict == PredictKind::Hash).then(|| hash_table.clone()),
+                eviction: None,
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,

@@ -104,6 +104,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         policy,
         predict,
         predictor: None,
+        eviction: None,
         hot: Vec::new(),
         faults: Vec::new(),
         shuffle: None,
