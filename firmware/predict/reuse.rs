@@ -102,9 +102,14 @@ impl ReuseTable {
     pub fn bin(&self, gaps: &[u32; HISTORY], count: u32) -> usize {
         let mut x = [0f32; FEATURES];
         features(gaps, count, &mut x);
+        self.bin_of(&x)
+    }
+
+    /// The bin of a block of features `x` (see [`features`]).
+    pub fn bin_of(&self, x: &[f32; FEATURES]) -> usize {
         let bits = self.code_bits as usize;
         let mut votes = [0u8; MAX_CODE_BITS];
-        self.net.scores(self.shape(), &x, &mut votes[..bits]);
+        self.net.scores(self.shape(), x, &mut votes[..bits]);
         let heads = self.out_heads;
         (0..bits).fold(0, |code, i| code | (((2 * votes[i] > heads) as usize) << i))
     }
