@@ -30,7 +30,7 @@ pub trait Predictor {
 }
 
 /// The predictors `--predict` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PredictKind {
     Oracle,
     Stale,

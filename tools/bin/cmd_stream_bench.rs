@@ -43,12 +43,19 @@ pub struct StreamBenchArgs {
     /// FFN budgets in percent of the FFN's bytes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,20,25,50,100")]
     budgets: Vec<f64>,
-    /// Cache policies, comma-separated: lru, lfu, hot.
+    /// Cache policies, comma-separated: lru, lfu, hot, learned (with --eviction).
     #[arg(long, value_delimiter = ',', default_value = "lru,lfu,hot")]
     cache: Vec<String>,
-    /// Which blocks are read: oracle or stale.
-    #[arg(long, default_value = "oracle")]
-    predict: String,
+    /// Which blocks are read, comma-separated: oracle, stale, and the learned predictors
+    /// (hash, dejavu, dejavu-stale, bnn, powerinfer2) with their tables in --predictor.
+    #[arg(long, value_delimiter = ',', default_value = "oracle")]
+    predict: Vec<String>,
+    /// The learned predictors' tables, comma-separated KIND=FILE (powerinfer2 runs dejavu's).
+    #[arg(long, value_delimiter = ',', value_name = "KIND=FILE")]
+    predictor: Vec<String>,
+    /// The learned cache policy's table (leanstream train-eviction).
+    #[arg(long, value_name = "FILE")]
+    eviction: Option<PathBuf>,
     /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -60,6 +67,7 @@ pub struct StreamBenchArgs {
 /// One measured run.
 struct Run {
     label: String,
+    predict: String,
     placement: String,
     policy: String,
     budget: f64,
@@ -116,7 +124,37 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
         .map(threads_at_least_one)
         .unwrap_or(leanstream::board::CPU_THREADS);
     let context = tokens.len() + 1;
-    let predict = PredictKind::parse(&a.predict).map_err(|e| e.to_string())?;
+    let predicts: Vec<PredictKind> = a
+        .predict
+        .iter()
+        .map(|p| PredictKind::parse(p).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut tables = std::collections::HashMap::new();
+    for kv in &a.predictor {
+        let (k, f) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--predictor {kv}: expected KIND=FILE"))?;
+        tables.insert(
+            PredictKind::parse(k).map_err(|e| e.to_string())?,
+            PathBuf::from(f),
+        );
+    }
+    let table_of = |p: PredictKind| -> Result<Option<PathBuf>, String> {
+        if !p.needs_table() {
+            return Ok(None);
+        }
+        let key = match p {
+            PredictKind::PowerInfer2 => PredictKind::Dejavu,
+            other => other,
+        };
+        tables.get(&key).cloned().map(Some).ok_or_else(|| {
+            format!(
+                "--predict {}: give its table as --predictor {}=FILE",
+                p.name(),
+                key.name()
+            )
+        })
+    };
     let policies: Vec<Policy> = a
         .cache
         .iter()
@@ -197,15 +235,24 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
         oracle_tps.push(tps);
         for (img, path) in images.iter().zip(&a.image) {
             let dense_part = img.dense_model().map_err(|e| e.to_string())?;
-            for &policy in &policies {
+            for (&policy, &predict) in policies
+                .iter()
+                .flat_map(|p| predicts.iter().map(move |q| (p, q)))
+            {
+                // PowerInfer-2 is its predictor beside its own cache policy only.
+                if predict == PredictKind::PowerInfer2 && policy != Policy::Hot {
+                    continue;
+                }
                 for &budget in &a.budgets {
                     let so = StreamOptions {
                         image: path.clone(),
                         budget: CacheBudget::Fraction(budget / 100.0),
                         policy,
                         predict,
-                        predictor: None,
-                        eviction: None,
+                        predictor: table_of(predict)?,
+                        eviction: (policy == Policy::Learned)
+                            .then(|| a.eviction.clone())
+                            .flatten(),
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,
@@ -243,6 +290,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                     let measured = a.tokens as f64 / tps;
                     let run = Run {
                         label,
+                        predict: predict.name().into(),
                         placement: img.header.placement.clone(),
                         policy: policy.name().into(),
                         budget,
@@ -296,7 +344,7 @@ fn write_outputs(
     for (s, t) in a.sparsity.iter().zip(oracle_tps) {
         md.push_str(&format!(" {} {s} in memory: {t:.2} tok/s.", a.ffn));
     }
-    md.push_str("\n\n| sparsity | placement | policy | budget | decode tok/s | vs in memory | miss ratio | Belady | KiB read/token | I/O wait share | chosen neurons not read |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n\n| sparsity | placement | predict | policy | budget | decode tok/s | vs in memory | miss ratio | Belady | KiB read/token | I/O wait share | chosen neurons not read |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut json_rows = Vec::new();
     for r in runs {
         let oracle = a
@@ -306,9 +354,10 @@ fn write_outputs(
             .map(|i| oracle_tps[i])
             .unwrap_or(f64::NAN);
         md.push_str(&format!(
-            "| {} | {} | {} | {}% | {:.2} | {:.2}x | {:.3} | {:.3} | {:.0} | {:.0}% | {:.3} |\n",
+            "| {} | {} | {} | {} | {}% | {:.2} | {:.2}x | {:.3} | {:.3} | {:.0} | {:.0}% | {:.3} |\n",
             r.sparsity,
             r.placement,
+            r.predict,
             r.policy,
             r.budget,
             r.tok_per_s,
@@ -320,8 +369,8 @@ fn write_outputs(
             r.missed_share
         ));
         json_rows.push(format!(
-            "    {{\"sparsity\": {}, \"placement\": {:?}, \"policy\": {:?}, \"budget_percent\": {}, \"decode_tok_per_s\": {:.3}, \"miss_ratio\": {:.4}, \"belady_miss_ratio\": {:.4}, \"bytes_per_token\": {:.0}, \"io_wait_share\": {:.4}, \"missed_share\": {:.4}}}",
-            r.sparsity, r.placement, r.policy, r.budget, r.tok_per_s, r.miss_ratio, r.belady, r.bytes_per_token, r.io_wait_share, r.missed_share
+            "    {{\"sparsity\": {}, \"placement\": {:?}, \"predict\": {:?}, \"policy\": {:?}, \"budget_percent\": {}, \"decode_tok_per_s\": {:.3}, \"miss_ratio\": {:.4}, \"belady_miss_ratio\": {:.4}, \"bytes_per_token\": {:.0}, \"io_wait_share\": {:.4}, \"missed_share\": {:.4}}}",
+            r.sparsity, r.placement, r.predict, r.policy, r.budget, r.tok_per_s, r.miss_ratio, r.belady, r.bytes_per_token, r.io_wait_share, r.missed_share
         ));
     }
     let json = format!(
@@ -338,7 +387,11 @@ fn write_outputs(
             .iter()
             .filter(|r| r.sparsity == s)
             .map(|r| StreamPoint {
-                series: format!("{} {}", r.placement, r.policy),
+                series: if a.predict.len() > 1 {
+                    format!("{} {} {}", r.placement, r.predict, r.policy)
+                } else {
+                    format!("{} {}", r.placement, r.policy)
+                },
                 budget: r.budget,
                 tok_per_s: r.tok_per_s,
                 miss_ratio: r.miss_ratio,
