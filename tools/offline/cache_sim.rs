@@ -1,11 +1,14 @@
 //! Miss ratios of the weight cache's policies on recorded activations (`leanstream cache-sim`):
 //! a per-neuron cache per layer, fed each token's active set in order, for `lru`, `lfu`, `hot`
 //! (PowerInfer-2: the most frequently active neurons of a profiling run pinned, the rest LFU)
-//! and Belady's optimal eviction beside them as the floor (`leanstream::stream::sim`).
+//! and Belady's optimal eviction beside them as the floor (`leanstream::stream::sim`), and
+//! with a reuse-distance table the `learned` policy (paper 3.3.3).
 
 use super::placement::ActiveSets;
-use leanstream::stream::sim::{belady, simulate, SimResult};
+use leanstream::predict::reuse::ReuseTable;
+use leanstream::stream::sim::{belady, simulate, simulate_learned, SimResult};
 use leanstream::stream::Policy;
+use std::sync::Arc;
 
 /// The share of the cache the `hot` policy pins (the rest is LFU).
 pub const HOT_SHARE: f64 = 0.5;
@@ -15,6 +18,8 @@ pub const HOT_SHARE: f64 = 0.5;
 pub struct MissRatios {
     pub budget: f64,
     pub policies: [f64; 3],
+    /// With a reuse-distance table: the `learned` policy's.
+    pub learned: Option<f64>,
     pub belady: f64,
 }
 
@@ -24,6 +29,7 @@ pub fn miss_ratios(
     active: &ActiveSets,
     profile: &ActiveSets,
     budgets: &[f64],
+    learned: Option<&Arc<ReuseTable>>,
 ) -> Result<Vec<MissRatios>, String> {
     let n = active.neurons;
     let mut out = Vec::new();
@@ -34,7 +40,7 @@ pub fn miss_ratios(
             ));
         }
         let capacity = ((budget * n as f64).round() as usize).clamp(2, n);
-        let mut sums = [SimResult::default(); 4];
+        let mut sums = [SimResult::default(); 5];
         for (l, sets) in active.sets.iter().enumerate() {
             let mut freq = vec![0u32; n];
             for set in &profile.sets[l] {
@@ -54,6 +60,11 @@ pub fn miss_ratios(
             let b = belady(capacity, sets);
             sums[3].accesses += b.accesses;
             sums[3].misses += b.misses;
+            if let Some(t) = learned {
+                let r = simulate_learned(t.clone(), capacity, sets).map_err(|e| e.to_string())?;
+                sums[4].accesses += r.accesses;
+                sums[4].misses += r.misses;
+            }
         }
         out.push(MissRatios {
             budget,
@@ -62,6 +73,7 @@ pub fn miss_ratios(
                 sums[1].miss_ratio(),
                 sums[2].miss_ratio(),
             ],
+            learned: learned.map(|_| sums[4].miss_ratio()),
             belady: sums[3].miss_ratio(),
         });
     }
@@ -100,7 +112,7 @@ mod tests {
     #[test]
     fn belady_is_the_floor_and_a_whole_cache_misses_only_once_per_neuron() {
         let a = sets(200, 300, 40, 1);
-        let r = miss_ratios(&a, &a, &[0.1, 0.25, 0.5, 1.0]).unwrap();
+        let r = miss_ratios(&a, &a, &[0.1, 0.25, 0.5, 1.0], None).unwrap();
         for m in &r {
             for p in m.policies {
                 assert!(m.belady <= p + 1e-12, "{m:?}");
@@ -123,6 +135,6 @@ mod tests {
         let cold = distinct as f64 / accesses as f64;
         let whole = r[3];
         assert!((whole.belady - cold).abs() < 1e-12 && (whole.policies[0] - cold).abs() < 1e-12);
-        assert!(miss_ratios(&a, &a, &[0.0]).is_err());
+        assert!(miss_ratios(&a, &a, &[0.0], None).is_err());
     }
 }
