@@ -32,7 +32,7 @@ use crate::model::ggml::dequantize_row;
 use crate::model::{Hyper, ModelFile, TensorRef};
 use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
 use crate::quant::{ConversionReport, Packing, Precision, Role, Target};
-use crate::sparsity::{Bundles, FfnMode, FfnOptions, SparsityError};
+use crate::sparsity::{Bundles, FfnMode, FfnOptions, Score, SparsityError};
 pub use error::EngineError;
 use tap::{Tap, TapOptions};
 
@@ -470,6 +470,16 @@ impl<'a> Engine<'a> {
         };
         let stream = match &opts.stream {
             Some(so) => {
+                // A learned predictor's runs keep the read neurons at the calibrated threshold
+                // of |SiLU(gate) * up|: no other choice is known before every neuron is seen.
+                if so.predict.needs_table()
+                    && (opts.ffn.mode != FfnMode::Oracle || opts.ffn.score != Score::Glu)
+                {
+                    return Err(EngineError::Options(format!(
+                        "--predict {} keeps the neurons it read at the calibrated thresholds: use --ffn oracle with the glu score",
+                        so.predict.name()
+                    )));
+                }
                 let image = StreamedFfn::open_image(so, &h).map_err(EngineError::Flash)?;
                 let (n_flags, n_staging) = (arenas.flags.len() / 4, arenas.io_staging.len());
                 let flags = arenas.flags.carver().take::<u32>(n_flags)?;
@@ -956,17 +966,17 @@ impl Engine<'_> {
 }
 
 /// Shares one mutable slice between pool tasks that each write a disjoint range of it.
-struct Disjoint<'a> {
-    ptr: *mut f32,
+struct Disjoint<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _life: std::marker::PhantomData<&'a mut [f32]>,
+    _life: std::marker::PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: only ever used through `slice`, whose callers promise disjoint ranges.
-unsafe impl Sync for Disjoint<'_> {}
+unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
 
-impl<'a> Disjoint<'a> {
-    fn new(s: &'a mut [f32]) -> Self {
+impl<'a, T> Disjoint<'a, T> {
+    fn new(s: &'a mut [T]) -> Self {
         Disjoint {
             ptr: s.as_mut_ptr(),
             len: s.len(),
@@ -975,7 +985,7 @@ impl<'a> Disjoint<'a> {
     }
     /// SAFETY: no two live calls may overlap in range.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         assert!(start + len <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }

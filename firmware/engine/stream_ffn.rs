@@ -1,21 +1,26 @@
 //! The FFN streamed from a flash image (LeanStream paper 3.2; DESIGN.md section 6): per token
 //! and layer, which neurons are needed ([`PredictKind`]), their blocks requested from the I/O
-//! lanes into the weight cache, and the down projection computed over the blocks as they
-//! arrive.
+//! lanes into the weight cache, and the FFN computed over the blocks as they arrive.
 //!
-//! Which neurons: the sparse FFN's own choice (`SparseFfn::choose`: the calibrated thresholds,
-//! or top-k) over the gate and up rows of a resident copy made at boot from the image, kept
-//! outside the board's budget and not counted: the upper bound on prediction. With `oracle`
-//! the lanes read exactly the blocks of the chosen neurons; with `stale` (the previous token's
-//! blocks) or `hash` (a learned table's guess) they read the predicted blocks
-//! (`stream_predict`), and chosen neurons in blocks that were not read are dropped (they count
-//! with their calibrated mean, as every dropped neuron does).
+//! Which neurons:
+//! - `oracle` and `stale`: the sparse FFN's own choice (`SparseFfn::choose`: the calibrated
+//!   thresholds, or top-k) over the gate and up rows of a resident copy made at boot from the
+//!   image, kept outside the board's budget and not counted. With `oracle` the lanes read
+//!   exactly the blocks of the chosen neurons (the upper bound on prediction); with `stale`
+//!   the previous token's blocks, and chosen neurons in blocks that were not read are dropped
+//!   (they count with their calibrated mean, as every dropped neuron does).
+//! - the learned predictors (`hash`, `dejavu`, ...; `stream_predict`): the table picks the
+//!   blocks from the layer's input alone, no resident copy exists, and the runs compute the
+//!   read neurons' gate and up from the cached rows as their blocks arrive; the neurons at the
+//!   calibrated threshold are then summed. A neuron not read counts with its mean.
 //!
 //! Order-free and exact: the chosen neurons (ascending) are cut into runs of
 //! `axpy::ROWS_PER_TASK`, as the in-memory sparse FFN's down projection cuts them; a run is
 //! summed (`axpy_run`) as soon as every block it needs has arrived, into its own partial, and
 //! the partials are added in run order at the end. So the output is the in-memory FFN's over
-//! the same neurons, bit for bit, whatever order the blocks arrive in.
+//! the same neurons, bit for bit, whatever order the blocks arrive in (with a learned
+//! predictor the down runs start once the layer's reads are in: which neurons pass the
+//! threshold is known only then).
 //!
 //! Blocks a layer needs are pinned in the cache from their arrival (or hit) until the layer
 //! is done, so no read of the same layer can evict one before its run is summed (the lanes pin
@@ -32,6 +37,7 @@ use crate::backend::cpu::{ActScratch, KernelSet, Rows, Tile, WorkerPool};
 use crate::boot::{BootError, Carver, Plan};
 use crate::model::flash::{FlashError, FlashImage, LayerGeometry};
 use crate::model::Hyper;
+use crate::ops::silu;
 use crate::predict::reuse::ReuseTable;
 use crate::predict::PredictKind;
 use crate::stream::backend::best_backend;
@@ -290,10 +296,12 @@ impl<'a> StreamedFfn<'a> {
         let mut lanes = Lanes::new(cfg, staging, total, backend)?;
         let file = lanes.open(&opts.image)?;
 
-        // The oracle's resident gate and up rows, gathered into neuron order.
+        // The oracle's resident gate and up rows, gathered into neuron order (a learned
+        // predictor needs none: its runs compute the rows they read).
         let mut resident = Vec::new();
         let mut resident_at = Vec::with_capacity(layers);
-        for l in 0..layers {
+        let oracle_rows = !opts.predict.needs_table();
+        for l in (0..layers).filter(|_| oracle_rows) {
             let g = *image.geometry(l);
             let (gb, ub, _) = g.part_bytes().expect("checked geometry");
             let n = g.neurons as usize;
@@ -458,10 +466,28 @@ impl<'a> StreamedFfn<'a> {
         x: &mut [f32],
         act: &mut ActScratch,
     ) {
+        let blocks = self.image.blocks(l);
+        if self.predictor.is_learned() {
+            // A learned predictor picks the blocks from x alone: every neuron of a wanted
+            // block is read, and the runs compute their gate and up once the block is in.
+            let prio = &mut self.prio[..blocks];
+            self.predictor
+                .priorities(l, t, x, (&[], &[]), &[], &self.image, prio);
+            let n = self.image.geometry(l).neurons as usize;
+            let (idx, _) = sparse.chosen(n);
+            let mut k = 0;
+            for j in 0..n {
+                if prio[self.image.block_of(l, j)] > 0.0 {
+                    idx[k] = j as u32;
+                    k += 1;
+                }
+            }
+            self.record(l);
+            return self.stream_runs(l, k, sparse, ks, pool, x, act);
+        }
         let (gate, up) = self.score_rows(l);
         let k = sparse.choose(l, gate, up, ks, pool, x, act);
         let (idx, h) = sparse.chosen(k);
-        let blocks = self.image.blocks(l);
 
         // The blocks this token really uses, and what the predictor wants read.
         let mut used_n = 0;
@@ -487,19 +513,11 @@ impl<'a> StreamedFfn<'a> {
             self.mark[b as usize] = UNSEEN;
         }
 
-        if let Some(rec) = self.recorded.as_mut() {
-            let base = self.base[l];
-            rec.push(
-                (0..blocks)
-                    .filter(|&b| prio[b] > 0.0)
-                    .map(|b| base + b as BlockId)
-                    .collect(),
-            );
-        }
+        self.record(l);
         // Neurons whose blocks will not be read are dropped (kept order).
         let mut k2 = 0;
         for i in 0..k {
-            if prio[self.image.block_of(l, idx[i] as usize)] > 0.0 {
+            if self.prio[self.image.block_of(l, idx[i] as usize)] > 0.0 {
                 idx[k2] = idx[i];
                 h[k2] = h[i];
                 k2 += 1;
@@ -507,7 +525,37 @@ impl<'a> StreamedFfn<'a> {
         }
         self.stats.chosen += k as u64;
         self.stats.missed += (k - k2) as u64;
-        let (idx, h) = (&idx[..k2], &h[..k2]);
+        self.stream_runs(l, k2, sparse, ks, pool, x, act);
+    }
+
+    /// The down projection over the `k2` neurons `sparse.chosen` holds (ascending), in runs
+    /// of `ROWS_PER_TASK` each summed as soon as its blocks are in, then the partials in run
+    /// order. With a learned predictor the neurons are those read: each run computes their
+    /// gate and up from the cached rows as soon as its blocks are in (with the in-memory
+    /// kernel's pairing, so the values are its own), and once all are in, the neurons at the
+    /// layer's threshold are summed in runs as the in-memory FFN cuts them: the same output,
+    /// bit for bit, as the oracle's when the read set holds every neuron it would choose.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_runs(
+        &mut self,
+        l: usize,
+        k2: usize,
+        sparse: &mut SparseFfn,
+        ks: KernelSet,
+        pool: &WorkerPool,
+        x: &mut [f32],
+        act: &mut ActScratch,
+    ) {
+        let learned = self.predictor.is_learned();
+        let blocks = self.image.blocks(l);
+        let parts = sparse.run_parts(l, k2);
+        let (idx, h, acts, thr, mean) = (
+            &mut parts.idx[..k2],
+            &mut parts.h[..k2],
+            parts.acts,
+            parts.threshold,
+            parts.mean,
+        );
         for (i, &n) in idx.iter().enumerate() {
             self.pos_of[n as usize] = i as u32;
         }
@@ -556,6 +604,9 @@ impl<'a> StreamedFfn<'a> {
         let (gb, ub, db) = self.image.geometry(l).part_bytes().expect("checked");
         let per_block = self.image.geometry(l).per_block as usize;
         let dim = self.dim;
+        let (gate_ty, up_ty, _) = self.image.geometry(l).types().expect("checked");
+        // The input quantized once for the runs' gate and up dots (learned predictors only).
+        let dots = learned.then(|| act.gate_up_dot(ks, gate_ty, up_ty, x));
         while left > 0 {
             let mut r = 0;
             for t in 0..runs {
@@ -577,14 +628,52 @@ impl<'a> StreamedFfn<'a> {
                 };
                 let ready = &self.ready[..r];
                 let out = Disjoint::new(&mut self.partials[..runs * dim]);
+                let (ids_all, hs_all) = (&*idx, &*h);
+                let acts_out = Disjoint::new(&mut *acts);
                 pool.run(r, &|i| {
                     let t = ready[i] as usize;
-                    let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k2)];
-                    let hs = &h[t * ROWS_PER_TASK..][..ids.len()];
-                    // SAFETY: each ready run appears once in `ready`, and run t writes only
-                    // its own partial.
-                    let o = unsafe { out.slice(t * dim, dim) };
-                    axpy_run(ks, down_ty, ids, &row, hs, o);
+                    let ids = &ids_all[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k2)];
+                    let Some(dots) = &dots else {
+                        let hs = &hs_all[t * ROWS_PER_TASK..][..ids.len()];
+                        // SAFETY: each ready run appears once in `ready`, and run t writes
+                        // only its own partial.
+                        let o = unsafe { out.slice(t * dim, dim) };
+                        return axpy_run(ks, down_ty, ids, &row, hs, o);
+                    };
+                    // The read neurons' activations from their cached rows, two at a time as
+                    // the in-memory FFN pairs them; a failed block's neurons get NaN (never
+                    // kept).
+                    let (lo, hi) = (ids[0] as usize, ids[ids.len() - 1] as usize);
+                    // SAFETY: runs are ascending, disjoint chunks of the read neurons, so their
+                    // index ranges lo..=hi do not overlap.
+                    let a = unsafe { acts_out.slice(lo, hi + 1 - lo) };
+                    let rows = |j: u32| {
+                        let (b, i) = image.slot_of(l, j as usize);
+                        cache.get(base + b as u32).map(|bytes| {
+                            (
+                                &bytes[i * gb..][..gb],
+                                &bytes[per_block * gb + i * ub..][..ub],
+                            )
+                        })
+                    };
+                    for pair in ids.chunks(2) {
+                        let (j0, j1) = (pair[0], pair[pair.len() - 1]);
+                        let [g0, u0, g1, u1] = match (rows(j0), rows(j1)) {
+                            (Some(r0), Some(r1)) => dots.two(r0, r1),
+                            (r0, r1) => {
+                                let one = |r: Option<(&[u8], &[u8])>| {
+                                    r.map_or([f32::NAN; 2], |r| {
+                                        let v = dots.two(r, r);
+                                        [v[0], v[1]]
+                                    })
+                                };
+                                let ([g0, u0], [g1, u1]) = (one(r0), one(r1));
+                                [g0, u0, g1, u1]
+                            }
+                        };
+                        a[j0 as usize - lo] = silu(g0) * u0;
+                        a[j1 as usize - lo] = silu(g1) * u1;
+                    }
                 });
                 left -= r;
                 continue;
@@ -614,6 +703,51 @@ impl<'a> StreamedFfn<'a> {
             }
         }
         self.stats.io_wait_ns += waited.as_nanos() as u64;
+        for &n in idx.iter() {
+            self.pos_of[n as usize] = NONE;
+        }
+        let runs = if learned {
+            // The read neurons at the threshold, ascending, as the in-memory FFN keeps them,
+            // summed in its runs (every block is in and pinned).
+            let mut k = 0;
+            for i in 0..k2 {
+                let j = idx[i] as usize;
+                if acts[j].abs() >= thr {
+                    idx[k] = j as u32;
+                    h[k] = acts[j] - mean[j];
+                    k += 1;
+                }
+            }
+            self.stats.chosen += k as u64;
+            let (image, cache, zero) = (&self.image, &self.cache, self.zero_row);
+            let base = self.base[l];
+            let row = |n: u32| -> &[u8] {
+                let (b, i) = image.slot_of(l, n as usize);
+                match cache.get(base + b as u32) {
+                    Some(bytes) => &bytes[per_block * (gb + ub) + i * db..][..db],
+                    None => zero,
+                }
+            };
+            let runs = k.div_ceil(ROWS_PER_TASK);
+            let out = Disjoint::new(&mut self.partials[..runs * dim]);
+            let (idx, h) = (&idx[..k], &h[..k]);
+            pool.run(runs, &|t| {
+                let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k)];
+                // SAFETY: run t writes only its own partial.
+                let o = unsafe { out.slice(t * dim, dim) };
+                axpy_run(
+                    ks,
+                    down_ty,
+                    ids,
+                    &row,
+                    &h[t * ROWS_PER_TASK..][..ids.len()],
+                    o,
+                );
+            });
+            runs
+        } else {
+            runs
+        };
 
         // The runs' partials in run order: the in-memory down projection's sum.
         x.fill(0.0);
@@ -622,13 +756,24 @@ impl<'a> StreamedFfn<'a> {
                 *o += v;
             }
         }
-        for &n in idx {
-            self.pos_of[n as usize] = NONE;
-        }
         for &b in &self.pinned[..pinned_n] {
             self.cache.unpin(b);
         }
         sparse.add_dropped_offset(l, x);
+    }
+
+    /// Records layer `l`'s wanted blocks (those of priority above 0), when recording.
+    fn record(&mut self, l: usize) {
+        if let Some(rec) = self.recorded.as_mut() {
+            let base = self.base[l];
+            let prio = &self.prio[..self.image.blocks(l)];
+            rec.push(
+                (0..prio.len())
+                    .filter(|&b| prio[b] > 0.0)
+                    .map(|b| base + b as BlockId)
+                    .collect(),
+            );
+        }
     }
 
     /// Pins layer `l`'s block `b` until the layer is done (once per layer).

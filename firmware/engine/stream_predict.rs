@@ -222,6 +222,15 @@ impl<'a> BlockPredictor<'a> {
         })
     }
 
+    /// Whether it is a table made offline (it picks blocks from the input alone; the runs
+    /// then compute the read neurons' activations).
+    pub fn is_learned(&self) -> bool {
+        matches!(
+            self,
+            BlockPredictor::Hash { .. } | BlockPredictor::Mlp { .. }
+        )
+    }
+
     /// A new sequence starts: `stale` forgets the last token.
     pub fn reset(&mut self) {
         if let BlockPredictor::Stale(s) = self {

@@ -352,9 +352,11 @@ fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
         let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
         logits(&mut e, &TOKENS[..6])
     };
+    // Reading every neuron, the runs choose what the oracle chooses (the same kernels on the
+    // same rows, the same threshold) and sum it in the same runs: the same logits, bit for bit.
     let (all, st, _) = run(&fixed_hash_table(&img, &|_| true, n as u32), "all.hashpred");
     same_bits(&all, &want, "a table reading every neuron");
-    assert_eq!(st.missed, 0, "{st:?}");
+    assert!(st.chosen > 0 && st.missed == 0, "{st:?}");
 
     let third = n / 3;
     let (some, st, rec) = run(
@@ -362,7 +364,15 @@ fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
         "third.hashpred",
     );
     assert!(some.iter().flatten().all(|v| v.is_finite()));
-    assert!(st.missed > 0 && st.missed < st.chosen, "{st:?}");
+    // Of the first third the runs keep about as many as the oracle would of all (half).
+    let (_, all_st, _) = run(
+        &fixed_hash_table(&img, &|_| true, n as u32),
+        "all2.hashpred",
+    );
+    assert!(
+        st.chosen > 0 && st.chosen < all_st.chosen * 2 / 3,
+        "{st:?} {all_st:?}"
+    );
     // Every layer-step read the blocks of the first third of the neurons, and only those.
     let layers = img.layers();
     assert_eq!(rec.len(), 6 * layers);

@@ -23,6 +23,8 @@ pub use crate::quant::view::{Matrix, Rows, Tile};
 use crate::quant::{Packing, QFormat};
 
 mod kquant;
+mod row_dot;
+pub use row_dot::{GateUpDot, RowDot};
 
 /// Scratch for the int8-quantized input vector, allocated once for the widest input.
 pub struct ActScratch {

@@ -264,6 +264,20 @@ impl<'a> SparseFfn<'a> {
         k
     }
 
+    /// The first `k` chosen neurons and activations with layer `l`'s keep rule (the glu
+    /// threshold, the dropped-neuron means): what runs that choose for themselves need.
+    /// The engine boots learned predictors only with the thresholds' mode on the glu score.
+    pub fn run_parts(&mut self, l: usize, k: usize) -> RunParts<'_> {
+        let n = self.h.len();
+        RunParts {
+            idx: &mut self.idx[..k],
+            h: &mut self.h[..k],
+            acts: &mut self.u[..n],
+            threshold: self.thresholds[l],
+            mean: &self.dropped_mean[l * n..][..n],
+        }
+    }
+
     /// The first `k` chosen neurons (ascending) and their activations, as
     /// [`choose`](Self::choose) left them; a caller may drop some (keeping the order).
     pub fn chosen(&mut self, k: usize) -> (&mut [u32], &mut [f32]) {
@@ -278,6 +292,18 @@ impl<'a> SparseFfn<'a> {
             *y += o;
         }
     }
+}
+
+/// Neurons and activations for runs that choose for themselves ([`SparseFfn::run_parts`]).
+pub struct RunParts<'s> {
+    pub idx: &'s mut [u32],
+    pub h: &'s mut [f32],
+    /// Per neuron (indexed by neuron): room for activations computed by the runs.
+    pub acts: &'s mut [f32],
+    /// A neuron is kept when |SiLU(gate) * up| reaches it.
+    pub threshold: f32,
+    /// Per neuron: the dropped mean its kept activation is taken less.
+    pub mean: &'s [f32],
 }
 
 /// Indices j with `|score[j]| >= t`, ascending, into `idx` (at least `score.len()` long);
