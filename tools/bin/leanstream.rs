@@ -20,6 +20,7 @@ mod cmd_stream_bench;
 mod cmd_tokenize;
 mod cmd_trace;
 mod cmd_trace_stats;
+mod cmd_train_predictor;
 mod text_args;
 
 use clap::{Args, Parser, Subcommand};
@@ -95,6 +96,12 @@ enum Command {
     Trace(cmd_trace::TraceArgs),
     /// Statistics of a trace: magnitude shares, active-set overlap, one-shot and staged recall.
     TraceStats(cmd_trace_stats::TraceStatsArgs),
+    /// Train the stacked learnable hashing predictor on a trace (one net per layer) and write
+    /// its table (`hashpred`).
+    TrainPredictor(cmd_train_predictor::TrainPredictorArgs),
+    /// Predictors against the oracle on a held-out trace: size, latency per layer on one core,
+    /// recall, top-10% recall and loading redundancy, beside the stale baseline (JSON).
+    PredictorReport(cmd_train_predictor::PredictorReportArgs),
     /// The streamed FFN on this disk: decode speed, miss ratio (with Belady's floor), bytes read
     /// per token and I/O wait, per image, sparsity, budget and cache policy; JSON, Markdown, PNG.
     StreamBench(cmd_stream_bench::StreamBenchArgs),
@@ -198,6 +205,8 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => cmd_calibrate::cmd_calibrate(a),
         Command::Trace(a) => cmd_trace::cmd_trace(a),
         Command::TraceStats(a) => cmd_trace_stats::cmd_trace_stats(a),
+        Command::TrainPredictor(a) => cmd_train_predictor::cmd_train_predictor(a),
+        Command::PredictorReport(a) => cmd_train_predictor::cmd_predictor_report(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::Ask(a) => cmd_client::cmd_ask(a),

@@ -12,13 +12,21 @@
 //! - [`flash`]: the flash image (`leanstream flash`), and [`placement`]: which neurons share
 //!   a block, and what a placement costs over a trace's active sets.
 //! - [`requant`]: a GGUF requantized into a precision's GGML types (`leanstream requant`).
+//! - [`oracle`]: the oracle's neuron set (the calibrated thresholds' definition) all of these
+//!   count by.
+//! - [`train`]: the stacked learnable hashing predictor trained on a trace
+//!   (`leanstream train-predictor`), and [`predictor_report`]: predictors measured on held-out
+//!   text against the oracle (`leanstream predictor-report`).
 
 pub mod cache_sim;
 pub mod calibrate;
 pub mod calibrate_kv;
 pub mod coact;
 pub mod flash;
+pub mod oracle;
 pub mod placement;
+pub mod predictor_report;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;
+pub mod train;

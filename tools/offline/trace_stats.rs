@@ -15,13 +15,13 @@
 //!   = recall of the true top 10% by the guessed top 10%, `importance` = sum of |h| over the
 //!   guess / sum over A.
 
+use super::oracle;
 use super::trace::TraceReader;
 use leanstream::backend::cpu::{matvec_many, ActScratch, KernelSet, Matrix, WorkerPool};
 use leanstream::model::ggml::dequantize_row;
 use leanstream::model::ModelFile;
 use leanstream::ops::{rmsnorm, silu};
 use leanstream::sparsity::thresholds::ThresholdTable;
-use leanstream::sparsity::Score;
 
 fn fmt_vec(v: &[f64]) -> String {
     let s: Vec<String> = v.iter().map(|x| format!("{x:.6}")).collect();
@@ -80,7 +80,7 @@ pub fn trace_stats(
     let hv = |t: usize, l: usize| &act_h[(t * nl + l) * n..][..n];
     let thr: Vec<Vec<f32>> = sparsities
         .iter()
-        .map(|&s| table.thresholds(s, Score::Glu))
+        .map(|&s| oracle::thresholds(table, s))
         .collect::<Result<_, _>>()?;
     let t = |name: &str| model.tensor(name).map_err(|e| e.to_string());
 
@@ -130,14 +130,14 @@ pub fn trace_stats(
         for l in 0..nl {
             for ti in 0..tn {
                 let a = hv(ti, l);
-                let size = a.iter().filter(|v| v.abs() >= th[l]).count();
+                let size = a.iter().filter(|&&v| oracle::active(v, th[l])).count();
                 active[si][l] += size as f64 / (n * tn) as f64;
                 if ti > 0 && pos[ti] > 0 && size > 0 {
                     let b = hv(ti - 1, l);
                     let both = a
                         .iter()
                         .zip(b)
-                        .filter(|(x, y)| x.abs() >= th[l] && y.abs() >= th[l])
+                        .filter(|(&x, &y)| oracle::active(x, th[l]) && oracle::active(y, th[l]))
                         .count();
                     overlap[si][l] += both as f64 / size as f64 / pairs as f64;
                 }
@@ -179,7 +179,8 @@ pub fn trace_stats(
             let oracle: Vec<(Vec<bool>, usize, f64)> = thr
                 .iter()
                 .map(|th| {
-                    let set: Vec<bool> = mag.iter().map(|&m| m >= th[next]).collect();
+                    let set: Vec<bool> =
+                        truth.iter().map(|&v| oracle::active(v, th[next])).collect();
                     let size = set.iter().filter(|&&b| b).count();
                     let sum: f64 = mag
                         .iter()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The predictor figures of docs/PREDICTORS.md, from one command:
+#   scripts/predictor-figures.sh
+# Per model (SmolLM2-135M, Qwen2.5-0.5B, and Qwen2.5-1.5B where its thresholds table exists):
+# a training trace of WikiText-2 test text from token TRAIN_SKIP (100,000: far from the scored
+# windows, the text the thresholds were calibrated on), a held-out trace of its first tokens
+# (the perplexity windows' text), the stacked learnable hashing predictor trained at each
+# sparsity, and `leanstream predictor-report` on the held-out trace (hash and the stale
+# baseline) into docs/predictors/<model>-s<sparsity>.json.
+# Deterministic: fixed text slices, fixed seed. Environment: MODELS_DIR, TRACES (where the
+# traces go, default target/traces: they are large), SPARSITIES (0.5), EPOCHS (3), BATCH (128),
+# LS (a leanstream binary instead of building one), ONLY (one model's short name).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODELS_DIR="${MODELS_DIR:-${LEANSTREAM_MODELS:-$HOME/.cache/leanstream/models}}"
+TEXT=../shared/data/wikitext-2/wiki.test.raw
+OUT=docs/predictors
+TRACES="${TRACES:-target/traces}"
+SPARSITIES="${SPARSITIES:-0.5}"
+EPOCHS="${EPOCHS:-3}"
+BATCH="${BATCH:-128}"
+mkdir -p "$OUT" "$TRACES"
+if [ -z "${LS:-}" ]; then
+  cargo build --release --quiet -p leanstream-tools --bin leanstream
+  LS=target/release/leanstream
+fi
+
+# name file train_tokens heldout_tokens
+run_model() {
+  local name=$1 file=$2 train_tokens=$3 heldout_tokens=$4
+  local model="$MODELS_DIR/$file" thresh="tables/${file%.gguf}.thresh"
+  if [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ]; then return; fi
+  if [ ! -f "$model" ]; then echo "skipped: $model not found"; return; fi
+  if [ ! -f "$thresh" ]; then echo "skipped: $thresh not found (leanstream calibrate makes it)"; return; fi
+  local train="$TRACES/pred-$name-train.st" heldout="$TRACES/pred-$name-heldout.st"
+  [ -f "$train" ] || $LS trace --model "$model" --file "$TEXT" --skip-tokens "${TRAIN_SKIP:-100000}" \
+    --tokens "$train_tokens" --ctx 512 --stages 1 --sparsity 0 --out "$train"
+  [ -f "$heldout" ] || $LS trace --model "$model" --file "$TEXT" --skip-tokens 0 \
+    --tokens "$heldout_tokens" --ctx 512 --stages 1 --sparsity 0 --out "$heldout"
+  for s in ${SPARSITIES//,/ }; do
+    local table="$TRACES/$name-s$s.hashpred"
+    $LS train-predictor --model "$model" --trace "$train" --thresholds "$thresh" --sparsity "$s" \
+      --epochs "$EPOCHS" --batch "$BATCH" --seed 0 --out "$table" | tee "$OUT/train-$name-s$s.txt"
+    $LS predictor-report --model "$model" --trace "$heldout" --predictor "$table" \
+      --thresholds "$thresh" --out "$OUT/$name-s$s.json" | tee "$OUT/report-$name-s$s.txt"
+  done
+}
+
+run_model smollm2-135m SmolLM2-135M-Instruct.Q4_1.gguf 2048 1024
+run_model qwen2.5-0.5b qwen2.5-coder-0.5b-instruct.gguf 1024 512
+run_model qwen2.5-1.5b qwen2.5-coder-1.5b-instruct-q4_k_m.gguf 512 256

@@ -1,0 +1,274 @@
+//! The stacked learnable hashing predictor end to end on SmolLM2-135M (skipped visibly when the
+//! model or ../shared's WikiText-2 is absent): a short trace, `leanstream train-predictor`, the
+//! table loaded as the daemon loads it, its recall against a random read set of the same size,
+//! reproducibility, the refusals (another model's table, a damaged file), and
+//! `leanstream predictor-report`.
+
+mod common;
+
+use leanstream::model::ModelFile;
+use leanstream::predict::hash::{self, HashPredictorTable};
+use leanstream::sparsity::ThresholdTable;
+use leanstream_tools::offline::oracle;
+use leanstream_tools::offline::trace::TraceReader;
+use leanstream_tools::offline::train::data::Inputs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+fn leanstream(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(args)
+        .output()
+        .expect("run leanstream")
+}
+
+fn ok(out: Output, what: &str) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn refused(out: Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what} was accepted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+struct TmpDir(PathBuf);
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Trains a small predictor (few epochs, one head) on `trace` into `out`.
+fn train(model: &Path, trace: &Path, table: &Path, out: &Path, seed: &str) {
+    ok(
+        leanstream(&[
+            "train-predictor",
+            "--model",
+            s(model),
+            "--trace",
+            s(trace),
+            "--thresholds",
+            s(table),
+            "--sparsity",
+            "0.5",
+            "--depth",
+            "3",
+            "--heads",
+            "1",
+            "--tau",
+            "6",
+            "--out-heads",
+            "8",
+            "--out-tau",
+            "4",
+            "--epochs",
+            "4",
+            "--batch",
+            "32",
+            "--seed",
+            seed,
+            "--out",
+            s(out),
+        ]),
+        "train-predictor",
+    );
+}
+
+#[test]
+fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let Some(text) = common::shared("data/wikitext-2/wiki.test.raw") else {
+        return;
+    };
+    let thresholds = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir =
+        TmpDir(std::env::temp_dir().join(format!("leanstream-predictors-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let trace = dir.0.join("train.st");
+    ok(
+        leanstream(&[
+            "trace",
+            "--model",
+            s(&model),
+            "--file",
+            s(&text),
+            "--skip-tokens",
+            "20000",
+            "--tokens",
+            "128",
+            "--ctx",
+            "64",
+            "--stages",
+            "1",
+            "--sparsity",
+            "0",
+            "--out",
+            s(&trace),
+        ]),
+        "trace",
+    );
+    let (a, b, c) = (
+        dir.0.join("a.hashpred"),
+        dir.0.join("b.hashpred"),
+        dir.0.join("c.hashpred"),
+    );
+    train(&model, &trace, &thresholds, &a, "7");
+
+    // Loads as the runtime loads it, for this model's identity and shape.
+    let file = ModelFile::open(&model).unwrap();
+    let id = leanstream::tables::model_identity(&file);
+    let h = file.hyper().unwrap();
+    let table = HashPredictorTable::read(&a, id, h.n_layers, h.dim, h.hidden_dim).unwrap();
+    assert_eq!(table.sparsity, 0.5);
+
+    // Recall of the oracle sets on the training tokens against a random read set of the same
+    // size (whose expected recall is read / neurons).
+    let reader = TraceReader::open(&trace).unwrap();
+    let inputs = Inputs::new(&reader).unwrap();
+    let thr = oracle::thresholds(&ThresholdTable::load(&thresholds, &file).unwrap(), 0.5).unwrap();
+    let acts = reader.tensor("neuron_act").unwrap();
+    let n = h.hidden_dim;
+    let (mut scores, mut count, mut read) = (vec![0u8; n], vec![0u32; 9], vec![0u32; n]);
+    let (mut set, mut member) = (Vec::new(), vec![false; n]);
+    let (mut recall, mut random, mut count_sets) = (0f64, 0f64, 0usize);
+    for l in 0..h.n_layers {
+        for t in 0..reader.tokens {
+            oracle::oracle_set(&acts[(t * h.n_layers + l) * n..][..n], thr[l], &mut set);
+            if set.is_empty() {
+                continue;
+            }
+            table.scores(l, inputs.row(table.input, t, l), &mut scores);
+            let k = hash::top_scores(
+                &scores,
+                table.layers[l].read as usize,
+                &mut count,
+                &mut read,
+            );
+            read[..k].iter().for_each(|&j| member[j as usize] = true);
+            let hit = set.iter().filter(|&&j| member[j as usize]).count();
+            read[..k].iter().for_each(|&j| member[j as usize] = false);
+            recall += hit as f64 / set.len() as f64;
+            random += k as f64 / n as f64;
+            count_sets += 1;
+        }
+    }
+    let (recall, random) = (recall / count_sets as f64, random / count_sets as f64);
+    eprintln!("recall {recall:.3} against {random:.3} for a random set of the same size");
+    assert!(
+        recall >= 0.89,
+        "the read counts were set for recall 0.9: {recall}"
+    );
+    assert!(
+        recall > random + 0.1,
+        "the predictor's recall {recall} is no better than a random read set's {random}"
+    );
+
+    // One seed, one table byte for byte; another seed, another table.
+    train(&model, &trace, &thresholds, &b, "7");
+    train(&model, &trace, &thresholds, &c, "8");
+    let bytes = std::fs::read(&a).unwrap();
+    assert_eq!(
+        bytes,
+        std::fs::read(&b).unwrap(),
+        "the same seed gave other bytes"
+    );
+    assert_ne!(
+        bytes,
+        std::fs::read(&c).unwrap(),
+        "another seed gave the same bytes"
+    );
+
+    // The report on the trace: hash and stale, per layer and overall.
+    let json = dir.0.join("report.json");
+    let out = ok(
+        leanstream(&[
+            "predictor-report",
+            "--model",
+            s(&model),
+            "--trace",
+            s(&trace),
+            "--predictor",
+            s(&a),
+            "--thresholds",
+            s(&thresholds),
+            "--out",
+            s(&json),
+        ]),
+        "predictor-report",
+    );
+    assert!(out.contains("hash:") && out.contains("stale:"), "{out}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let preds = r["predictors"].as_array().unwrap();
+    assert_eq!(preds.len(), 2);
+    for p in preds {
+        assert_eq!(p["layers"].as_array().unwrap().len(), h.n_layers);
+        for k in [
+            "recall",
+            "top10_recall",
+            "redundancy",
+            "us_per_layer",
+            "model_pct",
+        ] {
+            let v = p["overall"][k].as_f64().unwrap();
+            assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
+        }
+    }
+    let hash_recall = preds[0]["overall"]["recall"].as_f64().unwrap();
+    assert!(
+        (hash_recall - recall).abs() < 0.02,
+        "report {hash_recall}, here {recall}"
+    );
+    assert_eq!(
+        preds[0]["overall"]["bytes"].as_u64().unwrap() as usize,
+        table.bytes()
+    );
+
+    // A table of another model: refused, naming that model.
+    let mut other = table.clone();
+    other.model = "Other-1B.Q8_0.gguf".into();
+    let foreign = dir.0.join("other.hashpred");
+    std::fs::write(&foreign, other.encode(id ^ 0x5a5a)).unwrap();
+    let report = |p: &Path| {
+        leanstream(&[
+            "predictor-report",
+            "--model",
+            s(&model),
+            "--trace",
+            s(&trace),
+            "--predictor",
+            s(p),
+            "--thresholds",
+            s(&thresholds),
+            "--out",
+            s(&json),
+        ])
+    };
+    let e = refused(report(&foreign), "another model's table");
+    assert!(
+        e.contains("another model") && e.contains("Other-1B.Q8_0.gguf"),
+        "{e}"
+    );
+
+    // A damaged file (one payload byte flipped): refused as damaged.
+    let mut bad = bytes.clone();
+    let at = bad.len() - 100;
+    bad[at] ^= 0x10;
+    let damaged = dir.0.join("damaged.hashpred");
+    std::fs::write(&damaged, &bad).unwrap();
+    let e = refused(report(&damaged), "a damaged table");
+    assert!(e.contains("damaged") && e.contains("checksum"), "{e}");
+    assert!(HashPredictorTable::read(&damaged, id, h.n_layers, h.dim, h.hidden_dim).is_err());
+}
