@@ -49,6 +49,10 @@ pub enum PredictorInput {
     /// h_{n-1}, the previous layer's FFN input (for layer 0: layer 0's own): the stale context
     /// as the streaming engine has it (DejaVu's DNN_stale).
     PrevFfnInput,
+    /// x_{n-1} + FFN_{n-1}(h_{n-1}), the residual after the previous layer's FFN (for layer 0:
+    /// x_0): the complete context of speculate-and-refine, whose partial sums after each stage
+    /// of the previous FFN (paper eq. 2) approach it (`leanstream predictor-report --refine`).
+    PrevFfnOutput,
 }
 
 /// One middle hashing layer over binary input.

@@ -73,7 +73,10 @@ pub struct TrainPredictorArgs {
 }
 
 /// The model file, its identity, and a trace checked to come from it.
-fn open_traced(model: &Path, trace: &Path) -> Result<(ModelFile, u64, TraceReader), String> {
+pub(super) fn open_traced(
+    model: &Path,
+    trace: &Path,
+) -> Result<(ModelFile, u64, TraceReader), String> {
     let file = ModelFile::open(model).map_err(|e| format!("{}: {e}", model.display()))?;
     let id = leanstream::tables::model_identity(&file);
     let trace_reader = TraceReader::open(trace)?;
@@ -89,7 +92,7 @@ fn open_traced(model: &Path, trace: &Path) -> Result<(ModelFile, u64, TraceReade
     Ok((file, id, trace_reader))
 }
 
-fn oracle_thresholds(
+pub(super) fn oracle_thresholds(
     model: &Path,
     file: &ModelFile,
     path: Option<PathBuf>,
@@ -103,7 +106,7 @@ fn oracle_thresholds(
     leanstream_tools::offline::oracle::thresholds(&table, sparsity)
 }
 
-fn model_name(model: &Path) -> String {
+pub(super) fn model_name(model: &Path) -> String {
     model
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -20,6 +20,7 @@ mod cmd_stream_bench;
 mod cmd_tokenize;
 mod cmd_trace;
 mod cmd_trace_stats;
+mod cmd_train_baseline;
 mod cmd_train_predictor;
 mod text_args;
 
@@ -102,6 +103,12 @@ enum Command {
     /// Predictors against the oracle on a held-out trace: size, latency per layer on one core,
     /// recall, top-10% recall and loading redundancy, beside the stale baseline (JSON).
     PredictorReport(cmd_train_predictor::PredictorReportArgs),
+    /// Train a baseline predictor on a trace: DejaVu's low-rank MLP (on the layer's or the
+    /// previous layer's input) or a binarized MLP; writes its table (`mlppred`).
+    TrainBaseline(cmd_train_baseline::TrainBaselineArgs),
+    /// Train the learned cache policy's reuse-distance table on a trace's access stream
+    /// (`reuse`; `--cache learned --eviction`, `cache-sim --eviction`).
+    TrainEviction(cmd_train_baseline::TrainEvictionArgs),
     /// The streamed FFN on this disk: decode speed, miss ratio (with Belady's floor), bytes read
     /// per token and I/O wait, per image, sparsity, budget and cache policy; JSON, Markdown, PNG.
     StreamBench(cmd_stream_bench::StreamBenchArgs),
@@ -207,6 +214,8 @@ fn main() -> ExitCode {
         Command::TraceStats(a) => cmd_trace_stats::cmd_trace_stats(a),
         Command::TrainPredictor(a) => cmd_train_predictor::cmd_train_predictor(a),
         Command::PredictorReport(a) => cmd_train_predictor::cmd_predictor_report(a),
+        Command::TrainBaseline(a) => cmd_train_baseline::cmd_train_baseline(a),
+        Command::TrainEviction(a) => cmd_train_baseline::cmd_train_eviction(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::Ask(a) => cmd_client::cmd_ask(a),

@@ -9,6 +9,10 @@ use leanstream::predict::hash::PredictorInput;
 pub struct Inputs<'a> {
     residual: &'a [f32],
     ffn_input: &'a [f32],
+    /// The partial residuals after each stage ([T, L, K, dim]); the last stage's is x_n plus
+    /// the whole FFN's output.
+    stage_last: &'a [f32],
+    stages: usize,
     layers: usize,
     pub dim: usize,
 }
@@ -18,6 +22,8 @@ impl<'a> Inputs<'a> {
         Ok(Inputs {
             residual: trace.tensor("ffn_residual")?,
             ffn_input: trace.tensor("ffn_input")?,
+            stage_last: trace.tensor("stage_residual_priority")?,
+            stages: trace.stages,
             layers: trace.layers,
             dim: trace.dim,
         })
@@ -30,6 +36,13 @@ impl<'a> Inputs<'a> {
             PredictorInput::FfnInput => at(self.ffn_input, l),
             PredictorInput::Residual => at(self.residual, l),
             PredictorInput::PrevResidual => at(self.residual, l.saturating_sub(1)),
+            PredictorInput::PrevFfnInput => at(self.ffn_input, l.saturating_sub(1)),
+            PredictorInput::PrevFfnOutput if l == 0 => at(self.residual, 0),
+            // The last stage's partial residual is the whole FFN's output added.
+            PredictorInput::PrevFfnOutput => {
+                let k = self.stages;
+                &self.stage_last[((t * self.layers + l - 1) * k + k - 1) * self.dim..][..self.dim]
+            }
         }
     }
 }
@@ -39,8 +52,10 @@ pub fn parse_input(s: &str) -> Result<PredictorInput, String> {
         "ffn-input" => Ok(PredictorInput::FfnInput),
         "residual" => Ok(PredictorInput::Residual),
         "prev-residual" => Ok(PredictorInput::PrevResidual),
+        "prev-ffn-input" => Ok(PredictorInput::PrevFfnInput),
+        "prev-ffn-output" => Ok(PredictorInput::PrevFfnOutput),
         _ => Err(format!(
-            "unknown --input '{s}': expected ffn-input, residual or prev-residual"
+            "unknown --input '{s}': expected ffn-input, residual, prev-residual, prev-ffn-input or prev-ffn-output"
         )),
     }
 }

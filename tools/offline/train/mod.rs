@@ -98,8 +98,22 @@ pub fn recall_curve(
     sets: &[Vec<u32>],
     mut scores: impl FnMut(usize, &mut [u8]),
 ) -> Vec<f64> {
-    let mut curve = vec![0f64; neurons + 1];
     let mut s = vec![0u8; neurons];
+    recall_curve_ranked(neurons, sets, |t, order| {
+        scores(t, &mut s);
+        order.clear();
+        order.extend(0..neurons as u32);
+        order.sort_by(|&a, &b| s[b as usize].cmp(&s[a as usize]).then(a.cmp(&b)));
+    })
+}
+
+/// [`recall_curve`] for any predictor: `rank(t, order)` writes every neuron, best first.
+pub fn recall_curve_ranked(
+    neurons: usize,
+    sets: &[Vec<u32>],
+    mut rank: impl FnMut(usize, &mut Vec<u32>),
+) -> Vec<f64> {
+    let mut curve = vec![0f64; neurons + 1];
     let mut order: Vec<u32> = Vec::with_capacity(neurons);
     let mut member = vec![false; neurons];
     for (t, set) in sets.iter().enumerate() {
@@ -107,10 +121,7 @@ pub fn recall_curve(
             curve.iter_mut().for_each(|c| *c += 1.0);
             continue;
         }
-        scores(t, &mut s);
-        order.clear();
-        order.extend(0..neurons as u32);
-        order.sort_by(|&a, &b| s[b as usize].cmp(&s[a as usize]).then(a.cmp(&b)));
+        rank(t, &mut order);
         for &j in set {
             member[j as usize] = true;
         }
@@ -236,7 +247,7 @@ pub fn train(
 
 /// Trains one layer's net on inputs `x` [N * dim] and labels `y` [N * neurons]; returns it
 /// with the first and last epochs' mean loss.
-fn fit(
+pub fn fit(
     shape: Shape,
     x: &[f32],
     y: &[f32],

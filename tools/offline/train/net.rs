@@ -118,7 +118,7 @@ pub fn bit01(t: &Tensor) -> Result<Tensor> {
 }
 
 /// +1 where t >= 0, else -1, with the clipped identity's gradient.
-fn ste_sign(t: &Tensor) -> Result<Tensor> {
+pub fn ste_sign(t: &Tensor) -> Result<Tensor> {
     let hard = bit01(t)?.affine(2.0, -1.0)?;
     let soft = t.clamp(-1f32, 1f32)?;
     hard + (&soft - soft.detach())?
@@ -203,7 +203,7 @@ fn read_planes(sources: &[usize], heads: usize, tau: usize) -> Vec<f32> {
         for c in 0..heads * 64 {
             let (h, j) = (c / 64, c % 64);
             let bit = h * tau + j % tau;
-            let plus = bit == src || (j / tau) % 2 == 0;
+            let plus = bit == src || (j / tau).is_multiple_of(2);
             v.push(if plus { 0.5 } else { -0.5 });
         }
     }
