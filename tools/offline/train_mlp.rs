@@ -20,7 +20,7 @@ use crate::offline::trace::TraceReader;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use leanstream::predict::hash::PredictorInput;
-use leanstream::predict::mlp::{MlpNet, MlpPredictorTable, MlpWeights, MAX_RANK};
+use leanstream::predict::mlp::{top_read, MlpNet, MlpPredictorTable, MlpWeights, MAX_RANK};
 
 #[derive(Clone, Debug)]
 pub struct MlpOptions {
@@ -281,4 +281,61 @@ pub fn train_mlp(
     }
     table.validate()?;
     Ok(table)
+}
+
+/// A baseline's table in `predictor_report`'s harness.
+pub struct MlpReport {
+    pub table: MlpPredictorTable,
+    hidden: Vec<f32>,
+    scores: Vec<f32>,
+    order: Vec<u32>,
+    out: Vec<u32>,
+}
+
+impl MlpReport {
+    pub fn new(table: MlpPredictorTable) -> MlpReport {
+        let n = table.neurons as usize;
+        MlpReport {
+            hidden: vec![0.0; MAX_RANK],
+            scores: vec![0.0; n],
+            order: vec![0; n],
+            out: vec![0; n],
+            table,
+        }
+    }
+}
+
+impl super::predictor_report::Predictor for MlpReport {
+    fn name(&self) -> String {
+        self.table.name().into()
+    }
+    fn input(&self) -> PredictorInput {
+        self.table.input
+    }
+    fn layer_bytes(&self, l: usize) -> usize {
+        let one = MlpPredictorTable {
+            layers: vec![self.table.layers[l].clone()],
+            ..self.table.clone()
+        };
+        one.bytes()
+    }
+    fn predict(&mut self, l: usize, x: &[f32], read: &mut Vec<u32>) {
+        self.table.scores(l, x, &mut self.hidden, &mut self.scores);
+        let k = top_read(
+            &self.scores,
+            self.table.layers[l].read as usize,
+            &mut self.order,
+            &mut self.out,
+        );
+        read.clear();
+        read.extend_from_slice(&self.out[..k]);
+    }
+    fn describe(&self) -> serde_json::Value {
+        let t = &self.table;
+        serde_json::json!({
+            "rank": t.rank, "binary": t.binary, "input": format!("{:?}", t.input),
+            "trained_sparsity": t.sparsity, "target_recall": t.target_recall, "seed": t.seed,
+            "read": t.layers.iter().map(|n| n.read).collect::<Vec<_>>(),
+        })
+    }
 }
