@@ -203,7 +203,7 @@ fn read_planes(sources: &[usize], heads: usize, tau: usize) -> Vec<f32> {
         for c in 0..heads * 64 {
             let (h, j) = (c / 64, c % 64);
             let bit = h * tau + j % tau;
-            let plus = bit == src || (j / tau) % 2 == 0;
+            let plus = bit == src || (j / tau).is_multiple_of(2);
             v.push(if plus { 0.5 } else { -0.5 });
         }
     }
