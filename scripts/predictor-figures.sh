@@ -7,9 +7,12 @@
 # (the perplexity windows' text), the stacked learnable hashing predictor trained at each
 # sparsity, and `leanstream predictor-report` on the held-out trace (hash and the stale
 # baseline) into docs/predictors/<model>-s<sparsity>.json.
+# Two shapes per sparsity: the issue's (4 output heads of 8 bits: reports <model>-s<S>.json)
+# and a small one (4 output heads of 4 bits, 16x smaller output tables: <model>-s<S>-o4.json).
 # Deterministic: fixed text slices, fixed seed. Environment: MODELS_DIR, TRACES (where the
 # traces go, default target/traces: they are large), SPARSITIES (0.5), EPOCHS (3), BATCH (128),
-# LS (a leanstream binary instead of building one), ONLY (one model's short name).
+# LS (a leanstream binary instead of building one), ONLY (one model's short name), SHAPES
+# ("default o4": which of the two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS_DIR="${MODELS_DIR:-${LEANSTREAM_MODELS:-$HOME/.cache/leanstream/models}}"
@@ -38,14 +41,21 @@ run_model() {
   [ -f "$heldout" ] || $LS trace --model "$model" --file "$TEXT" --skip-tokens 0 \
     --tokens "$heldout_tokens" --ctx 512 --stages 1 --sparsity 0 --out "$heldout"
   for s in ${SPARSITIES//,/ }; do
-    local table="$TRACES/$name-s$s.hashpred"
-    $LS train-predictor --model "$model" --trace "$train" --thresholds "$thresh" --sparsity "$s" \
-      --epochs "$EPOCHS" --batch "$BATCH" --seed 0 --out "$table" | tee "$OUT/train-$name-s$s.txt"
-    $LS predictor-report --model "$model" --trace "$heldout" --predictor "$table" \
-      --thresholds "$thresh" --out "$OUT/$name-s$s.json" | tee "$OUT/report-$name-s$s.txt"
+    for shape in ${SHAPES:-default o4}; do
+      local tag="s$s" out_tau=8
+      if [ "$shape" = o4 ]; then tag="s$s-o4"; out_tau=4; fi
+      local table="$TRACES/$name-$tag.hashpred"
+      $LS train-predictor --model "$model" --trace "$train" --thresholds "$thresh" --sparsity "$s" \
+        --out-tau "$out_tau" --epochs "$EPOCHS" --batch "$BATCH" --seed 0 --out "$table" 2>&1 \
+        | tee "$OUT/train-$name-$tag.txt"
+      $LS predictor-report --model "$model" --trace "$heldout" --predictor "$table" \
+        --thresholds "$thresh" --out "$OUT/$name-$tag.json" | tee "$OUT/report-$name-$tag.txt"
+    done
   done
 }
 
 run_model smollm2-135m SmolLM2-135M-Instruct.Q4_1.gguf 2048 1024
 run_model qwen2.5-0.5b qwen2.5-coder-0.5b-instruct.gguf 1024 512
 run_model qwen2.5-1.5b qwen2.5-coder-1.5b-instruct-q4_k_m.gguf 512 256
+# The table of docs/PREDICTORS.md.
+python3 scripts/predictor-table.py "$OUT" | tee "$OUT/table.md"

@@ -38,6 +38,7 @@ pub trait Predictor {
 /// The hashing table with its scratch, sized once.
 pub struct HashPredictor {
     pub table: HashPredictorTable,
+    layer_bytes: Vec<usize>,
     scores: Vec<u8>,
     count: Vec<u32>,
     out: Vec<u32>,
@@ -46,7 +47,17 @@ pub struct HashPredictor {
 impl HashPredictor {
     pub fn new(table: HashPredictorTable) -> HashPredictor {
         let n = table.neurons as usize;
+        let mut one = table.clone();
+        let layer_bytes = table
+            .layers
+            .iter()
+            .map(|net| {
+                one.layers = vec![net.clone()];
+                one.bytes()
+            })
+            .collect();
         HashPredictor {
+            layer_bytes,
             scores: vec![0; n],
             count: vec![0; table.out_heads as usize + 1],
             out: vec![0; n],
@@ -63,11 +74,7 @@ impl Predictor for HashPredictor {
         self.table.input
     }
     fn layer_bytes(&self, l: usize) -> usize {
-        let one = HashPredictorTable {
-            layers: vec![self.table.layers[l].clone()],
-            ..self.table.clone()
-        };
-        one.bytes()
+        self.layer_bytes[l]
     }
     fn predict(&mut self, l: usize, x: &[f32], read: &mut Vec<u32>) {
         self.table.scores(l, x, &mut self.scores);

@@ -73,7 +73,7 @@ fn train(model: &Path, trace: &Path, table: &Path, out: &Path, seed: &str) {
             "--out-tau",
             "4",
             "--epochs",
-            "4",
+            "2",
             "--batch",
             "32",
             "--seed",

@@ -15,11 +15,12 @@ pub struct Pca {
     pub basis: Tensor,
 }
 
-/// Lower Cholesky factor of the symmetric `k` x `k` matrix `a` (row-major), with a small
-/// jitter on the diagonal for directions of no variance.
+/// Lower Cholesky factor of the symmetric `k` x `k` matrix `a` (row-major), with a jitter on
+/// the diagonal (1e-5 of its mean) for directions of no variance: fewer training tokens than
+/// kept dimensions leave some, and whitening must not blow them up.
 fn cholesky(a: &[f64], k: usize) -> Vec<f64> {
     let trace: f64 = (0..k).map(|i| a[i * k + i]).sum::<f64>() / k as f64;
-    let jitter = 1e-9 * trace.max(1e-30);
+    let jitter = 1e-5 * trace.max(1e-30);
     let mut l = vec![0f64; k * k];
     for i in 0..k {
         for j in 0..=i {
@@ -128,6 +129,19 @@ pub fn predictive_planes(
 mod tests {
     use super::*;
     use crate::offline::train::rng::Rng;
+
+    #[test]
+    fn fewer_samples_than_dimensions_give_a_finite_basis() {
+        let (n, dim, k) = (20, 64, 30);
+        let mut r = Rng::new(4);
+        let x = Tensor::from_vec(r.normals(n * dim, 1.0), (n, dim), &Device::Cpu).unwrap();
+        let p = fit(&x, k, r.normals(dim * k, 1.0)).unwrap();
+        let b = p.basis.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            b.iter().all(|v| v.is_finite()),
+            "a basis entry is not finite"
+        );
+    }
 
     #[test]
     fn the_kept_directions_are_the_largest_and_come_out_white() {
