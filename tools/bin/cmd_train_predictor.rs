@@ -205,6 +205,10 @@ pub struct PredictorReportArgs {
     /// The oracle's sparsity (default: the one the predictor was trained at).
     #[arg(long)]
     sparsity: Option<f32>,
+    /// Baselines' tables (`leanstream train-baseline`: dejavu, dejavu-stale, bnn) measured
+    /// beside it, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    baseline: Vec<PathBuf>,
     /// Where to write the report (JSON).
     #[arg(long)]
     out: PathBuf,
@@ -255,7 +259,25 @@ pub fn cmd_predictor_report(a: PredictorReportArgs) -> Result<(), String> {
         .len();
     let mut hash = HashPredictor::new(table);
     let mut stale = StalePredictor::new(h.n_layers, h.hidden_dim);
+    let mut baselines = a
+        .baseline
+        .iter()
+        .map(|p| {
+            leanstream::predict::mlp::MlpPredictorTable::read(
+                p,
+                id,
+                h.n_layers,
+                h.dim,
+                h.hidden_dim,
+            )
+            .map(leanstream_tools::offline::train_mlp::MlpReport::new)
+            .map_err(|e| format!("--baseline {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut list: Vec<&mut dyn Predictor> = vec![&mut hash, &mut stale];
+    for b in baselines.iter_mut() {
+        list.push(b);
+    }
     let mut json = report(&trace, &thresholds, sparsity, model_bytes, &mut list)?;
     json["trace"] = a.trace.display().to_string().into();
     json["predictor"] = a.predictor.display().to_string().into();

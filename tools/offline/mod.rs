@@ -26,7 +26,6 @@ pub mod flash;
 pub mod oracle;
 pub mod placement;
 pub mod predictor_report;
-pub mod refine;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;

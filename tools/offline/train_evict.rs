@@ -230,3 +230,34 @@ pub fn train_eviction(
         .count();
     Ok((table, first, last, right as f64 / which.len() as f64))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_the_caches_features_and_the_ticks_to_the_next_use() {
+        // Block 7 at ticks 1, 3 and 6; block 9 at 2 and 4; block 5 once.
+        let seq = vec![vec![vec![7, 9], vec![7, 9], vec![5, 7]]];
+        let (x, d) = samples(&seq);
+        // Accesses with a next use: 7@1 (->3), 9@2 (->4), 7@3 (->6).
+        assert_eq!(d, vec![2, 2, 3]);
+        assert_eq!(x.len(), 3 * FEATURES);
+        let mut f = [0f32; FEATURES];
+        features(&[2, NEVER, NEVER, NEVER], 2, &mut f);
+        assert_eq!(&x[2 * FEATURES..], &f[..], "7@3: one gap of 2 ticks, count 2");
+    }
+
+    #[test]
+    fn bins_hold_equal_shares_and_their_medians() {
+        let d: Vec<u32> = (1..=1000).collect();
+        let (which, distance) = bins(&d, 2);
+        for k in 0..4 {
+            let n = which.iter().filter(|&&b| b == k).count();
+            assert!((240..=260).contains(&n), "bin {k} holds {n}");
+        }
+        assert!(distance.windows(2).all(|w| w[0] < w[1]), "{distance:?}");
+        assert_eq!(which[0], 0);
+        assert_eq!(which[999], 3);
+    }
+}

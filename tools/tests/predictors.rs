@@ -271,4 +271,111 @@ fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own()
     let e = refused(report(&damaged), "a damaged table");
     assert!(e.contains("damaged") && e.contains("checksum"), "{e}");
     assert!(HashPredictorTable::read(&damaged, id, h.n_layers, h.dim, h.hidden_dim).is_err());
+
+    // The baselines in the same harness: DejaVu's MLP and a binarized one, trained on the same
+    // labels, their read counts set for recall 0.9 on these tokens, beside hash and stale.
+    let mut baselines = Vec::new();
+    for (kind, rank) in [("dejavu", "16"), ("bnn", "64")] {
+        let out = dir.0.join(format!("{kind}.mlppred"));
+        ok(
+            leanstream(&[
+                "train-baseline",
+                "--model",
+                s(&model),
+                "--trace",
+                s(&trace),
+                "--thresholds",
+                s(&thresholds),
+                "--kind",
+                kind,
+                "--rank",
+                rank,
+                "--epochs",
+                "2",
+                "--batch",
+                "32",
+                "--out",
+                s(&out),
+            ]),
+            "train-baseline",
+        );
+        baselines.push(out);
+    }
+    let list = format!("{},{}", s(&baselines[0]), s(&baselines[1]));
+    let out = ok(
+        leanstream(&[
+            "predictor-report",
+            "--model",
+            s(&model),
+            "--trace",
+            s(&trace),
+            "--predictor",
+            s(&a),
+            "--thresholds",
+            s(&thresholds),
+            "--baseline",
+            &list,
+            "--out",
+            s(&json),
+        ]),
+        "predictor-report with baselines",
+    );
+    assert!(out.contains("dejavu:") && out.contains("bnn:"), "{out}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for p in &r["predictors"].as_array().unwrap()[2..] {
+        let recall = p["overall"]["recall"].as_f64().unwrap();
+        assert!(
+            recall >= 0.89,
+            "{}: recall {recall} on its training tokens",
+            p["name"]
+        );
+    }
+    // A baseline's table is not a hashing table, and the other way round.
+    let e = refused(report(&baselines[0]), "a baseline's table as --predictor");
+    assert!(e.contains("'mlppred', expected 'hashpred'"), "{e}");
+
+    // The learned eviction's table trains on the trace's access stream and runs in cache-sim
+    // beside the other policies (the simulator itself is tested in `stream::sim`).
+    let reuse = dir.0.join("t.reuse");
+    ok(
+        leanstream(&[
+            "train-eviction",
+            "--model",
+            s(&model),
+            "--trace",
+            s(&trace),
+            "--epochs",
+            "1",
+            "--max-samples",
+            "5000",
+            "--out",
+            s(&reuse),
+        ]),
+        "train-eviction",
+    );
+    let out = ok(
+        leanstream(&[
+            "cache-sim",
+            "--trace",
+            s(&trace),
+            "--budgets",
+            "0.25",
+            "--eviction",
+            s(&reuse),
+        ]),
+        "cache-sim --eviction",
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| 25%"))
+        .expect("a 25% row");
+    let v: Vec<f64> = row
+        .split('|')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    assert_eq!(v.len(), 5, "lru, lfu, hot, learned, Belady: {row}");
+    assert!(
+        v[3] >= v[4] && v[3] <= 1.0,
+        "learned within [Belady, 1]: {row}"
+    );
 }
