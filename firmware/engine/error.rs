@@ -1,8 +1,10 @@
 //! Why an engine could not boot, or refused what it was asked: one enum for both backends.
 
+use super::stream_predict::PredictorBootError;
 use crate::boot::BootError;
 use crate::model::FormatError;
 use crate::sparsity::{BundleError, SparsityError};
+use crate::stream::StreamError;
 use std::fmt;
 
 /// Why an engine could not boot, or refused what it was asked.
@@ -163,3 +165,68 @@ mod tests {
         assert_eq!(e.to_string(), "unknown backend 'tpu' (cpu or cuda)");
     }
 }
+
+/// Why the streamed FFN could not be set up.
+#[derive(Debug)]
+pub enum StreamBootError {
+    Stream(StreamError),
+    Boot(BootError),
+    /// The `hot` policy on an image without a profile.
+    NoProfile,
+    Predictor(PredictorBootError),
+    /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
+    TooSmall {
+        slots: usize,
+        largest: usize,
+        in_flight: usize,
+        hot: usize,
+    },
+}
+
+impl From<StreamError> for StreamBootError {
+    fn from(e: StreamError) -> Self {
+        StreamBootError::Stream(e)
+    }
+}
+
+impl From<PredictorBootError> for StreamBootError {
+    fn from(e: PredictorBootError) -> Self {
+        StreamBootError::Predictor(e)
+    }
+}
+
+impl From<BootError> for StreamBootError {
+    fn from(e: BootError) -> Self {
+        StreamBootError::Boot(e)
+    }
+}
+
+impl std::fmt::Display for StreamBootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamBootError::Stream(e) => write!(f, "{e}"),
+            StreamBootError::Boot(e) => write!(f, "{e}"),
+            StreamBootError::Predictor(e) => write!(f, "{e}"),
+            StreamBootError::NoProfile => write!(
+                f,
+                "--cache hot pins the blocks a profile used most, and this flash image has none (write it with leanstream flash --trace)"
+            ),
+            StreamBootError::TooSmall {
+                slots,
+                largest,
+                in_flight,
+                hot,
+            } => write!(
+                f,
+                "--ffn-budget buys {slots} cache blocks, but a layer needs up to {largest} beside {in_flight} reads in flight{}: raise --ffn-budget",
+                if *hot > 0 {
+                    format!(" beside {hot} pinned hot blocks")
+                } else {
+                    String::new()
+                }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StreamBootError {}

@@ -15,10 +15,12 @@ pub mod stream_ffn;
 pub mod stream_predict;
 pub mod tap;
 
+pub use error::StreamBootError;
 pub use plan::{kv_plan, BootPlan};
 use plan::{place_vector, Placer};
 pub use stream_args::StreamArgs;
-pub use stream_ffn::{StreamBootError, StreamOptions, StreamStats, StreamedFfn};
+pub use stream_args::{StreamOptions, StreamStats};
+pub use stream_ffn::StreamedFfn;
 
 use crate::backend::cpu::sparse_ffn::SparseFfn;
 use crate::backend::cpu::{

@@ -1,8 +1,10 @@
 //! The streaming options shared by `leanstream` (generate, perplexity, bench) and `leanstreamd`:
 //! they apply when the model given is a flash image (`--model IMAGE` or `--image IMAGE`).
 
-use super::StreamOptions;
 use crate::predict::PredictKind;
+use crate::stream::cache::CacheStats;
+use crate::stream::fault::Fault;
+use crate::stream::BlockId;
 use crate::stream::{CacheBudget, Policy};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -84,6 +86,56 @@ impl StreamArgs {
             faults: Vec::new(),
             shuffle: None,
         })
+    }
+}
+
+/// How the FFN is streamed (`--image`, `--ffn-budget`, `--cache`, `--predict`).
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    /// The flash image (`leanstream flash`) the lanes read FFN blocks from.
+    pub image: PathBuf,
+    /// The weight cache's size: a share of the image's FFN bytes, or bytes.
+    pub budget: CacheBudget,
+    pub policy: Policy,
+    pub predict: PredictKind,
+    /// The learned predictors' table (`leanstream train-predictor`).
+    pub predictor: Option<PathBuf>,
+    /// The `learned` cache policy's reuse-distance table (`leanstream train-eviction`).
+    pub eviction: Option<PathBuf>,
+    /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
+    /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
+    /// while a whole layer still fits beside them.
+    pub hot: Vec<BlockId>,
+    /// Tests: reads go through a fault-injecting backend with these faults (block ids are
+    /// global: layer `l`'s block `b` is `StreamedFfn::block_id(l, b)`), in a shuffled order
+    /// when a seed is given.
+    pub faults: Vec<Fault>,
+    pub shuffle: Option<u64>,
+}
+
+/// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    pub cache: CacheStats,
+    /// Tokens decoded.
+    pub tokens: u64,
+    /// Time the decode thread waited for reads.
+    pub io_wait_ns: u64,
+    /// Neurons the sparse FFN chose, and those left out because their block was not read
+    /// (`stale`) or failed.
+    pub chosen: u64,
+    pub missed: u64,
+}
+
+impl StreamStats {
+    pub fn bytes_per_token(&self) -> f64 {
+        self.cache.bytes_read as f64 / self.tokens.max(1) as f64
+    }
+    pub fn io_wait_ms_per_token(&self) -> f64 {
+        self.io_wait_ns as f64 / 1e6 / self.tokens.max(1) as f64
+    }
+    pub fn hit_ratio(&self) -> f64 {
+        1.0 - self.cache.miss_ratio()
     }
 }
 

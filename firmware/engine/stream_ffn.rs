@@ -30,75 +30,23 @@
 //! ([`StreamedFfn::take_error`]): the request ends with it.
 
 use super::stream_predict::{BlockPredictor, PredictorBootError};
-use super::Disjoint;
+use super::{Disjoint, StreamBootError, StreamOptions, StreamStats};
 use crate::backend::cpu::axpy::{axpy_run, ROWS_PER_TASK};
 use crate::backend::cpu::sparse_ffn::SparseFfn;
 use crate::backend::cpu::{ActScratch, KernelSet, Rows, Tile, WorkerPool};
-use crate::boot::{BootError, Carver, Plan};
+use crate::boot::{Carver, Plan};
 use crate::model::flash::{FlashError, FlashImage, LayerGeometry};
 use crate::model::Hyper;
 use crate::ops::silu;
 use crate::predict::reuse::ReuseTable;
 use crate::predict::PredictKind;
 use crate::stream::backend::best_backend;
-use crate::stream::fault::{Fault, FaultBackend};
+use crate::stream::fault::FaultBackend;
 use crate::stream::{
-    flags_from_words, BlockId, BlockRead, CacheBudget, CacheStats, FileId, LaneConfig, Lanes,
-    Policy, ReadError, ReadErrorKind, RequestError, Requested, StreamError, WeightCache,
-    FLAG_FAILED,
+    flags_from_words, BlockId, BlockRead, CacheBudget, FileId, LaneConfig, Lanes, Policy,
+    ReadError, ReadErrorKind, RequestError, Requested, StreamError, WeightCache, FLAG_FAILED,
 };
-use std::path::PathBuf;
 use std::time::Instant;
-
-/// How the FFN is streamed (`--image`, `--ffn-budget`, `--cache`, `--predict`).
-#[derive(Clone, Debug)]
-pub struct StreamOptions {
-    /// The flash image (`leanstream flash`) the lanes read FFN blocks from.
-    pub image: PathBuf,
-    /// The weight cache's size: a share of the image's FFN bytes, or bytes.
-    pub budget: CacheBudget,
-    pub policy: Policy,
-    pub predict: PredictKind,
-    /// The learned predictors' table (`leanstream train-predictor`).
-    pub predictor: Option<PathBuf>,
-    /// The `learned` cache policy's reuse-distance table (`leanstream train-eviction`).
-    pub eviction: Option<PathBuf>,
-    /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
-    /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
-    /// while a whole layer still fits beside them.
-    pub hot: Vec<BlockId>,
-    /// Tests: reads go through a fault-injecting backend with these faults (block ids are
-    /// global: layer `l`'s block `b` is `StreamedFfn::block_id(l, b)`), in a shuffled order
-    /// when a seed is given.
-    pub faults: Vec<Fault>,
-    pub shuffle: Option<u64>,
-}
-
-/// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StreamStats {
-    pub cache: CacheStats,
-    /// Tokens decoded.
-    pub tokens: u64,
-    /// Time the decode thread waited for reads.
-    pub io_wait_ns: u64,
-    /// Neurons the sparse FFN chose, and those left out because their block was not read
-    /// (`stale`) or failed.
-    pub chosen: u64,
-    pub missed: u64,
-}
-
-impl StreamStats {
-    pub fn bytes_per_token(&self) -> f64 {
-        self.cache.bytes_read as f64 / self.tokens.max(1) as f64
-    }
-    pub fn io_wait_ms_per_token(&self) -> f64 {
-        self.io_wait_ns as f64 / 1e6 / self.tokens.max(1) as f64
-    }
-    pub fn hit_ratio(&self) -> f64 {
-        1.0 - self.cache.miss_ratio()
-    }
-}
 
 /// Marks in `mark` (per block of the current layer).
 const UNSEEN: u32 = 0;
@@ -852,68 +800,3 @@ impl<'a> StreamedFfn<'a> {
         true
     }
 }
-
-/// Why the streamed FFN could not be set up.
-#[derive(Debug)]
-pub enum StreamBootError {
-    Stream(StreamError),
-    Boot(BootError),
-    /// The `hot` policy on an image without a profile.
-    NoProfile,
-    Predictor(PredictorBootError),
-    /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
-    TooSmall {
-        slots: usize,
-        largest: usize,
-        in_flight: usize,
-        hot: usize,
-    },
-}
-
-impl From<StreamError> for StreamBootError {
-    fn from(e: StreamError) -> Self {
-        StreamBootError::Stream(e)
-    }
-}
-
-impl From<PredictorBootError> for StreamBootError {
-    fn from(e: PredictorBootError) -> Self {
-        StreamBootError::Predictor(e)
-    }
-}
-
-impl From<BootError> for StreamBootError {
-    fn from(e: BootError) -> Self {
-        StreamBootError::Boot(e)
-    }
-}
-
-impl std::fmt::Display for StreamBootError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StreamBootError::Stream(e) => write!(f, "{e}"),
-            StreamBootError::Boot(e) => write!(f, "{e}"),
-            StreamBootError::Predictor(e) => write!(f, "{e}"),
-            StreamBootError::NoProfile => write!(
-                f,
-                "--cache hot pins the blocks a profile used most, and this flash image has none (write it with leanstream flash --trace)"
-            ),
-            StreamBootError::TooSmall {
-                slots,
-                largest,
-                in_flight,
-                hot,
-            } => write!(
-                f,
-                "--ffn-budget buys {slots} cache blocks, but a layer needs up to {largest} beside {in_flight} reads in flight{}: raise --ffn-budget",
-                if *hot > 0 {
-                    format!(" beside {hot} pinned hot blocks")
-                } else {
-                    String::new()
-                }
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StreamBootError {}

@@ -245,7 +245,11 @@ mod tests {
         assert_eq!(x.len(), 3 * FEATURES);
         let mut f = [0f32; FEATURES];
         features(&[2, NEVER, NEVER, NEVER], 2, &mut f);
-        assert_eq!(&x[2 * FEATURES..], &f[..], "7@3: one gap of 2 ticks, count 2");
+        assert_eq!(
+            &x[2 * FEATURES..],
+            &f[..],
+            "7@3: one gap of 2 ticks, count 2"
+        );
     }
 
     #[test]
