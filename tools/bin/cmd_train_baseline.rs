@@ -31,12 +31,16 @@ pub struct TrainBaselineArgs {
     /// Hidden units.
     #[arg(long, default_value_t = 128)]
     rank: usize,
+    /// Passes over the training tokens.
     #[arg(long, default_value_t = 20)]
     epochs: usize,
+    /// Samples per optimizer step.
     #[arg(long, default_value_t = 256)]
     batch: usize,
+    /// AdamW's learning rate.
     #[arg(long, default_value_t = 0.003)]
     lr: f64,
+    /// The seed of every random choice (the same seed gives the same table).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Each layer reads the fewest top-scored neurons whose mean recall of the oracle set on
@@ -115,25 +119,34 @@ pub struct TrainEvictionArgs {
     /// Bits of a bin's index (2^bits equal-probability bins of reuse distance).
     #[arg(long, default_value_t = 4)]
     code_bits: usize,
+    /// Hashing layers (first, middle ones, last).
     #[arg(long, default_value_t = 3)]
     depth: usize,
+    /// Heads per hashing layer (d = 64 * heads bits between layers).
     #[arg(long, default_value_t = 2)]
     heads: usize,
+    /// Bits per hash.
     #[arg(long, default_value_t = 8)]
     tau: usize,
+    /// Heads of the last layer (each votes for a bit of the bin index).
     #[arg(long, default_value_t = 4)]
     out_heads: usize,
+    /// Bits per hash of the last layer.
     #[arg(long, default_value_t = 8)]
     out_tau: usize,
+    /// Passes over the training tokens.
     #[arg(long, default_value_t = 10)]
     epochs: usize,
+    /// Samples per optimizer step.
     #[arg(long, default_value_t = 512)]
     batch: usize,
+    /// AdamW's learning rate.
     #[arg(long, default_value_t = 0.01)]
     lr: f64,
     /// Most accesses trained on (drawn at random from the stream).
     #[arg(long, default_value_t = 200_000)]
     max_samples: usize,
+    /// The seed of every random choice (the same seed gives the same table).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// The table to write (`reuse`).

@@ -40,6 +40,7 @@ pub struct TrainPredictorArgs {
     /// The share of the input's dimensions the PCA keeps.
     #[arg(long, default_value_t = 0.3)]
     pca: f32,
+    /// Passes over the training tokens.
     #[arg(long, default_value_t = 20)]
     epochs: usize,
     /// Tokens per optimizer step.
@@ -51,6 +52,7 @@ pub struct TrainPredictorArgs {
     /// The gumbel-softmax's temperature.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
+    /// The seed of every random choice (the same seed gives the same table).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Each layer reads the fewest top-scored neurons whose mean recall of the oracle set on
