@@ -549,7 +549,7 @@ impl<'a> StreamedFfn<'a> {
         }
         let mut left = runs;
         let down_ty = self.image.geometry(l).types().expect("checked").2;
-        let (gb, ub, db) = self.image.geometry(l).part_bytes().expect("checked");
+        let (gb, ub, _) = self.image.geometry(l).part_bytes().expect("checked");
         let per_block = self.image.geometry(l).per_block as usize;
         let dim = self.dim;
         let (gate_ty, up_ty, _) = self.image.geometry(l).types().expect("checked");
@@ -565,15 +565,10 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             if r > 0 {
-                let (image, cache, zero) = (&self.image, &self.cache, self.zero_row);
+                let (image, cache) = (&self.image, &self.cache);
                 let base = self.base[l];
-                let row = |n: u32| -> &[u8] {
-                    let (b, i) = image.slot_of(l, n as usize);
-                    match cache.get(base + b as u32) {
-                        Some(bytes) => &bytes[per_block * (gb + ub) + i * db..][..db],
-                        None => zero,
-                    }
-                };
+                let cols = DownColumns::new(image, cache, self.zero_row, base, l);
+                let row = |n: u32| cols.get(n);
                 let ready = &self.ready[..r];
                 let out = Disjoint::new(&mut self.partials[..runs * dim]);
                 let (ids_all, hs_all) = (&*idx, &*h);
@@ -667,15 +662,8 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             self.stats.chosen += k as u64;
-            let (image, cache, zero) = (&self.image, &self.cache, self.zero_row);
-            let base = self.base[l];
-            let row = |n: u32| -> &[u8] {
-                let (b, i) = image.slot_of(l, n as usize);
-                match cache.get(base + b as u32) {
-                    Some(bytes) => &bytes[per_block * (gb + ub) + i * db..][..db],
-                    None => zero,
-                }
-            };
+            let cols = DownColumns::new(&self.image, &self.cache, self.zero_row, self.base[l], l);
+            let row = |n: u32| cols.get(n);
             let runs = k.div_ceil(ROWS_PER_TASK);
             let out = Disjoint::new(&mut self.partials[..runs * dim]);
             let (idx, h) = (&idx[..k], &h[..k]);
@@ -798,5 +786,48 @@ impl<'a> StreamedFfn<'a> {
             }
         }
         true
+    }
+}
+
+/// Layer `l`'s down columns where their blocks sit in the cache (a zero column for a block
+/// whose read failed): what the down runs read.
+struct DownColumns<'c> {
+    image: &'c FlashImage,
+    cache: &'c WeightCache<'c>,
+    zero: &'c [u8],
+    base: u32,
+    l: usize,
+    /// Where the down columns start in a block, and the bytes of one.
+    at: usize,
+    bytes: usize,
+}
+
+impl<'c> DownColumns<'c> {
+    fn new(
+        image: &'c FlashImage,
+        cache: &'c WeightCache<'c>,
+        zero: &'c [u8],
+        base: u32,
+        l: usize,
+    ) -> DownColumns<'c> {
+        let g = image.geometry(l);
+        let (gb, ub, db) = g.part_bytes().expect("checked geometry");
+        DownColumns {
+            image,
+            cache,
+            zero,
+            base,
+            l,
+            at: g.per_block as usize * (gb + ub),
+            bytes: db,
+        }
+    }
+
+    fn get(&self, n: u32) -> &'c [u8] {
+        let (b, i) = self.image.slot_of(self.l, n as usize);
+        match self.cache.get(self.base + b as u32) {
+            Some(bytes) => &bytes[self.at + i * self.bytes..][..self.bytes],
+            None => self.zero,
+        }
     }
 }

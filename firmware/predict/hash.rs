@@ -162,14 +162,7 @@ impl HashPredictorTable {
         neurons: usize,
     ) -> Result<HashPredictorTable, TableError> {
         let t: HashPredictorTable = tables::decode(bytes, KIND, VERSION, model_id)?;
-        if t.layers.len() != layers || t.dim as usize != dim || t.neurons as usize != neurons {
-            return Err(TableError::Damaged(format!(
-                "predictor for {} layers of {} inputs and {} neurons, the model has {layers} of {dim} and {neurons}",
-                t.layers.len(),
-                t.dim,
-                t.neurons
-            )));
-        }
+        super::check_shape((t.layers.len(), t.dim, t.neurons), (layers, dim, neurons))?;
         t.validate().map_err(TableError::Damaged)?;
         Ok(t)
     }
@@ -181,11 +174,7 @@ impl HashPredictorTable {
         dim: usize,
         neurons: usize,
     ) -> Result<HashPredictorTable, TableError> {
-        let bytes = std::fs::read(path).map_err(|source| TableError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::decode(&bytes, model_id, layers, dim, neurons)
+        Self::decode(&tables::read_bytes(path)?, model_id, layers, dim, neurons)
     }
 
     /// Layer `l`'s score for every neuron (`out.len()` is `neurons`), from its input `x`.
@@ -351,11 +340,7 @@ fn hash_bits(y: &[u64], w: &[u64], thr: &[u16], h: usize, tau: usize) -> usize {
     for t in 0..tau {
         let c = h * tau + t;
         let plane = &w[c * words..][..words];
-        let agree: u32 = y
-            .iter()
-            .zip(plane)
-            .map(|(a, b)| (!(a ^ b)).count_ones())
-            .sum();
+        let agree = super::agreement(y, plane);
         if agree > thr[c] as u32 {
             idx |= 1 << t;
         }

@@ -10,6 +10,7 @@
 //! Both read each layer's `read` top-scored neurons (ties to the lower index), set offline for
 //! a target recall, as the hashing predictor does. Tables: kind "mlppred" (`crate::tables`).
 
+use super::agreement;
 use super::hash::PredictorInput;
 use crate::tables::{self, TableError};
 use serde::{Deserialize, Serialize};
@@ -147,14 +148,7 @@ impl MlpPredictorTable {
         neurons: usize,
     ) -> Result<MlpPredictorTable, TableError> {
         let t: MlpPredictorTable = tables::decode(bytes, KIND, VERSION, model_id)?;
-        if t.layers.len() != layers || t.dim as usize != dim || t.neurons as usize != neurons {
-            return Err(TableError::Damaged(format!(
-                "predictor for {} layers of {} inputs and {} neurons, the model has {layers} of {dim} and {neurons}",
-                t.layers.len(),
-                t.dim,
-                t.neurons
-            )));
-        }
+        super::check_shape((t.layers.len(), t.dim, t.neurons), (layers, dim, neurons))?;
         t.validate().map_err(TableError::Damaged)?;
         Ok(t)
     }
@@ -166,11 +160,7 @@ impl MlpPredictorTable {
         dim: usize,
         neurons: usize,
     ) -> Result<MlpPredictorTable, TableError> {
-        let bytes = std::fs::read(path).map_err(|source| TableError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::decode(&bytes, model_id, layers, dim, neurons)
+        Self::decode(&tables::read_bytes(path)?, model_id, layers, dim, neurons)
     }
 
     /// Layer `l`'s score per neuron into `out`, from `x`; `hidden` is scratch of `rank`.
@@ -213,12 +203,7 @@ impl MlpPredictorTable {
                 let pad = (64 * dw - x.len()) as u32;
                 let mut hs = [0u64; MAX_RANK / 64];
                 for (h, row) in w1.chunks_exact(dw).enumerate() {
-                    let agree: u32 = xs
-                        .iter()
-                        .zip(row)
-                        .map(|(a, b)| (!(a ^ b)).count_ones())
-                        .sum::<u32>()
-                        - pad;
+                    let agree = agreement(xs, row) - pad;
                     if agree > thr1[h] as u32 {
                         hs[h / 64] |= 1 << (h % 64);
                     }
@@ -227,12 +212,7 @@ impl MlpPredictorTable {
                 let hs = &hs[..rw];
                 let rpad = (64 * rw - r) as u32;
                 for (o, row) in out.iter_mut().zip(w2.chunks_exact(rw)) {
-                    let agree: u32 = hs
-                        .iter()
-                        .zip(row)
-                        .map(|(a, b)| (!(a ^ b)).count_ones())
-                        .sum::<u32>()
-                        - rpad;
+                    let agree = agreement(hs, row) - rpad;
                     *o = agree as f32;
                 }
             }

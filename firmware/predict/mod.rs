@@ -15,6 +15,25 @@ pub mod mlp;
 pub mod reuse;
 
 use crate::boot::{BootError, Carver, Plan};
+use crate::tables::TableError;
+
+/// How many bits of `a` and `b` agree (XNOR and popcount): the binary layers' dot product.
+fn agreement(a: &[u64], b: &[u64]) -> u32 {
+    a.iter().zip(b).map(|(a, b)| (!(a ^ b)).count_ones()).sum()
+}
+
+/// Refuses a predictor table made for another shape: `found` and `want` are (layers, inputs,
+/// neurons).
+fn check_shape(found: (usize, u32, u32), want: (usize, usize, usize)) -> Result<(), TableError> {
+    let (layers, dim, neurons) = want;
+    if found != (layers, dim as u32, neurons as u32) {
+        return Err(TableError::Damaged(format!(
+            "predictor for {} layers of {} inputs and {} neurons, the model has {layers} of {dim} and {neurons}",
+            found.0, found.1, found.2
+        )));
+    }
+    Ok(())
+}
 
 /// What a predictor does for one layer and token.
 pub trait Predictor {
@@ -173,6 +192,24 @@ impl Predictor for Stale<'_> {
             bits[b as usize / 32] |= 1 << (b % 32);
         }
         self.seen[layer] = 1;
+    }
+}
+
+/// The predictors' tests' random numbers (xorshift: fixed seeds, no dependency).
+#[cfg(test)]
+pub(crate) mod test_rng {
+    pub struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Uniform in [-1, 1).
+        pub fn f(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
     }
 }
 

@@ -90,11 +90,7 @@ impl ReuseTable {
     }
 
     pub fn read(path: &Path, model_id: u64) -> Result<ReuseTable, TableError> {
-        let bytes = std::fs::read(path).map_err(|source| TableError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::decode(&bytes, model_id)
+        Self::decode(&tables::read_bytes(path)?, model_id)
     }
 
     /// The bin a block of these gaps and count falls in: bit i set when a majority of the

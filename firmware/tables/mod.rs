@@ -190,11 +190,15 @@ pub fn read<T: DeserializeOwned>(
     version: u32,
     model_id: u64,
 ) -> Result<T, TableError> {
-    let bytes = std::fs::read(path).map_err(|source| TableError::Io {
+    decode(&read_bytes(path)?, kind, version, model_id)
+}
+
+/// A table file's bytes, undecoded.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, TableError> {
+    std::fs::read(path).map_err(|source| TableError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    decode(&bytes, kind, version, model_id)
+    })
 }
 
 #[cfg(test)]

@@ -13,12 +13,10 @@
 
 use super::train::data::{self, Inputs};
 use super::train::net::{bce, ste_sign};
-use super::train::recall_curve_ranked;
 use super::train::rng::Rng;
-use crate::offline::oracle;
+use super::train::{base_logits, descend, oracle_sets, recall_curve_ranked};
 use crate::offline::trace::TraceReader;
 use candle_core::{DType, Device, Result, Tensor, Var};
-use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use leanstream::predict::hash::PredictorInput;
 use leanstream::predict::mlp::{top_read, MlpNet, MlpPredictorTable, MlpWeights, MAX_RANK};
 
@@ -207,47 +205,19 @@ pub fn train_mlp(
     for (l, &thr) in thresholds.iter().enumerate() {
         let (x, y) = data::layer_set(trace, &inputs, o.input, l, thr)?;
         let mut rng = Rng::new(o.seed ^ (l as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
-        let mut base = vec![0f32; n];
-        for row in y.chunks_exact(n) {
-            for (b, v) in base.iter_mut().zip(row) {
-                *b += v;
-            }
-        }
-        for b in base.iter_mut() {
-            let p = (*b / tn as f32).clamp(1e-3, 1.0 - 1e-3);
-            *b = (p / (1.0 - p)).ln();
-        }
+        let base = base_logits(&y, n);
         let mut fit = || -> Result<(Mlp, f32, f32)> {
             let xt = Tensor::from_slice(&x, (tn, dim), &dev)?;
             let yt = Tensor::from_slice(&y, (tn, n), &dev)?;
             let net = Mlp::new(dim, o.rank, n, o.binary, &base, &mut rng)?;
-            let mut opt = AdamW::new(
+            let (first, last) = descend(
                 net.vars(),
-                ParamsAdamW {
-                    lr: o.lr,
-                    weight_decay: 0.0,
-                    ..Default::default()
-                },
+                (&xt, &yt),
+                (o.epochs, o.batch, o.lr),
+                &mut rng,
+                |xb, yb, _| bce(&net.forward(xb)?, yb),
+                || Ok(()),
             )?;
-            let mut order: Vec<u32> = (0..tn as u32).collect();
-            let (mut first, mut last) = (0f32, 0f32);
-            for epoch in 0..o.epochs {
-                rng.shuffle(&mut order);
-                let (mut sum, mut batches) = (0f32, 0usize);
-                for chunk in order.chunks(o.batch) {
-                    let idx = Tensor::from_slice(chunk, chunk.len(), &dev)?;
-                    let (xb, yb) = (xt.index_select(&idx, 0)?, yt.index_select(&idx, 0)?);
-                    let loss = bce(&net.forward(&xb)?, &yb)?;
-                    opt.backward_step(&loss)?;
-                    sum += loss.to_vec0::<f32>()?;
-                    batches += 1;
-                }
-                let mean = sum / batches.max(1) as f32;
-                if epoch == 0 {
-                    first = mean;
-                }
-                last = mean;
-            }
             Ok((net, first, last))
         };
         let (net, first, last) = fit().map_err(err)?;
@@ -255,13 +225,7 @@ pub fn train_mlp(
             .layers
             .push(net.export(dim, n, n as u32).map_err(err)?);
         let at = table.layers.len() - 1;
-        let sets: Vec<Vec<u32>> = (0..tn)
-            .map(|t| {
-                let mut s = Vec::new();
-                oracle::oracle_set(&acts[(t * nl + l) * n..][..n], thr, &mut s);
-                s
-            })
-            .collect();
+        let sets = oracle_sets(acts, nl, n, l, thr);
         let curve = recall_curve_ranked(n, &sets, |t, order| {
             table.scores(at, inputs.row(o.input, t, l), &mut hidden, &mut scores);
             order.clear();

@@ -1,18 +1,7 @@
 use super::*;
 use crate::tables::TableError;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
+use crate::predict::test_rng::Rng;
 
 fn random_table(seed: u64, layers: usize, dim: usize, neurons: usize) -> HashPredictorTable {
     let mut r = Rng(seed | 1);

@@ -1,28 +1,18 @@
 use super::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    /// `n` rows of `bits` random bits, the padding clear.
-    fn bits(&mut self, n: usize, bits: usize) -> Vec<u64> {
-        let w = bits.div_ceil(64);
-        let mut v: Vec<u64> = (0..n * w).map(|_| self.next()).collect();
-        for r in v.chunks_exact_mut(w) {
-            let used = bits - 64 * (w - 1);
-            if used < 64 {
-                r[w - 1] &= (1u64 << used) - 1;
-            }
+use crate::predict::test_rng::Rng;
+
+/// `n` rows of `bits` random bits from `r`, the padding clear.
+fn random_bits(r: &mut Rng, n: usize, bits: usize) -> Vec<u64> {
+    let w = bits.div_ceil(64);
+    let mut v: Vec<u64> = (0..n * w).map(|_| r.next()).collect();
+    for r in v.chunks_exact_mut(w) {
+        let used = bits - 64 * (w - 1);
+        if used < 64 {
+            r[w - 1] &= (1u64 << used) - 1;
         }
-        v
     }
+    v
 }
 
 fn table(binary: bool, dim: usize, n: usize, rank: usize, layers: usize) -> MlpPredictorTable {
@@ -30,9 +20,9 @@ fn table(binary: bool, dim: usize, n: usize, rank: usize, layers: usize) -> MlpP
     let net = |r: &mut Rng| MlpNet {
         weights: if binary {
             MlpWeights::Binary {
-                w1: r.bits(rank, dim),
+                w1: random_bits(r, rank, dim),
                 thr1: (0..rank).map(|_| (dim / 2) as u16).collect(),
-                w2: r.bits(n, rank),
+                w2: random_bits(r, n, rank),
             }
         } else {
             MlpWeights::Real {

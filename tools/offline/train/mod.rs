@@ -217,13 +217,7 @@ pub fn train(
         let at = table.layers.len() - 1;
         // The read count for the target recall, by the table's own inference.
         let acts = trace.tensor("neuron_act")?;
-        let sets: Vec<Vec<u32>> = (0..tn)
-            .map(|t| {
-                let mut s = Vec::new();
-                oracle::oracle_set(&acts[(t * nl + l) * n..][..n], thr, &mut s);
-                s
-            })
-            .collect();
+        let sets = oracle_sets(acts, nl, n, l, thr);
         let curve = recall_curve(n, &sets, |t, out| {
             table.scores(at, inputs.row(o.input, t, l), out)
         });
@@ -262,16 +256,7 @@ pub fn fit(
     let p = pca::fit(&xt, shape.pca, start)?;
     // Each neuron's base rate as the last layer's starting logit: a bucket no training token
     // reaches then says what is usual for the neuron, not noise.
-    let mut base = vec![0f32; shape.neurons];
-    for row in y.chunks_exact(shape.neurons) {
-        for (b, v) in base.iter_mut().zip(row) {
-            *b += v;
-        }
-    }
-    for b in base.iter_mut() {
-        let p = (*b / tn as f32).clamp(1e-3, 1.0 - 1e-3);
-        *b = (p / (1.0 - p)).ln();
-    }
+    let base = base_logits(y, shape.neurons);
     let levels = net::vote_levels(shape.out_heads, o.spread);
     let cols = shape.cols();
     let k2 = cols.min(shape.pca);
@@ -284,31 +269,83 @@ pub fn fit(
         rng.normals(k2 * cols, 1.0),
     )?;
     let net = Net::new(shape, p, w1, &base, &levels, rng)?;
-    let mut opt = AdamW::new(
+    let (first, last) = descend(
         net.vars(),
-        ParamsAdamW {
-            lr: o.lr,
-            weight_decay: 0.0,
-            ..Default::default()
-        },
-    )?;
-    let mut order: Vec<u32> = (0..tn as u32).collect();
-    let (mut first, mut last) = (0f32, 0f32);
-    for epoch in 0..o.epochs {
-        rng.shuffle(&mut order);
-        let (mut sum, mut batches) = (0f32, 0usize);
-        for chunk in order.chunks(o.batch) {
-            let idx = Tensor::from_slice(chunk, chunk.len(), &dev)?;
-            let (xb, yb) = (xt.index_select(&idx, 0)?, yt.index_select(&idx, 0)?);
+        (&xt, &yt),
+        (o.epochs, o.batch, o.lr),
+        rng,
+        |xb, yb, rng| {
             let mut soft = Soft {
                 rng,
                 temperature: o.temperature,
             };
-            let out = net.forward(&xb, Some(&mut soft))?;
-            let loss = net::bce(&out.logits, &yb)?;
-            opt.backward_step(&loss)?;
-            net.clamp_offsets()?;
-            sum += loss.to_vec0::<f32>()?;
+            net::bce(&net.forward(xb, Some(&mut soft))?.logits, yb)
+        },
+        || net.clamp_offsets(),
+    )?;
+    refit_rows(&net, &xt, &yt, &base)?;
+    Ok((net, first, last))
+}
+
+/// Each of the `n` label columns' base rate in `y` (rows of `n`) as a logit, the rate clamped
+/// to [1e-3, 1 - 1e-3]: where a net's output starts.
+pub fn base_logits(y: &[f32], n: usize) -> Vec<f32> {
+    let rows = (y.len() / n).max(1) as f32;
+    let mut base = vec![0f32; n];
+    for row in y.chunks_exact(n) {
+        for (b, v) in base.iter_mut().zip(row) {
+            *b += v;
+        }
+    }
+    for b in base.iter_mut() {
+        let p = (*b / rows).clamp(1e-3, 1.0 - 1e-3);
+        *b = (p / (1.0 - p)).ln();
+    }
+    base
+}
+
+/// Layer `l`'s oracle set for every token of a trace's activations `acts` ([T, layers, n]).
+pub fn oracle_sets(acts: &[f32], layers: usize, n: usize, l: usize, thr: f32) -> Vec<Vec<u32>> {
+    (0..acts.len() / (layers * n))
+        .map(|t| {
+            let mut s = Vec::new();
+            oracle::oracle_set(&acts[(t * layers + l) * n..][..n], thr, &mut s);
+            s
+        })
+        .collect()
+}
+
+/// Minibatch AdamW over `vars`: `epochs` passes over the rows of `(x, y)` in a seeded order,
+/// `batch` rows a step, `loss(xb, yb, rng)` a batch's loss, `after` once after each step.
+/// Returns the first and last epochs' mean loss.
+pub fn descend(
+    vars: Vec<candle_core::Var>,
+    (x, y): (&Tensor, &Tensor),
+    (epochs, batch, lr): (usize, usize, f64),
+    rng: &mut Rng,
+    mut loss: impl FnMut(&Tensor, &Tensor, &mut Rng) -> candle_core::Result<Tensor>,
+    mut after: impl FnMut() -> candle_core::Result<()>,
+) -> candle_core::Result<(f32, f32)> {
+    let mut opt = AdamW::new(
+        vars,
+        ParamsAdamW {
+            lr,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+    )?;
+    let mut order: Vec<u32> = (0..x.dim(0)? as u32).collect();
+    let (mut first, mut last) = (0f32, 0f32);
+    for epoch in 0..epochs {
+        rng.shuffle(&mut order);
+        let (mut sum, mut batches) = (0f32, 0usize);
+        for chunk in order.chunks(batch) {
+            let idx = Tensor::from_slice(chunk, chunk.len(), x.device())?;
+            let (xb, yb) = (x.index_select(&idx, 0)?, y.index_select(&idx, 0)?);
+            let l = loss(&xb, &yb, rng)?;
+            opt.backward_step(&l)?;
+            after()?;
+            sum += l.to_vec0::<f32>()?;
             batches += 1;
         }
         let mean = sum / batches.max(1) as f32;
@@ -317,8 +354,7 @@ pub fn fit(
         }
         last = mean;
     }
-    refit_rows(&net, &xt, &yt, &base)?;
-    Ok((net, first, last))
+    Ok((first, last))
 }
 
 /// Sets the last layer's rows to their best value for the trained hashes: for fixed buckets,
