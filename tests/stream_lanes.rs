@@ -320,6 +320,69 @@ fn queued_reads_are_reranked_and_dropped_when_the_prediction_changes() {
 }
 
 #[test]
+fn reads_ahead_count_once_when_their_layer_asks_for_them() {
+    const N: u32 = 16;
+    let (_dir, path) = block_file(N);
+    let cfg = config(1, 1);
+    for inner in backends(&cfg, "reads ahead") {
+        let name = inner.name();
+        let mut rig = Rig::new(&cfg, N as usize, N as usize);
+        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
+        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
+        let mut cache =
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
+        let staging = rig
+            .staging
+            .carver()
+            .take::<u8>(cfg.staging_bytes())
+            .unwrap();
+        let mut lanes = Lanes::new(cfg, staging, N as usize, inner).unwrap();
+        let file = lanes.open(&path).unwrap();
+        // Blocks 0..4 read ahead: nothing counted yet.
+        for b in 0..4 {
+            assert_eq!(
+                lanes.prefetch(read(file, b), 1.0 + b as f32, &mut cache),
+                Ok(Requested::Queued)
+            );
+        }
+        assert_eq!((cache.stats().hits, cache.stats().misses), (0, 0), "{name}");
+        // Block 3 arrives first (highest; one read at a time, so 2, 1 and 0 wait): asked for
+        // while still out, 2 counts a miss; 3 is in by the time it is asked for: a hit.
+        assert_eq!(lanes.wait_next(&mut cache).unwrap().unwrap().block, 3);
+        assert_eq!(
+            lanes.request(read(file, 3), 1.0, &mut cache),
+            Ok(Requested::Cached(cache.slot_of(3).unwrap()))
+        );
+        let asked = lanes.request(read(file, 2), 1.0, &mut cache).unwrap();
+        assert_eq!(asked, Requested::Requeued, "{name}");
+        assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1), "{name}");
+        // Asked again: counted once only.
+        lanes.request(read(file, 2), 1.0, &mut cache).unwrap();
+        assert_eq!(cache.stats().misses, 1, "{name}");
+        // A read ahead that the prediction drops before its layer asks: never counted, and
+        // asking for it later is a plain miss.
+        assert!(lanes.cancel(0));
+        assert_eq!(
+            lanes.request(read(file, 0), 1.0, &mut cache),
+            Ok(Requested::Queued)
+        );
+        assert_eq!((cache.stats().hits, cache.stats().misses), (1, 2), "{name}");
+        // A block already in is a hit for prefetch without counting.
+        drain(&mut lanes, &mut cache);
+        assert_eq!(
+            lanes.prefetch(read(file, 0), 1.0, &mut cache),
+            Ok(Requested::Cached(cache.slot_of(0).unwrap()))
+        );
+        assert_eq!((cache.stats().hits, cache.stats().misses), (1, 2), "{name}");
+        assert_eq!(
+            cache.stats().bytes_read as usize,
+            4 * BLOCK,
+            "{name}: 0..4 once"
+        );
+    }
+}
+
+#[test]
 fn evictions_clear_flags_and_bad_requests_are_refused() {
     const N: u32 = 12;
     let (_dir, path) = block_file(N);

@@ -731,7 +731,7 @@ impl<'a> Engine<'a> {
                         .as_mut()
                         .expect("streaming comes with SparseFfn");
                     let stream = self.stream.as_mut().expect("a streamed layer");
-                    stream.forward_layer(l, 0, sparse, ks, pool, s.xb, act);
+                    stream.forward_layer(l, 0, s.x, true, sparse, ks, pool, s.xb, act);
                 }
             }
             add(s.x, s.xb);
@@ -955,7 +955,18 @@ impl Engine<'_> {
                         .expect("streaming comes with SparseFfn");
                     let stream = self.stream.as_mut().expect("a streamed layer");
                     for (t, xbt) in xb.chunks_exact_mut(dim).enumerate() {
-                        stream.forward_layer(l, t, sparse, ks, pool, xbt, &mut acts[0]);
+                        let residual = &x[t * dim..][..dim];
+                        stream.forward_layer(
+                            l,
+                            t,
+                            residual,
+                            false,
+                            sparse,
+                            ks,
+                            pool,
+                            xbt,
+                            &mut acts[0],
+                        );
                     }
                 }
             }

@@ -31,6 +31,11 @@ pub struct StreamArgs {
     /// (leanstream train-predictor).
     #[arg(long, value_name = "FILE")]
     pub predictor: Option<PathBuf>,
+    /// Speculate-and-refine, with a table trained with --input prev-ffn-output: the next
+    /// layer's reads are queued while this layer runs and re-ranked after each of K stages of
+    /// its FFN (1: once, when the FFN is done; 0: no look-ahead). Default: 1 with such a table.
+    #[arg(long, value_name = "K")]
+    pub refine_stages: Option<usize>,
 }
 
 impl StreamArgs {
@@ -75,6 +80,12 @@ impl StreamArgs {
             }
             _ => {}
         }
+        if self.refine_stages.is_some() && !predict.needs_table() {
+            return Err(format!(
+                "--refine-stages re-ranks the reads a predictor table guesses (--predict hash, dejavu, ...), not --predict {}'s",
+                predict.name()
+            ));
+        }
         Ok(StreamOptions {
             image: image.to_path_buf(),
             budget,
@@ -82,6 +93,7 @@ impl StreamArgs {
             predict,
             predictor: self.predictor.clone(),
             eviction: self.eviction.clone(),
+            refine_stages: self.refine_stages,
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
@@ -102,6 +114,9 @@ pub struct StreamOptions {
     pub predictor: Option<PathBuf>,
     /// The `learned` cache policy's reuse-distance table (`leanstream train-eviction`).
     pub eviction: Option<PathBuf>,
+    /// Speculate-and-refine's stages K (`--refine-stages`; None: 1 with a table reading
+    /// prev-ffn-output, else 0).
+    pub refine_stages: Option<usize>,
     /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
     /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
     /// while a whole layer still fits beside them.
@@ -125,6 +140,8 @@ pub struct StreamStats {
     /// (`stale`) or failed.
     pub chosen: u64,
     pub missed: u64,
+    /// Reads queued ahead of their layer (speculate-and-refine).
+    pub ahead: u64,
 }
 
 impl StreamStats {
@@ -150,7 +167,23 @@ mod tests {
             predict: predict.into(),
             predictor: predictor.map(PathBuf::from),
             eviction: None,
+            refine_stages: None,
         }
+    }
+
+    #[test]
+    fn refine_stages_go_with_a_table() {
+        let img = Path::new("m.flash");
+        let mut a = args("oracle", None);
+        a.refine_stages = Some(2);
+        let e = a.options(img).unwrap_err();
+        assert_eq!(
+            e,
+            "--refine-stages re-ranks the reads a predictor table guesses (--predict hash, dejavu, ...), not --predict oracle's"
+        );
+        let mut a = args("hash", Some("t.hashpred"));
+        a.refine_stages = Some(2);
+        assert_eq!(a.options(img).unwrap().refine_stages, Some(2));
     }
 
     #[test]

@@ -82,6 +82,21 @@ pub struct StreamedFfn<'a> {
     ready: &'a mut [u32],
     partials: &'a mut [f32],
     zero_row: &'a [u8],
+    /// Speculate-and-refine (`StreamOptions::refine_stages`): after each of this many stages of
+    /// a layer's FFN, the next layer's reads are re-ranked from the partial residual (0: off).
+    refine_stages: usize,
+    /// The layer whose reads were queued ahead, and whether `ahead` holds its last guess (made
+    /// from the whole residual its table reads: its own prediction).
+    ahead_layer: Option<usize>,
+    ahead_final: bool,
+    /// That layer's priorities per block as queued, and the next guess.
+    ahead: &'a mut [f32],
+    ahead_new: &'a mut [f32],
+    /// The partial residual of the stages done so far.
+    stage_x: &'a mut [f32],
+    /// Per run: its |activation| mass, and the runs in descending mass (the stages' order).
+    run_mass: &'a mut [f32],
+    run_order: &'a mut [u32],
     error: Option<ReadError>,
     stats: StreamStats,
     /// Each layer-step's requested blocks (global ids), when recording (the bench's Belady
@@ -149,6 +164,11 @@ impl<'a> StreamedFfn<'a> {
         }
         plan.add::<f32>(runs(h.hidden_dim) * h.dim);
         plan.add::<u8>(Self::down_row_bytes(image));
+        plan.add::<f32>(blocks);
+        plan.add::<f32>(blocks);
+        plan.add::<f32>(h.dim);
+        plan.add::<f32>(runs(h.hidden_dim));
+        plan.add::<u32>(runs(h.hidden_dim));
         BlockPredictor::plan(plan, predict, image.layers(), blocks, (h.dim, h.hidden_dim));
     }
 
@@ -274,6 +294,15 @@ impl<'a> StreamedFfn<'a> {
         )?;
         let zero_row = scratch.take::<u8>(Self::down_row_bytes(&image))?;
         zero_row.fill(0);
+        let refine_stages = match opts.refine_stages {
+            Some(k) if k > 0 && !predictor.reads_ffn_output() => {
+                return Err(PredictorBootError::Refine.into())
+            }
+            Some(k) => k,
+            // A table reading the residual after the previous FFN guesses the next layer as
+            // soon as this one is done: no extra prediction, the reads start earlier.
+            None => usize::from(predictor.reads_ffn_output()),
+        };
         let s = StreamedFfn {
             file,
             lanes,
@@ -293,6 +322,14 @@ impl<'a> StreamedFfn<'a> {
             ready: scratch.take(runs(hidden))?,
             partials: scratch.take(runs(hidden) * dim)?,
             zero_row,
+            refine_stages,
+            ahead_layer: None,
+            ahead_final: false,
+            ahead: scratch.take(largest)?,
+            ahead_new: scratch.take(largest)?,
+            stage_x: scratch.take(dim)?,
+            run_mass: scratch.take(runs(hidden))?,
+            run_order: scratch.take(runs(hidden))?,
             error: None,
             stats: StreamStats::default(),
             recorded: None,
@@ -365,6 +402,13 @@ impl<'a> StreamedFfn<'a> {
     /// A new sequence: the stale predictor forgets the last token.
     pub fn reset_sequence(&mut self) {
         self.predictor.reset();
+        self.ahead_layer = None;
+        self.ahead_final = false;
+    }
+
+    /// After how many stages of each FFN the next layer's reads are re-ranked (0: no look-ahead).
+    pub fn refine_stages(&self) -> usize {
+        self.refine_stages
     }
 
     /// Counts `n` tokens run through every layer.
@@ -401,13 +445,17 @@ impl<'a> StreamedFfn<'a> {
         }
     }
 
-    /// Layer `l`'s FFN for the input `x` (the normed residual), into `x`; `t` is the token's
-    /// row in a prefill batch (0 when decoding).
+    /// Layer `l`'s FFN for the input `x` (the normed `residual`), into `x`; `t` is the token's
+    /// row in a prefill batch (0 when decoding). `ahead`: one token runs through the layers (a
+    /// decode step), so the next layer's reads may be queued while this one runs
+    /// (speculate-and-refine, with a table reading the residual after the previous FFN).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_layer(
         &mut self,
         l: usize,
         t: usize,
+        residual: &[f32],
+        ahead: bool,
         sparse: &mut SparseFfn,
         ks: KernelSet,
         pool: &WorkerPool,
@@ -419,8 +467,14 @@ impl<'a> StreamedFfn<'a> {
             // A learned predictor picks the blocks from x alone: every neuron of a wanted
             // block is read, and the runs compute their gate and up once the block is in.
             let prio = &mut self.prio[..blocks];
-            self.predictor
-                .priorities(l, t, x, (&[], &[]), &[], &self.image, prio);
+            if self.ahead_layer == Some(l) && self.ahead_final {
+                // Guessed from this very input when the last layer finished.
+                prio.copy_from_slice(&self.ahead[..blocks]);
+            } else {
+                self.predictor
+                    .priorities(l, t, x, residual, (&[], &[]), &[], &self.image, prio);
+            }
+            self.ahead_layer = None;
             let n = self.image.geometry(l).neurons as usize;
             let (idx, _) = sparse.chosen(n);
             let mut k = 0;
@@ -431,7 +485,18 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             self.record(l);
-            return self.stream_runs(l, k, sparse, ks, pool, x, act);
+            let refine = (ahead && self.refine_stages > 1 && l + 1 < self.image.layers())
+                .then_some(residual);
+            self.stream_runs(l, k, refine, sparse, ks, pool, x, act);
+            self.predictor.after_ffn(t, residual, x);
+            if ahead && self.refine_stages > 0 && l + 1 < self.image.layers() {
+                let n = self.image.blocks(l + 1);
+                self.predictor
+                    .priorities_after(l, t, &self.image, &mut self.ahead_new[..n]);
+                self.submit_ahead(l + 1);
+                self.ahead_final = true;
+            }
+            return;
         }
         let (gate, up) = self.score_rows(l);
         let k = sparse.choose(l, gate, up, ks, pool, x, act);
@@ -452,6 +517,7 @@ impl<'a> StreamedFfn<'a> {
             l,
             t,
             x,
+            residual,
             (&idx[..k], &h[..k]),
             &self.used[..used_n],
             &self.image,
@@ -473,7 +539,7 @@ impl<'a> StreamedFfn<'a> {
         }
         self.stats.chosen += k as u64;
         self.stats.missed += (k - k2) as u64;
-        self.stream_runs(l, k2, sparse, ks, pool, x, act);
+        self.stream_runs(l, k2, None, sparse, ks, pool, x, act);
     }
 
     /// The down projection over the `k2` neurons `sparse.chosen` holds (ascending), in runs
@@ -488,6 +554,7 @@ impl<'a> StreamedFfn<'a> {
         &mut self,
         l: usize,
         k2: usize,
+        refine: Option<&[f32]>,
         sparse: &mut SparseFfn,
         ks: KernelSet,
         pool: &WorkerPool,
@@ -662,24 +729,74 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             self.stats.chosen += k as u64;
-            let cols = DownColumns::new(&self.image, &self.cache, self.zero_row, self.base[l], l);
-            let row = |n: u32| cols.get(n);
             let runs = k.div_ceil(ROWS_PER_TASK);
-            let out = Disjoint::new(&mut self.partials[..runs * dim]);
             let (idx, h) = (&idx[..k], &h[..k]);
-            pool.run(runs, &|t| {
-                let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k)];
-                // SAFETY: run t writes only its own partial.
-                let o = unsafe { out.slice(t * dim, dim) };
-                axpy_run(
-                    ks,
-                    down_ty,
-                    ids,
-                    &row,
-                    &h[t * ROWS_PER_TASK..][..ids.len()],
-                    o,
-                );
-            });
+            // Speculate-and-refine: the runs in stages of descending |activation| mass; after
+            // each but the last, the next layer's reads are re-ranked from the partial
+            // residual (paper eq. 2). Each run still writes its own partial, summed in run
+            // order below: the output does not depend on the stages.
+            let stages = refine.map_or(1, |_| self.refine_stages.min(runs).max(1));
+            let order = &mut self.run_order[..runs];
+            for (r, o) in order.iter_mut().enumerate() {
+                *o = r as u32;
+            }
+            if stages > 1 {
+                let mass = &mut self.run_mass[..runs];
+                for (r, m) in mass.iter_mut().enumerate() {
+                    *m = h[r * ROWS_PER_TASK..((r + 1) * ROWS_PER_TASK).min(k)]
+                        .iter()
+                        .map(|v| v.abs())
+                        .sum();
+                }
+                order.sort_unstable_by(|&a, &b| {
+                    mass[b as usize]
+                        .total_cmp(&mass[a as usize])
+                        .then(a.cmp(&b))
+                });
+                self.stage_x.copy_from_slice(refine.expect("refining"));
+            }
+            for stage in 0..stages {
+                let (from, to) = (stage * runs / stages, (stage + 1) * runs / stages);
+                {
+                    let cols =
+                        DownColumns::new(&self.image, &self.cache, self.zero_row, self.base[l], l);
+                    let row = |n: u32| cols.get(n);
+                    let out = Disjoint::new(&mut self.partials[..runs * dim]);
+                    let order = &self.run_order[from..to];
+                    pool.run(order.len(), &|i| {
+                        let t = order[i] as usize;
+                        let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k)];
+                        // SAFETY: each run appears once in `order`, and run t writes only its
+                        // own partial.
+                        let o = unsafe { out.slice(t * dim, dim) };
+                        axpy_run(
+                            ks,
+                            down_ty,
+                            ids,
+                            &row,
+                            &h[t * ROWS_PER_TASK..][..ids.len()],
+                            o,
+                        );
+                    });
+                }
+                if stage + 1 < stages {
+                    for &t in &self.run_order[from..to] {
+                        let p = &self.partials[t as usize * dim..][..dim];
+                        for (o, v) in self.stage_x.iter_mut().zip(p) {
+                            *o += v;
+                        }
+                    }
+                    let n = self.image.blocks(l + 1);
+                    self.predictor.priorities_from(
+                        l + 1,
+                        self.stage_x,
+                        &self.image,
+                        &mut self.ahead_new[..n],
+                    );
+                    self.submit_ahead(l + 1);
+                    self.ahead_final = false;
+                }
+            }
             runs
         } else {
             runs
@@ -699,6 +816,36 @@ impl<'a> StreamedFfn<'a> {
     }
 
     /// Records layer `l`'s wanted blocks (those of priority above 0), when recording.
+    /// Queues layer `l`'s reads ahead from the guess in `ahead_new`: reads it now wants are
+    /// asked for at their priority (nothing counted until the layer asks), queued reads it no
+    /// longer wants are dropped (reads already in flight finish into the cache), and the lanes
+    /// start what they have room for. Arrivals taken in here stay cached, unpinned, until the
+    /// layer asks for them.
+    fn submit_ahead(&mut self, l: usize) {
+        let n = self.image.blocks(l);
+        if self.ahead_layer != Some(l) {
+            self.ahead[..n].fill(0.0);
+        }
+        for b in 0..n {
+            let (new, old) = (self.ahead_new[b], self.ahead[b]);
+            if new > 0.0 {
+                match self.lanes.prefetch(self.read(l, b), new, &mut self.cache) {
+                    Ok(Requested::Queued) => self.stats.ahead += 1,
+                    Ok(_) => {}
+                    // No room: the layer asks for the rest itself.
+                    Err(RequestError::Full { .. }) => {}
+                    Err(e) => panic!("a checked image's block read was refused: {e}"),
+                }
+            } else if old > 0.0 {
+                self.lanes.cancel(self.block_id(l, b));
+            }
+            self.ahead[b] = new;
+        }
+        self.ahead_layer = Some(l);
+        // A failed read here is asked for again by its layer; a failed ring fails there too.
+        while let Ok(Some(_)) = self.lanes.poll(&mut self.cache) {}
+    }
+
     fn record(&mut self, l: usize) {
         if let Some(rec) = self.recorded.as_mut() {
             let base = self.base[l];

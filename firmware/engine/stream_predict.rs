@@ -35,6 +35,8 @@ pub enum PredictorBootError {
         path: PathBuf,
         error: TableError,
     },
+    /// `--refine-stages` with a table that does not read the residual after the FFN.
+    Refine,
     /// The table is not the predictor `--predict` names.
     Kind {
         path: PathBuf,
@@ -54,7 +56,11 @@ impl std::fmt::Display for PredictorBootError {
             }
             PredictorBootError::Input(i) => write!(
                 f,
-                "--predictor: the table predicts from {i:?}, and the streaming engine hands the predictor the layer's FFN input or the previous layer's: train it with --input ffn-input or prev-ffn-input"
+                "--predictor: the table predicts from {i:?}, and the streaming engine hands the predictor the layer's FFN input, the previous layer's, or the residual after the previous layer's FFN: train it with --input ffn-input, prev-ffn-input or prev-ffn-output"
+            ),
+            PredictorBootError::Refine => write!(
+                f,
+                "--refine-stages: speculate-and-refine guesses the next layer from the residual after this layer's FFN, and the --predictor table reads another input: train it with --input prev-ffn-output, or leave --refine-stages out"
             ),
             PredictorBootError::Kind {
                 path,
@@ -170,9 +176,10 @@ impl<'a> BlockPredictor<'a> {
             path: path().to_path_buf(),
             error,
         };
+        // Which tables keep a row per token of a batch: those reading the layer before.
         let stale_input = |input| match input {
             PredictorInput::FfnInput => Ok(false),
-            PredictorInput::PrevFfnInput => Ok(true),
+            PredictorInput::PrevFfnInput | PredictorInput::PrevFfnOutput => Ok(true),
             other => Err(PredictorBootError::Input(other)),
         };
         Ok(match kind {
@@ -238,15 +245,27 @@ impl<'a> BlockPredictor<'a> {
         }
     }
 
+    /// Whether the table reads the residual after the previous layer's FFN
+    /// (`--input prev-ffn-output`): the input speculate-and-refine predicts the next layer from
+    /// while this one runs.
+    pub fn reads_ffn_output(&self) -> bool {
+        match self {
+            BlockPredictor::Hash { table, .. } => table.input == PredictorInput::PrevFfnOutput,
+            BlockPredictor::Mlp { table, .. } => table.input == PredictorInput::PrevFfnOutput,
+            _ => false,
+        }
+    }
+
     /// Layer `l`'s priorities into `prio` (one per block) for the FFN input `x` of token `t`
-    /// of a batch; `chosen` are the neurons the sparse FFN chose and their activations, `used`
-    /// their blocks.
+    /// of a batch, `residual` the residual entering the FFN; `chosen` are the neurons the sparse
+    /// FFN chose and their activations, `used` their blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn priorities(
         &mut self,
         l: usize,
         t: usize,
         x: &[f32],
+        residual: &[f32],
         chosen: (&[u32], &[f32]),
         used: &[u32],
         image: &FlashImage,
@@ -271,14 +290,11 @@ impl<'a> BlockPredictor<'a> {
                 read,
                 prev,
             } => {
-                with_input(prev, l, t, x, |inp| table.scores(l, inp, scores));
-                let want = table.layers[l].read as usize;
-                let heads = table.out_heads as usize;
-                let n = top_scores(scores, want, &mut count[..heads + 1], read);
-                prio.fill(0.0);
-                for &j in &read[..n] {
-                    let b = image.block_of(l, j as usize);
-                    prio[b] = prio[b].max(1.0 + scores[j as usize] as f32);
+                let mut rank =
+                    |inp: &[f32]| hash_priorities(table, scores, count, read, l, inp, image, prio);
+                match table.input {
+                    PredictorInput::PrevFfnOutput => rank(stored_output(prev, l, t, residual)),
+                    _ => with_input(prev, l, t, x, rank),
                 }
             }
             BlockPredictor::Mlp {
@@ -289,20 +305,135 @@ impl<'a> BlockPredictor<'a> {
                 read,
                 prev,
             } => {
-                with_input(prev, l, t, x, |inp| table.scores(l, inp, hidden, scores));
-                let n = top_read(scores, table.layers[l].read as usize, order, read);
-                // Priorities above 0 in score order: the score over the lowest one read.
-                let lowest = read[..n]
-                    .iter()
-                    .map(|&j| scores[j as usize])
-                    .fold(f32::INFINITY, f32::min);
-                prio.fill(0.0);
-                for &j in &read[..n] {
-                    let b = image.block_of(l, j as usize);
-                    prio[b] = prio[b].max(1.0 + (scores[j as usize] - lowest));
+                let mut rank = |inp: &[f32]| {
+                    mlp_priorities(table, hidden, scores, order, read, l, inp, image, prio)
+                };
+                match table.input {
+                    PredictorInput::PrevFfnOutput => rank(stored_output(prev, l, t, residual)),
+                    _ => with_input(prev, l, t, x, rank),
                 }
             }
         }
+    }
+
+    /// Layer `l`'s priorities from `input`, the (partial) residual after layer `l - 1`'s FFN:
+    /// speculate-and-refine's guess while that FFN still runs. Only for a table that
+    /// [`reads_ffn_output`](Self::reads_ffn_output).
+    pub fn priorities_from(
+        &mut self,
+        l: usize,
+        input: &[f32],
+        image: &FlashImage,
+        prio: &mut [f32],
+    ) {
+        debug_assert!(self.reads_ffn_output());
+        match self {
+            BlockPredictor::Hash {
+                table,
+                scores,
+                count,
+                read,
+                ..
+            } => hash_priorities(table, scores, count, read, l, input, image, prio),
+            BlockPredictor::Mlp {
+                table,
+                hidden,
+                scores,
+                order,
+                read,
+                ..
+            } => mlp_priorities(table, hidden, scores, order, read, l, input, image, prio),
+            _ => prio.fill(0.0),
+        }
+    }
+
+    /// Layer `l + 1`'s priorities for token `t` from the residual its FFN left, as
+    /// [`after_ffn`](Self::after_ffn) stored it (the last refinement: the whole FFN is in).
+    pub fn priorities_after(&mut self, l: usize, t: usize, image: &FlashImage, prio: &mut [f32]) {
+        self.priorities(l + 1, t, &[], &[], (&[], &[]), &[], image, prio);
+    }
+
+    /// Token `t`'s FFN is done: `residual + out` is what the next layer's table reads, for a
+    /// table that [`reads_ffn_output`](Self::reads_ffn_output).
+    pub fn after_ffn(&mut self, t: usize, residual: &[f32], out: &[f32]) {
+        if !self.reads_ffn_output() {
+            return;
+        }
+        if let BlockPredictor::Hash { prev, .. } | BlockPredictor::Mlp { prev, .. } = self {
+            let dim = residual.len();
+            let row = &mut prev.as_deref_mut().expect("rows for prev-ffn-output")[t * dim..][..dim];
+            for ((r, a), b) in row.iter_mut().zip(residual).zip(out) {
+                *r = a + b;
+            }
+        }
+    }
+}
+
+/// The input a prev-ffn-output table reads for layer `l` and token `t`: the residual after
+/// layer `l - 1`'s FFN (stored by `after_ffn`); layer 0 reads the residual entering its own FFN,
+/// as the trainer does.
+fn stored_output<'b>(
+    prev: &'b Option<&mut [f32]>,
+    l: usize,
+    t: usize,
+    residual: &'b [f32],
+) -> &'b [f32] {
+    let rows = prev.as_deref().expect("rows for prev-ffn-output");
+    let dim = rows.len() / PREFILL_BATCH;
+    if l == 0 {
+        residual
+    } else {
+        &rows[t * dim..][..dim]
+    }
+}
+
+/// The hashing table's `read` top-scored neurons, a block at its best neuron's score.
+#[allow(clippy::too_many_arguments)]
+fn hash_priorities(
+    table: &HashPredictorTable,
+    scores: &mut [u8],
+    count: &mut [u32],
+    read: &mut [u32],
+    l: usize,
+    input: &[f32],
+    image: &FlashImage,
+    prio: &mut [f32],
+) {
+    table.scores(l, input, scores);
+    let want = table.layers[l].read as usize;
+    let heads = table.out_heads as usize;
+    let n = top_scores(scores, want, &mut count[..heads + 1], read);
+    prio.fill(0.0);
+    for &j in &read[..n] {
+        let b = image.block_of(l, j as usize);
+        prio[b] = prio[b].max(1.0 + scores[j as usize] as f32);
+    }
+}
+
+/// The MLP table's `read` top-scored neurons; priorities above 0 in score order.
+#[allow(clippy::too_many_arguments)]
+fn mlp_priorities(
+    table: &MlpPredictorTable,
+    hidden: &mut [f32],
+    scores: &mut [f32],
+    order: &mut [u32],
+    read: &mut [u32],
+    l: usize,
+    input: &[f32],
+    image: &FlashImage,
+    prio: &mut [f32],
+) {
+    table.scores(l, input, hidden, scores);
+    let n = top_read(scores, table.layers[l].read as usize, order, read);
+    // The score over the lowest one read.
+    let lowest = read[..n]
+        .iter()
+        .map(|&j| scores[j as usize])
+        .fold(f32::INFINITY, f32::min);
+    prio.fill(0.0);
+    for &j in &read[..n] {
+        let b = image.block_of(l, j as usize);
+        prio[b] = prio[b].max(1.0 + (scores[j as usize] - lowest));
     }
 }
 

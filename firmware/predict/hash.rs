@@ -28,7 +28,8 @@ use std::path::Path;
 
 /// The table file's kind and format version (`crate::tables`).
 pub const KIND: &str = "hashpred";
-pub const VERSION: u32 = 1;
+/// 2: residual inputs are read divided by their RMS ([`PredictorInput::scale`]).
+pub const VERSION: u32 = 2;
 
 /// Most heads a hashing layer may have (d = 64 * heads bits), and most bits per hash.
 pub const MAX_HEADS: usize = 8;
@@ -53,6 +54,29 @@ pub enum PredictorInput {
     /// x_0): the complete context of speculate-and-refine, whose partial sums after each stage
     /// of the previous FFN (paper eq. 2) approach it (`leanstream predictor-report --refine`).
     PrevFfnOutput,
+}
+
+impl PredictorInput {
+    /// What the predictors multiply input `x` by: the residual inputs (before any norm) by
+    /// 1 / RMS(x), so that every layer's input has one scale (the residual stream grows along
+    /// the layers, and a few of its dimensions reach the hundreds in Qwen2.5: unscaled, the
+    /// training diverges); the normed inputs by 1. Dividing twice changes nothing (the RMS of
+    /// a scaled input is 1), so trainer and runtime may both apply it.
+    pub fn scale(self, x: &[f32]) -> f32 {
+        match self {
+            PredictorInput::FfnInput | PredictorInput::PrevFfnInput => 1.0,
+            PredictorInput::Residual
+            | PredictorInput::PrevResidual
+            | PredictorInput::PrevFfnOutput => {
+                let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+                if ms > 0.0 && ms.is_finite() {
+                    1.0 / ms.sqrt()
+                } else {
+                    1.0
+                }
+            }
+        }
+    }
 }
 
 /// One middle hashing layer over binary input.
@@ -181,7 +205,7 @@ impl HashPredictorTable {
     pub fn scores(&self, l: usize, x: &[f32], out: &mut [u8]) {
         assert_eq!(x.len(), self.dim as usize, "one input per dimension");
         assert_eq!(out.len(), self.neurons as usize, "one score per neuron");
-        self.layers[l].scores(self.shape(), x, out);
+        self.layers[l].scores(self.shape(), x, self.input.scale(x), out);
     }
 
     /// The hashing layers' shape, shared by every layer's net.
@@ -278,7 +302,7 @@ impl HashNet {
     }
 
     /// Every output's score (votes) for the input `x` (`out.len()` outputs).
-    pub fn scores(&self, s: HashShape, x: &[f32], out: &mut [u8]) {
+    pub fn scores(&self, s: HashShape, x: &[f32], x_scale: f32, out: &mut [u8]) {
         let net = self;
         let (heads, tau) = (s.heads, s.tau);
         let cols = heads * tau;
@@ -296,7 +320,7 @@ impl HashNet {
             let mut idx = 0usize;
             for t in 0..tau {
                 let c = h * tau + t;
-                if z[c] * net.proj_scale[c] + net.proj_bias[c] >= 0.0 {
+                if z[c] * x_scale * net.proj_scale[c] + net.proj_bias[c] >= 0.0 {
                     idx |= 1 << t;
                 }
             }

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub const KIND: &str = "mlppred";
-pub const VERSION: u32 = 1;
+/// 2: residual inputs are read divided by their RMS (`PredictorInput::scale`).
+pub const VERSION: u32 = 2;
 
 /// Most hidden units (the scratch is sized by it).
 pub const MAX_RANK: usize = 4096;
@@ -171,10 +172,20 @@ impl MlpPredictorTable {
         let hidden = &mut hidden[..r];
         match &self.layers[l].weights {
             MlpWeights::Real { w1, b1, w2, b2 } => {
-                hidden.copy_from_slice(b1);
+                let scale = self.input.scale(x);
+                if scale == 1.0 {
+                    hidden.copy_from_slice(b1);
+                } else {
+                    hidden.fill(0.0);
+                }
                 for (xi, row) in x.iter().zip(w1.chunks_exact(r)) {
                     for (hv, w) in hidden.iter_mut().zip(row) {
                         *hv += xi * w;
+                    }
+                }
+                if scale != 1.0 {
+                    for (hv, b) in hidden.iter_mut().zip(b1) {
+                        *hv = *hv * scale + b;
                     }
                 }
                 for hv in hidden.iter_mut() {

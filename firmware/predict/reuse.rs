@@ -105,7 +105,7 @@ impl ReuseTable {
     pub fn bin_of(&self, x: &[f32; FEATURES]) -> usize {
         let bits = self.code_bits as usize;
         let mut votes = [0u8; MAX_CODE_BITS];
-        self.net.scores(self.shape(), x, &mut votes[..bits]);
+        self.net.scores(self.shape(), x, 1.0, &mut votes[..bits]);
         let heads = self.out_heads;
         (0..bits).fold(0, |code, i| code | (((2 * votes[i] > heads) as usize) << i))
     }

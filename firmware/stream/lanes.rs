@@ -112,6 +112,8 @@ pub struct Lanes<'a> {
     queue: ReadQueue,
     /// Per block: IDLE, QUEUED or IN_FLIGHT.
     state: Vec<u8>,
+    /// Per block: read by `prefetch` and not yet asked for by `request` (its access uncounted).
+    ahead: Vec<bool>,
     /// Per staging buffer (lane-major): the read using it.
     flights: Vec<Option<Flight>>,
     /// Per lane: its free buffers (indices within the lane).
@@ -189,6 +191,7 @@ impl<'a> Lanes<'a> {
             files: Vec::with_capacity(MAX_FILES),
             queue: ReadQueue::with_capacity(cfg.queue_capacity),
             state: vec![IDLE; blocks],
+            ahead: vec![false; blocks],
             flights: vec![None; in_flight],
             free: (0..cfg.lanes)
                 .map(|_| (0..cfg.queue_depth as u16).rev().collect())
@@ -255,6 +258,36 @@ impl<'a> Lanes<'a> {
         priority: f32,
         cache: &mut WeightCache,
     ) -> Result<Requested, RequestError> {
+        self.enqueue(read, priority, cache, false)
+    }
+
+    /// Reads `read.block` ahead of the layer that will ask for it (speculate-and-refine): as
+    /// [`request`](Self::request), but the cache counts nothing yet. The layer's own `request`
+    /// counts the access: a hit if the read is in by then, else a miss.
+    pub fn prefetch(
+        &mut self,
+        read: BlockRead,
+        priority: f32,
+        cache: &mut WeightCache,
+    ) -> Result<Requested, RequestError> {
+        self.enqueue(read, priority, cache, true)
+    }
+
+    /// A block read ahead and not yet asked for is now asked for while its read is still out:
+    /// the access counts as a miss.
+    fn count_ahead(&mut self, block: BlockId, cache: &mut WeightCache) {
+        if std::mem::take(&mut self.ahead[block as usize]) {
+            cache.lookup(block);
+        }
+    }
+
+    fn enqueue(
+        &mut self,
+        read: BlockRead,
+        priority: f32,
+        cache: &mut WeightCache,
+        ahead: bool,
+    ) -> Result<Requested, RequestError> {
         let block = read.block;
         let blocks = self.state.len().min(cache.blocks());
         if block as usize >= blocks {
@@ -263,9 +296,17 @@ impl<'a> Lanes<'a> {
         match self.state[block as usize] {
             QUEUED => {
                 self.queue.set_priority(block, priority);
+                if !ahead {
+                    self.count_ahead(block, cache);
+                }
                 return Ok(Requested::Requeued);
             }
-            IN_FLIGHT => return Ok(Requested::InFlight),
+            IN_FLIGHT => {
+                if !ahead {
+                    self.count_ahead(block, cache);
+                }
+                return Ok(Requested::InFlight);
+            }
             _ => {}
         }
         let Some((_, direct)) = self.files.get(read.file.0 as usize) else {
@@ -286,7 +327,11 @@ impl<'a> Lanes<'a> {
                 align: self.cfg.align,
             });
         }
-        if cache.slot_of(block).is_some() {
+        if let Some(slot) = cache.slot_of(block) {
+            if ahead {
+                return Ok(Requested::Cached(slot));
+            }
+            self.ahead[block as usize] = false;
             let slot = cache.lookup(block).expect("cached");
             return Ok(Requested::Cached(slot));
         }
@@ -300,7 +345,10 @@ impl<'a> Lanes<'a> {
                 limit: self.cfg.capacity(),
             });
         }
-        cache.lookup(block);
+        if !ahead {
+            cache.lookup(block);
+        }
+        self.ahead[block as usize] = ahead;
         cache.clear_failed(block);
         self.queue.push(read, priority).expect("room checked");
         self.state[block as usize] = QUEUED;
@@ -318,6 +366,7 @@ impl<'a> Lanes<'a> {
     pub fn cancel(&mut self, block: BlockId) -> bool {
         if self.queue.remove(block).is_some() {
             self.state[block as usize] = IDLE;
+            self.ahead[block as usize] = false;
             self.outstanding -= 1;
             true
         } else {
@@ -328,10 +377,11 @@ impl<'a> Lanes<'a> {
     /// Re-ranks every queued read from `priorities[block]`, dropping those no longer above 0
     /// (the prediction changed); how many were dropped. Reads in flight go on.
     pub fn rerank(&mut self, priorities: &[f32]) -> usize {
-        let state = &mut self.state;
-        let n = self
-            .queue
-            .rerank(priorities, |r| state[r.block as usize] = IDLE);
+        let (state, ahead) = (&mut self.state, &mut self.ahead);
+        let n = self.queue.rerank(priorities, |r| {
+            state[r.block as usize] = IDLE;
+            ahead[r.block as usize] = false;
+        });
         self.outstanding -= n;
         n
     }

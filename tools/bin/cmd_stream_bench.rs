@@ -56,6 +56,10 @@ pub struct StreamBenchArgs {
     /// The learned cache policy's table (leanstream train-eviction).
     #[arg(long, value_name = "FILE")]
     eviction: Option<PathBuf>,
+    /// Speculate-and-refine stages K to run each learned predictor reading prev-ffn-output
+    /// with, comma-separated (0: no look-ahead; default: the engine's, 1 for such a table).
+    #[arg(long, value_delimiter = ',', value_name = "K")]
+    refine_stages: Vec<usize>,
     /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -243,7 +247,21 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                 if predict == PredictKind::PowerInfer2 && policy != Policy::Hot {
                     continue;
                 }
-                for &budget in &a.budgets {
+                let refines: Vec<Option<usize>> =
+                    if a.refine_stages.is_empty() || !predict.needs_table() {
+                        vec![None]
+                    } else {
+                        a.refine_stages.iter().map(|&k| Some(k)).collect()
+                    };
+                for (&budget, refine) in a
+                    .budgets
+                    .iter()
+                    .flat_map(|b| refines.iter().map(move |r| (b, *r)))
+                {
+                    let predict_name = match refine {
+                        Some(k) => format!("{} K{k}", predict.name()),
+                        None => predict.name().to_string(),
+                    };
                     let so = StreamOptions {
                         image: path.clone(),
                         budget: CacheBudget::Fraction(budget / 100.0),
@@ -253,6 +271,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         eviction: (policy == Policy::Learned)
                             .then(|| a.eviction.clone())
                             .flatten(),
+                        refine_stages: refine,
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,
@@ -261,10 +280,9 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                     o.stream = Some(so);
                     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
                     let label = format!(
-                        "{} {} {budget}% {}",
+                        "{} {} {budget}% {predict_name}",
                         img.header.placement,
                         policy.name(),
-                        predict.name(),
                     );
                     let mut e = match Engine::boot(&mut arenas, &dense_part, o) {
                         Ok(e) => e,
@@ -290,7 +308,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                     let measured = a.tokens as f64 / tps;
                     let run = Run {
                         label,
-                        predict: predict.name().into(),
+                        predict: predict_name,
                         placement: img.header.placement.clone(),
                         policy: policy.name().into(),
                         budget,

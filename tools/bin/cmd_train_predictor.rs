@@ -214,6 +214,10 @@ pub struct PredictorReportArgs {
     /// Where to write the report (JSON).
     #[arg(long)]
     out: PathBuf,
+    /// Also measure speculate-and-refine (layer n+1 guessed after each stage of layer n; the
+    /// predictor must read prev-ffn-output and the trace have 2 or more stages): JSON here.
+    #[arg(long)]
+    refine: Option<PathBuf>,
 }
 
 /// The predictor table for the model of identity `id`; a table of another model is refused
@@ -260,6 +264,9 @@ pub fn cmd_predictor_report(a: PredictorReportArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", a.model.display()))?
         .len();
     let mut hash = HashPredictor::new(table);
+    if let Some(path) = &a.refine {
+        refine_report(&trace, &thresholds, sparsity, &mut hash, path)?;
+    }
     let mut stale = StalePredictor::new(h.n_layers, h.hidden_dim);
     let mut baselines = a
         .baseline
@@ -300,5 +307,31 @@ pub fn cmd_predictor_report(a: PredictorReportArgs) -> Result<(), String> {
         );
     }
     println!("wrote {}", a.out.display());
+    Ok(())
+}
+
+/// `predictor-report --refine`: the stages' figures into `path`, and a line per order.
+fn refine_report(
+    trace: &TraceReader,
+    thresholds: &[f32],
+    sparsity: f32,
+    hash: &mut leanstream_tools::offline::predictor_report::HashPredictor,
+    path: &Path,
+) -> Result<(), String> {
+    let json = leanstream_tools::offline::refine_report::refine(trace, thresholds, sparsity, hash)?;
+    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    for (order, m) in json["orders"].as_object().into_iter().flatten() {
+        for metric in ["top10_recall", "importance"] {
+            let v: Vec<String> = m[metric]["mean"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| format!("{:.3}", x.as_f64().unwrap_or(0.0)))
+                .collect();
+            println!("refine {order} {metric} by stage: {}", v.join(" "));
+        }
+    }
+    println!("wrote {}", path.display());
     Ok(())
 }

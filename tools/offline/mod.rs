@@ -16,7 +16,8 @@
 //!   count by.
 //! - [`train`]: the stacked learnable hashing predictor trained on a trace
 //!   (`leanstream train-predictor`), and [`predictor_report`]: predictors measured on held-out
-//!   text against the oracle (`leanstream predictor-report`).
+//!   text against the oracle (`leanstream predictor-report`), and [`refine_report`]:
+//!   speculate-and-refine, layer n+1 guessed after each stage of layer n (`--refine`).
 
 pub mod cache_sim;
 pub mod calibrate;
@@ -26,6 +27,7 @@ pub mod flash;
 pub mod oracle;
 pub mod placement;
 pub mod predictor_report;
+pub mod refine_report;
 pub mod requant;
 pub mod trace;
 pub mod trace_stats;

@@ -13,6 +13,7 @@ use leanstream::engine::StreamOptions;
 use leanstream::engine::{Arenas, Engine, EngineOptions};
 use leanstream::kv::{CostModel, Policy};
 use leanstream::load::open_model;
+use leanstream::predict::hash::PredictorInput;
 use leanstream::predict::PredictKind;
 use leanstream::quant::{Packing, Precision};
 use leanstream::sparsity::ThresholdTable;
@@ -239,11 +240,24 @@ fn main() {
         let file = leanstream::model::ModelFile::open(&model).unwrap();
         let t = ThresholdTable::load(&table, &file).unwrap();
         let hash_table = dir.join("smollm2.hashpred");
-        std::fs::write(&hash_table, hash_table_for(&image)).unwrap();
-        for (predict, policy) in [
-            (PredictKind::Oracle, CachePolicy::Lfu),
-            (PredictKind::Stale, CachePolicy::Lru),
-            (PredictKind::Hash, CachePolicy::Lru),
+        std::fs::write(
+            &hash_table,
+            hash_table_for(&image, PredictorInput::FfnInput),
+        )
+        .unwrap();
+        // Speculate-and-refine: a table reading the residual after the previous FFN, the next
+        // layer's reads queued and re-ranked after each of 4 stages.
+        let ahead_table = dir.join("smollm2-ahead.hashpred");
+        std::fs::write(
+            &ahead_table,
+            hash_table_for(&image, PredictorInput::PrevFfnOutput),
+        )
+        .unwrap();
+        for (predict, policy, refine) in [
+            (PredictKind::Oracle, CachePolicy::Lfu, None),
+            (PredictKind::Stale, CachePolicy::Lru, None),
+            (PredictKind::Hash, CachePolicy::Lru, None),
+            (PredictKind::Hash, CachePolicy::Lru, Some(4)),
         ] {
             let ffn = FfnOptions {
                 mode: FfnMode::Oracle,
@@ -258,8 +272,15 @@ fn main() {
                 budget: CacheBudget::Fraction(0.25),
                 policy,
                 predict,
-                predictor: (predict == PredictKind::Hash).then(|| hash_table.clone()),
+                predictor: (predict == PredictKind::Hash).then(|| {
+                    if refine.is_some() {
+                        ahead_table.clone()
+                    } else {
+                        hash_table.clone()
+                    }
+                }),
                 eviction: None,
+                refine_stages: refine,
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,
@@ -300,8 +321,8 @@ fn main() {
 
 /// A hash predictor table for `image` with every layer kind (projection, a middle layer, two
 /// voting heads), filled from a fixed generator: its guesses are arbitrary, its work is real.
-fn hash_table_for(image: &std::path::Path) -> Vec<u8> {
-    use leanstream::predict::hash::{BinaryLayer, HashNet, HashPredictorTable, PredictorInput};
+fn hash_table_for(image: &std::path::Path, input: PredictorInput) -> Vec<u8> {
+    use leanstream::predict::hash::{BinaryLayer, HashNet, HashPredictorTable};
     let img = leanstream::model::flash::FlashImage::open(image).unwrap();
     let g = img.geometry(0);
     let (dim, n) = (g.dim as usize, g.neurons as usize);
@@ -335,7 +356,7 @@ fn hash_table_for(image: &std::path::Path) -> Vec<u8> {
         model: "SmolLM2 (arbitrary)".into(),
         dim: dim as u32,
         neurons: n as u32,
-        input: PredictorInput::FfnInput,
+        input,
         depth: 3,
         heads: heads as u8,
         tau: tau as u8,

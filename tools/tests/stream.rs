@@ -105,6 +105,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         predict,
         predictor: None,
         eviction: None,
+        refine_stages: None,
         hot: Vec::new(),
         faults: Vec::new(),
         shuffle: None,
@@ -313,6 +314,144 @@ fn fixed_hash_table(
         pca_dims: 1,
         layers: vec![net; img.layers()],
     }
+}
+
+/// A table reading the residual after the previous FFN that picks the first or the second
+/// half of the neurons by the sign of the input against a pseudo-random +-1 plane per layer:
+/// its guesses move with the input, so the stages of speculate-and-refine change them.
+fn halves_table(img: &FlashImage) -> HashPredictorTable {
+    let (dim, n) = (
+        img.geometry(0).dim as usize,
+        img.geometry(0).neurons as usize,
+    );
+    let mut t = fixed_hash_table(img, &|j| j < n / 2, (n / 2) as u32);
+    t.input = PredictorInput::PrevFfnOutput;
+    let words = n.div_ceil(64);
+    let mut second = vec![0u64; words];
+    for j in n / 2..n {
+        second[j / 64] |= 1 << (j % 64);
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for net in t.layers.iter_mut() {
+        net.proj = (0..dim)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                if state & 1 == 1 {
+                    1
+                } else {
+                    -1
+                }
+            })
+            .collect();
+        // The first table's row is all ones for a negative sign, all zeros otherwise; more than
+        // 32 of its bits agree with the zero plane only in the second case.
+        net.out_w = vec![0];
+        net.out_thr = vec![32];
+        net.out_table = [net.out_table[..words].to_vec(), second.clone()].concat();
+    }
+    t
+}
+
+/// Speculate-and-refine (`refine_stages`): with a table reading the residual after the
+/// previous FFN, each decode step queues the next layer's reads while a layer runs, re-ranked
+/// after each stage of its FFN. It moves reads earlier and changes nothing else: the same
+/// logits bit for bit, the same blocks asked for per layer-step, each access counted once; a
+/// table voting for every neuron still streams the oracle's logits bit for bit. K > 0 with a
+/// table reading another input is refused.
+#[test]
+fn speculate_and_refine_reads_ahead_and_changes_no_logit() {
+    let Some(Smol {
+        _dir: dir,
+        path,
+        table,
+        dense,
+    }) = smollm2("refine")
+    else {
+        return;
+    };
+    let img = FlashImage::open(&path).unwrap();
+    let id = img.header.tables_identity;
+    let n = img.geometry(0).neurons as usize;
+    let ffn = oracle(&table, 0.5);
+    let run = |t: &HashPredictorTable, name: &str, k: Option<usize>| {
+        let file = dir.0.join(name);
+        std::fs::write(&file, t.encode(id)).unwrap();
+        let mut so = stream(&path, 0.25, Policy::Lru, PredictKind::Hash);
+        so.predictor = Some(file);
+        so.refine_stages = k;
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        assert_eq!(
+            e.stream().unwrap().refine_stages(),
+            k.unwrap_or(1),
+            "default: 1 with such a table"
+        );
+        e.stream_mut().unwrap().set_recording(true);
+        let pre = e.prefill(&TOKENS[..4], 0).to_vec();
+        let out = logits(&mut e, &TOKENS[4..10]);
+        let rec = e.stream_mut().unwrap().take_recorded();
+        (pre, out, e.stream().unwrap().stats(), rec)
+    };
+    let halves = halves_table(&img);
+    let (pre0, off, st0, rec0) = run(&halves, "halves.hashpred", Some(0));
+    assert_eq!(st0.ahead, 0, "no look-ahead with K = 0");
+    // The guesses do move with the input: both halves are read at some layer-step.
+    let half_block = img.block_of(0, n / 2 + 1) as u32;
+    assert!(rec0.iter().any(|s| s.iter().any(|&b| b < half_block)));
+    assert!(rec0.iter().any(|s| s.iter().any(|&b| b >= half_block)));
+    for k in [None, Some(2), Some(8)] {
+        let (pre, on, st, rec) = run(&halves, "halves.hashpred", k);
+        let what = format!("K = {k:?}");
+        same_bits(
+            std::slice::from_ref(&pre),
+            std::slice::from_ref(&pre0),
+            &what,
+        );
+        same_bits(&on, &off, &what);
+        assert_eq!(rec, rec0, "{what}: the blocks asked for");
+        assert!(st.ahead > 0, "{what}: {st:?}");
+        assert_eq!(
+            st.cache.hits + st.cache.misses,
+            st0.cache.hits + st0.cache.misses,
+            "{what}: each access counted once"
+        );
+    }
+
+    // Every neuron: the oracle's logits, with the look-ahead's stages.
+    let want = {
+        let mut arenas = Arenas::from_board().unwrap();
+        let so = stream(&path, 0.25, Policy::Lru, PredictKind::Oracle);
+        let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+        logits(&mut e, &TOKENS[..6])
+    };
+    let mut all = fixed_hash_table(&img, &|_| true, n as u32);
+    all.input = PredictorInput::PrevFfnOutput;
+    let file = dir.0.join("all.hashpred");
+    std::fs::write(&file, all.encode(id)).unwrap();
+    let mut so = stream(&path, 0.25, Policy::Lru, PredictKind::Hash);
+    so.predictor = Some(file);
+    so.refine_stages = Some(4);
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut e = Engine::boot(&mut arenas, &dense, opts(ffn.clone(), Some(so))).unwrap();
+    same_bits(&logits(&mut e, &TOKENS[..6]), &want, "every neuron, K = 4");
+
+    // A table reading the layer's own input cannot guess the next layer: K > 0 is refused.
+    let own = dir.0.join("own.hashpred");
+    std::fs::write(&own, fixed_hash_table(&img, &|_| true, 9).encode(id)).unwrap();
+    let mut so = stream(&path, 0.25, Policy::Lru, PredictKind::Hash);
+    so.predictor = Some(own);
+    so.refine_stages = Some(2);
+    let mut arenas = Arenas::from_board().unwrap();
+    let msg = Engine::boot(&mut arenas, &dense, opts(ffn, Some(so)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("--refine-stages") && msg.contains("prev-ffn-output"),
+        "{msg}"
+    );
 }
 
 /// `--predict hash` reads the blocks of the neurons its table scores highest: a table voting

@@ -75,7 +75,10 @@ pub fn layer_set(
     let mut y = vec![0f32; trace.tokens * n];
     let mut set = Vec::new();
     for t in 0..trace.tokens {
-        x.extend_from_slice(inputs.row(input, t, l));
+        // As the tables read it (divided by its RMS for the residual inputs).
+        let row = inputs.row(input, t, l);
+        let scale = input.scale(row);
+        x.extend(row.iter().map(|v| v * scale));
         oracle::oracle_set(&acts[(t * nl + l) * n..][..n], thr, &mut set);
         for &j in &set {
             y[t * n + j as usize] = 1.0;
