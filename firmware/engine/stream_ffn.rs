@@ -48,6 +48,9 @@ use crate::stream::{
 };
 use std::time::Instant;
 
+mod blocks;
+mod refine;
+
 /// Marks in `mark` (per block of the current layer).
 const UNSEEN: u32 = 0;
 const SEEN: u32 = 1;
@@ -729,75 +732,7 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             self.stats.chosen += k as u64;
-            let runs = k.div_ceil(ROWS_PER_TASK);
-            let (idx, h) = (&idx[..k], &h[..k]);
-            // Speculate-and-refine: the runs in stages of descending |activation| mass; after
-            // each but the last, the next layer's reads are re-ranked from the partial
-            // residual (paper eq. 2). Each run still writes its own partial, summed in run
-            // order below: the output does not depend on the stages.
-            let stages = refine.map_or(1, |_| self.refine_stages.min(runs).max(1));
-            let order = &mut self.run_order[..runs];
-            for (r, o) in order.iter_mut().enumerate() {
-                *o = r as u32;
-            }
-            if stages > 1 {
-                let mass = &mut self.run_mass[..runs];
-                for (r, m) in mass.iter_mut().enumerate() {
-                    *m = h[r * ROWS_PER_TASK..((r + 1) * ROWS_PER_TASK).min(k)]
-                        .iter()
-                        .map(|v| v.abs())
-                        .sum();
-                }
-                order.sort_unstable_by(|&a, &b| {
-                    mass[b as usize]
-                        .total_cmp(&mass[a as usize])
-                        .then(a.cmp(&b))
-                });
-                self.stage_x.copy_from_slice(refine.expect("refining"));
-            }
-            for stage in 0..stages {
-                let (from, to) = (stage * runs / stages, (stage + 1) * runs / stages);
-                {
-                    let cols =
-                        DownColumns::new(&self.image, &self.cache, self.zero_row, self.base[l], l);
-                    let row = |n: u32| cols.get(n);
-                    let out = Disjoint::new(&mut self.partials[..runs * dim]);
-                    let order = &self.run_order[from..to];
-                    pool.run(order.len(), &|i| {
-                        let t = order[i] as usize;
-                        let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k)];
-                        // SAFETY: each run appears once in `order`, and run t writes only its
-                        // own partial.
-                        let o = unsafe { out.slice(t * dim, dim) };
-                        axpy_run(
-                            ks,
-                            down_ty,
-                            ids,
-                            &row,
-                            &h[t * ROWS_PER_TASK..][..ids.len()],
-                            o,
-                        );
-                    });
-                }
-                if stage + 1 < stages {
-                    for &t in &self.run_order[from..to] {
-                        let p = &self.partials[t as usize * dim..][..dim];
-                        for (o, v) in self.stage_x.iter_mut().zip(p) {
-                            *o += v;
-                        }
-                    }
-                    let n = self.image.blocks(l + 1);
-                    self.predictor.priorities_from(
-                        l + 1,
-                        self.stage_x,
-                        &self.image,
-                        &mut self.ahead_new[..n],
-                    );
-                    self.submit_ahead(l + 1);
-                    self.ahead_final = false;
-                }
-            }
-            runs
+            self.staged_down(l, (&idx[..k], &h[..k]), down_ty, refine, ks, pool)
         } else {
             runs
         };
@@ -813,126 +748,6 @@ impl<'a> StreamedFfn<'a> {
             self.cache.unpin(b);
         }
         sparse.add_dropped_offset(l, x);
-    }
-
-    /// Records layer `l`'s wanted blocks (those of priority above 0), when recording.
-    /// Queues layer `l`'s reads ahead from the guess in `ahead_new`: reads it now wants are
-    /// asked for at their priority (nothing counted until the layer asks), queued reads it no
-    /// longer wants are dropped (reads already in flight finish into the cache), and the lanes
-    /// start what they have room for. Arrivals taken in here stay cached, unpinned, until the
-    /// layer asks for them.
-    fn submit_ahead(&mut self, l: usize) {
-        let n = self.image.blocks(l);
-        if self.ahead_layer != Some(l) {
-            self.ahead[..n].fill(0.0);
-        }
-        for b in 0..n {
-            let (new, old) = (self.ahead_new[b], self.ahead[b]);
-            if new > 0.0 {
-                match self.lanes.prefetch(self.read(l, b), new, &mut self.cache) {
-                    Ok(Requested::Queued) => self.stats.ahead += 1,
-                    Ok(_) => {}
-                    // No room: the layer asks for the rest itself.
-                    Err(RequestError::Full { .. }) => {}
-                    Err(e) => panic!("a checked image's block read was refused: {e}"),
-                }
-            } else if old > 0.0 {
-                self.lanes.cancel(self.block_id(l, b));
-            }
-            self.ahead[b] = new;
-        }
-        self.ahead_layer = Some(l);
-        // A failed read here is asked for again by its layer; a failed ring fails there too.
-        while let Ok(Some(_)) = self.lanes.poll(&mut self.cache) {}
-    }
-
-    fn record(&mut self, l: usize) {
-        if let Some(rec) = self.recorded.as_mut() {
-            let base = self.base[l];
-            let prio = &self.prio[..self.image.blocks(l)];
-            rec.push(
-                (0..prio.len())
-                    .filter(|&b| prio[b] > 0.0)
-                    .map(|b| base + b as BlockId)
-                    .collect(),
-            );
-        }
-    }
-
-    /// Pins layer `l`'s block `b` until the layer is done (once per layer).
-    fn hold(&mut self, l: usize, b: usize, pinned_n: &mut usize) {
-        if self.mark[b] != HELD {
-            self.mark[b] = HELD;
-            let id = self.block_id(l, b);
-            self.cache.pin(id);
-            self.pinned[*pinned_n] = id;
-            *pinned_n += 1;
-        }
-    }
-
-    /// One finished read (`a` from the lanes): a block this layer needs is pinned and its runs
-    /// told; a failed one is remembered. With `count`, the pending runs are updated. False when
-    /// nothing was in flight.
-    fn arrived(
-        &mut self,
-        l: usize,
-        a: std::io::Result<Option<crate::stream::Arrival>>,
-        pinned_n: &mut usize,
-        count: bool,
-    ) -> bool {
-        let a = match a {
-            Ok(Some(a)) => a,
-            Ok(None) => return false,
-            Err(e) => {
-                // The ring itself failed: the reads still out are lost, and the request ends.
-                self.error.get_or_insert(ReadError {
-                    block: self.base[l],
-                    file: self.file,
-                    offset: 0,
-                    len: 0,
-                    attempts: 1,
-                    kind: ReadErrorKind::Io(e.raw_os_error().unwrap_or(nix::libc::EIO)),
-                });
-                return false;
-            }
-        };
-        let (lo, hi) = (self.base[l], self.base[l + 1]);
-        if a.block < lo || a.block >= hi {
-            return true;
-        }
-        let b = (a.block - lo) as usize;
-        // Runs wait only for blocks counted as missing (a read that finished before the layer
-        // asked for its block was a hit, though its arrival is handed out only now).
-        let counted = count && self.mark[b] == PENDING;
-        let mut needed = false;
-        for &n in self.image.block_neurons(l, b) {
-            let p = self.pos_of[n as usize];
-            if p != NONE {
-                needed = true;
-                if counted {
-                    self.pending[p as usize / ROWS_PER_TASK] -= 1;
-                }
-            }
-        }
-        match a.result {
-            Ok(_) if needed => self.hold(l, b, pinned_n),
-            Ok(_) => {}
-            // A block no run needs (a stale guess) may fail without ending the request.
-            Err(_) if !needed => {}
-            Err(e) => {
-                if counted {
-                    self.mark[b] = UNSEEN;
-                }
-                self.stats.missed += self
-                    .image
-                    .block_neurons(l, b)
-                    .iter()
-                    .filter(|&&n| self.pos_of[n as usize] != NONE)
-                    .count() as u64;
-                self.error.get_or_insert(e);
-            }
-        }
-        true
     }
 }
 
