@@ -51,38 +51,157 @@ fn s(p: &Path) -> &str {
 
 /// Trains a small predictor (few epochs, one head) on `trace` into `out`.
 fn train(model: &Path, trace: &Path, table: &Path, out: &Path, seed: &str) {
-    ok(
+    train_with(model, trace, table, out, seed, &[]);
+}
+
+fn train_with(model: &Path, trace: &Path, table: &Path, out: &Path, seed: &str, extra: &[&str]) {
+    let mut args = vec![
+        "train-predictor",
+        "--model",
+        s(model),
+        "--trace",
+        s(trace),
+        "--thresholds",
+        s(table),
+        "--sparsity",
+        "0.5",
+        "--depth",
+        "3",
+        "--heads",
+        "1",
+        "--tau",
+        "6",
+        "--out-heads",
+        "8",
+        "--out-tau",
+        "4",
+        "--epochs",
+        "2",
+        "--batch",
+        "32",
+        "--seed",
+        seed,
+        "--out",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    ok(leanstream(&args), "train-predictor");
+}
+
+/// `predictor-report --refine` on SmolLM2: a table trained on the residual after the previous
+/// FFN guesses layer n+1 after each of 4 stages of layer n, in both orders. Stage 0 is one
+/// input for both orders (the same figures), the last stage the same sum in another order (the
+/// same figures within rounding), every figure a share; the refinement does not lose what the
+/// one-shot guess had. A table reading another input, or a trace of one stage, is refused.
+#[test]
+fn smollm2_refine_report_measures_each_stage_in_both_orders() {
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let Some(text) = common::shared("data/wikitext-2/wiki.test.raw") else {
+        return;
+    };
+    let thresholds = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let dir =
+        TmpDir(std::env::temp_dir().join(format!("leanstream-refine-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let trace_of = |name: &str, stages: &str| {
+        let trace = dir.0.join(name);
+        ok(
+            leanstream(&[
+                "trace",
+                "--model",
+                s(&model),
+                "--file",
+                s(&text),
+                "--skip-tokens",
+                "30000",
+                "--tokens",
+                "96",
+                "--ctx",
+                "48",
+                "--stages",
+                stages,
+                "--sparsity",
+                "0.5",
+                "--out",
+                s(&trace),
+            ]),
+            "trace",
+        );
+        trace
+    };
+    let trace = trace_of("k4.st", "4");
+    let (ahead, own) = (dir.0.join("ahead.hashpred"), dir.0.join("own.hashpred"));
+    train_with(
+        &model,
+        &trace,
+        &thresholds,
+        &ahead,
+        "3",
+        &["--input", "prev-ffn-output"],
+    );
+    let report = |table: &Path, trace: &Path| {
         leanstream(&[
-            "train-predictor",
+            "predictor-report",
             "--model",
-            s(model),
+            s(&model),
             "--trace",
             s(trace),
-            "--thresholds",
+            "--predictor",
             s(table),
-            "--sparsity",
-            "0.5",
-            "--depth",
-            "3",
-            "--heads",
-            "1",
-            "--tau",
-            "6",
-            "--out-heads",
-            "8",
-            "--out-tau",
-            "4",
-            "--epochs",
-            "2",
-            "--batch",
-            "32",
-            "--seed",
-            seed,
+            "--thresholds",
+            s(&thresholds),
             "--out",
-            s(out),
-        ]),
-        "train-predictor",
+            s(&dir.0.join("r.json")),
+            "--refine",
+            s(&dir.0.join("refine.json")),
+        ])
+    };
+    let out = ok(report(&ahead, &trace), "predictor-report --refine");
+    assert!(
+        out.contains("refine priority top10_recall by stage"),
+        "{out}"
     );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.0.join("refine.json")).unwrap()).unwrap();
+    assert_eq!(r["stages"], 4);
+    let mean = |order: &str, m: &str| -> Vec<f64> {
+        r["orders"][order][m]["mean"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    for m in ["recall", "top10_recall", "importance"] {
+        let (p, i) = (mean("priority", m), mean("index", m));
+        assert_eq!(p.len(), 5, "{m}: stages 0..=4");
+        assert!(
+            p.iter().chain(&i).all(|v| (0.0..=1.0).contains(v)),
+            "{m}: {p:?} {i:?}"
+        );
+        assert_eq!(p[0], i[0], "{m}: stage 0 is one input");
+        assert!(
+            (p[4] - i[4]).abs() < 0.01,
+            "{m}: the whole FFN in either order: {p:?} {i:?}"
+        );
+        assert!(p[4] > 0.5 && p[4] >= p[0] - 0.02, "{m}: {p:?}");
+        let layers = r["orders"]["priority"][m]["layers"].as_array().unwrap();
+        assert_eq!(
+            layers.len(),
+            29,
+            "{m}: layers 1..30 guessed from the layer before"
+        );
+    }
+
+    // Refusals: a table reading the layer's own input; a trace of one stage.
+    train(&model, &trace, &thresholds, &own, "3");
+    let msg = refused(report(&own, &trace), "a table reading ffn-input");
+    assert!(msg.contains("--input prev-ffn-output"), "{msg}");
+    let one = trace_of("k1.st", "1");
+    let msg = refused(report(&ahead, &one), "a trace of one stage");
+    assert!(msg.contains("--stages 2"), "{msg}");
 }
 
 #[test]
