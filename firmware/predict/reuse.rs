@@ -214,9 +214,30 @@ impl ReuseTable {
         (0..bits).fold(0, |code, i| code | (((2 * votes[i] > heads) as usize) << i))
     }
 
-    /// The predicted tokens from the features' base to the next use.
+    /// The predicted tokens from the features' base to the next use: the expected bin
+    /// distance, each output bit set with the share of the heads voting for it (bits taken
+    /// as independent). The expectation, not the likeliest bin, is what ranks blocks: most
+    /// recently used blocks' likeliest distance is "next token", while their expected ones
+    /// differ widely.
     pub fn distance_of(&self, x: &[f32; FEATURES]) -> f32 {
-        self.distance[self.bin_of(x)]
+        let bits = self.code_bits as usize;
+        let mut votes = [0u8; MAX_CODE_BITS];
+        self.net.scores(self.shape(), x, &mut votes[..bits]);
+        let heads = self.out_heads as f32;
+        let mut p = [0f32; MAX_CODE_BITS];
+        for (p, &v) in p.iter_mut().zip(&votes[..bits]) {
+            *p = v as f32 / heads;
+        }
+        self.distance
+            .iter()
+            .enumerate()
+            .map(|(k, &d)| {
+                let pk: f32 = (0..bits)
+                    .map(|i| if k >> i & 1 == 1 { p[i] } else { 1.0 - p[i] })
+                    .product();
+                pk * d
+            })
+            .sum()
     }
 }
 
