@@ -6,21 +6,19 @@
 //! - `lfu`: the block's access count over the whole run (kept across evictions, so a block that
 //!   was often used comes back with its history), ties broken by recency;
 //! - `hot` (PowerInfer-2): the given hot blocks are pinned once loaded, the rest are LFU;
-//! - `learned` (paper 3.3.3): each access predicts the block's reuse distance from its recent
-//!   inter-arrival times (`predict::reuse`); the victim is, among `SAMPLES` evictable slots
-//!   drawn at random, the one whose predicted next use is farthest (a block past its predicted
-//!   use counts by the time since its last access, as LRU would). The heap is then only the set
-//!   of evictable slots.
+//! - `learned` (paper 3.3.3): the predicted tokens until the block's next use, from its access
+//!   history in tokens (`predict::reuse`), ties broken by recency: the victim is the block
+//!   whose predicted next use is farthest. A block's prediction is made at each access and
+//!   again, for every evictable slot, when a token begins (its history has moved on a token:
+//!   a block not back when predicted is now predicted from its longer absence).
 //!
-//! Pinned slots are not in the heap, so they are never evicted. O(log slots) per access.
+//! Pinned slots are not in the heap, so they are never evicted. O(log slots) per access; the
+//! `learned` policy adds one table inference per access and per evictable slot per token.
 
 use super::BlockId;
-use crate::predict::reuse::{ReuseTable, HISTORY, NEVER};
+use crate::predict::reuse::{History, ReuseTable, FEATURES, HORIZON};
 use std::fmt;
 use std::sync::Arc;
-
-/// Evictable slots the `learned` policy compares per eviction.
-pub const SAMPLES: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -69,6 +67,9 @@ const NONE: u32 = u32::MAX;
 /// Access counts saturate here, so (count, tick) packs into one u64 key.
 const MAX_COUNT: u64 = (1 << 23) - 1;
 const TICK_BITS: u32 = 40;
+const TICK_MASK: u64 = (1 << TICK_BITS) - 1;
+/// The `learned` policy's predicted distances, in 1/16 token, range below this.
+const FAR_STEPS: u64 = (HORIZON as u64 + 2) * 16;
 
 /// The replacement state of `slots` slots over blocks `0..blocks`.
 pub struct Replacement {
@@ -91,16 +92,22 @@ pub struct Replacement {
     reuse: Option<Reuse>,
 }
 
-/// The `learned` policy's state: its table and, per block, what its features need.
+/// The `learned` policy's state: its table and every block's history (the token clock).
 struct Reuse {
     table: Arc<ReuseTable>,
-    /// Per block: the tick of its last access (u64::MAX: none), its last gaps (newest first),
-    /// and the distance predicted at its last access.
-    last: Vec<u64>,
-    gaps: Vec<[u32; HISTORY]>,
-    predicted: Vec<u32>,
-    /// The sampling's xorshift state (fixed seed: runs repeat).
-    rng: u64,
+    history: History,
+}
+
+impl Reuse {
+    /// `block`'s heap key: smaller for a farther predicted next use (evicted first), then for
+    /// an older last access (`tick`).
+    fn key(&self, block: BlockId, tick: u64) -> u64 {
+        let mut x = [0f32; FEATURES];
+        let base = self.history.features(block as usize, &mut x);
+        let far = (base - self.history.now()) as f32 + self.table.distance_of(&x);
+        let steps = ((far * 16.0) as u64).min(FAR_STEPS - 1);
+        ((FAR_STEPS - 1 - steps) << TICK_BITS) | (tick & TICK_MASK)
+    }
 }
 
 impl Replacement {
@@ -117,10 +124,7 @@ impl Replacement {
         let mut r = Self::make(Policy::Learned, slots, blocks);
         r.reuse = Some(Reuse {
             table,
-            last: vec![u64::MAX; blocks],
-            gaps: vec![[NEVER; HISTORY]; blocks],
-            predicted: vec![0; blocks],
-            rng: 0x2545_f491_4f6c_dd1d,
+            history: History::new(blocks),
         });
         r
     }
@@ -169,12 +173,28 @@ impl Replacement {
     }
 
     fn key_for(&self, block: BlockId) -> u64 {
-        match self.policy {
-            Policy::Lru | Policy::Learned => self.tick,
-            Policy::Lfu | Policy::Hot => {
+        match (self.policy, &self.reuse) {
+            (Policy::Learned, Some(r)) => r.key(block, self.tick),
+            (Policy::Lfu | Policy::Hot, _) => {
                 let c = (self.count[block as usize] as u64).min(MAX_COUNT);
-                (c << TICK_BITS) | (self.tick & ((1 << TICK_BITS) - 1))
+                (c << TICK_BITS) | (self.tick & TICK_MASK)
             }
+            _ => self.tick,
+        }
+    }
+
+    /// A token began: every evictable block's prediction again (its last access's tick kept
+    /// for ties), then the heap rebuilt in place.
+    fn repredict(&mut self) {
+        let Some(r) = self.reuse.as_ref() else {
+            return;
+        };
+        for &s in &self.heap {
+            let s = s as usize;
+            self.key[s] = r.key(self.block_of[s], self.key[s]);
+        }
+        for i in (0..self.heap.len() / 2).rev() {
+            self.sift_down(i);
         }
     }
 
@@ -184,15 +204,10 @@ impl Replacement {
         let b = block as usize;
         self.count[b] = self.count[b].saturating_add(1);
         if let Some(r) = self.reuse.as_mut() {
-            let gap = match r.last[b] {
-                u64::MAX => NEVER,
-                last => (self.tick - last).min(NEVER as u64) as u32,
-            };
-            let g = &mut r.gaps[b];
-            g.copy_within(0..HISTORY - 1, 1);
-            g[0] = gap;
-            r.last[b] = self.tick;
-            r.predicted[b] = r.table.distance(g, self.count[b]);
+            if r.history.begin(b) {
+                self.repredict();
+            }
+            self.reuse.as_mut().expect("learned").history.record(b);
         }
         let s = self.slot_of[b];
         if s == NONE {
@@ -201,6 +216,9 @@ impl Replacement {
         let s = s as usize;
         if self.pos[s] != NONE {
             self.key[s] = self.key_for(block);
+            // A learned key may fall or rise; the others only rise.
+            let i = self.pos[s] as usize;
+            self.sift_up(i);
             self.sift_down(self.pos[s] as usize);
         }
         Some(s)
@@ -221,10 +239,7 @@ impl Replacement {
                 if self.heap.is_empty() {
                     return None;
                 }
-                let s = match self.reuse.is_some() {
-                    true => self.learned_victim(),
-                    false => self.heap[0] as usize,
-                };
+                let s = self.heap[0] as usize;
                 self.heap_remove(s);
                 let victim = self.block_of[s];
                 self.slot_of[victim as usize] = NONE;
@@ -281,32 +296,6 @@ impl Replacement {
             self.key[s] = self.key_for(block);
             self.heap_push(s);
         }
-    }
-
-    /// Among up to `SAMPLES` evictable slots drawn at random, the one whose block's predicted
-    /// next use is farthest from now.
-    fn learned_victim(&mut self) -> usize {
-        let r = self.reuse.as_mut().expect("the learned policy");
-        let n = self.heap.len();
-        let (mut best, mut best_far) = (self.heap[0] as usize, 0u64);
-        for _ in 0..SAMPLES.min(n) {
-            r.rng ^= r.rng << 13;
-            r.rng ^= r.rng >> 7;
-            r.rng ^= r.rng << 17;
-            let s = self.heap[(r.rng % n as u64) as usize] as usize;
-            let b = self.block_of[s] as usize;
-            let last = r.last[b].min(self.tick);
-            let next = last + r.predicted[b] as u64;
-            let far = if next > self.tick {
-                next - self.tick
-            } else {
-                self.tick - last
-            };
-            if far >= best_far {
-                (best, best_far) = (s, far);
-            }
-        }
-        best
     }
 
     fn heap_push(&mut self, slot: usize) {

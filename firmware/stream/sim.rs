@@ -275,9 +275,9 @@ mod tests {
         assert!(e.to_string().contains("2 pinned hot blocks"), "{e}");
     }
 
-    /// A hot set reused every step beside a scan of blocks used once: LRU thrashes, the
-    /// learned policy (short recent gap: back soon; first use: far) keeps the hot set, and no
-    /// policy beats Belady.
+    /// A hot set reused every token beside a scan of blocks used once: LRU thrashes, the
+    /// learned policy (used more than once: back next token; else far) keeps the hot set, and
+    /// no policy beats Belady.
     #[test]
     fn learned_eviction_keeps_what_it_predicts_back_soon() {
         let mut seq = Vec::new();

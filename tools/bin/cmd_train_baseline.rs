@@ -187,7 +187,7 @@ pub fn cmd_train_eviction(a: TrainEvictionArgs) -> Result<(), String> {
     let (table, first, last, right) = train_eviction(&active, &model_name(&a.model), &o)?;
     std::fs::write(&a.out, table.encode(id)).map_err(|e| format!("{}: {e}", a.out.display()))?;
     println!(
-        "wrote {}: {} ({}); loss {first:.4} -> {last:.4}, right bin for {:.1}% of the samples, bins {:?} ticks ({:.0} s)",
+        "wrote {}: {} ({}); loss {first:.4} -> {last:.4}, right bin for {:.1}% of the samples, bins {:?} tokens ({:.0} s)",
         a.out.display(),
         table.trained_on,
         o.stream.name(),

@@ -253,11 +253,14 @@ fn main() {
             hash_table_for(&image, PredictorInput::PrevFfnOutput),
         )
         .unwrap();
+        let reuse_table = dir.join("smollm2.reuse");
+        std::fs::write(&reuse_table, reuse_table_for(&image)).unwrap();
         for (predict, policy, refine) in [
             (PredictKind::Oracle, CachePolicy::Lfu, None),
             (PredictKind::Stale, CachePolicy::Lru, None),
             (PredictKind::Hash, CachePolicy::Lru, None),
             (PredictKind::Hash, CachePolicy::Lru, Some(4)),
+            (PredictKind::Stale, CachePolicy::Learned, None),
         ] {
             let ffn = FfnOptions {
                 mode: FfnMode::Oracle,
@@ -279,7 +282,7 @@ fn main() {
                         hash_table.clone()
                     }
                 }),
-                eviction: None,
+                eviction: (policy == CachePolicy::Learned).then(|| reuse_table.clone()),
                 refine_stages: refine,
                 hot: Vec::new(),
                 faults: Vec::new(),
@@ -367,6 +370,52 @@ fn hash_table_for(image: &std::path::Path, input: PredictorInput) -> Vec<u8> {
         seed: 1,
         pca_dims: 1,
         layers,
+    }
+    .encode(img.header.tables_identity)
+}
+
+/// A reuse-distance table for `image` (the `learned` cache policy's), filled from a fixed
+/// generator: its predictions are arbitrary, its work (a prediction per access and per
+/// evictable block per token, the heap rebuilt) is real.
+fn reuse_table_for(image: &std::path::Path) -> Vec<u8> {
+    use leanstream::predict::hash::{BinaryLayer, HashNet};
+    use leanstream::predict::reuse::{ReuseTable, FEATURES};
+    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (heads, tau, oh, ot, bits) = (2usize, 6usize, 2usize, 5usize, 4usize);
+    let cols = heads * tau;
+    ReuseTable {
+        model: "SmolLM2 (arbitrary)".into(),
+        trained_on: "nothing".into(),
+        depth: 3,
+        heads: heads as u8,
+        tau: tau as u8,
+        out_heads: oh as u8,
+        out_tau: ot as u8,
+        code_bits: bits as u8,
+        net: HashNet {
+            proj: (0..FEATURES * cols).map(|_| next() as i8).collect(),
+            proj_scale: vec![1e-2; cols],
+            proj_bias: vec![0.0; cols],
+            first_table: (0..heads << tau).map(|_| next()).collect(),
+            middle: vec![BinaryLayer {
+                w: (0..cols * heads).map(|_| next()).collect(),
+                thr: vec![64; cols],
+                table: (0..heads << tau).map(|_| next()).collect(),
+            }],
+            out_w: (0..oh * ot * heads).map(|_| next()).collect(),
+            out_thr: vec![64; oh * ot],
+            out_table: (0..oh << ot).map(|_| next()).collect(),
+            read: 1,
+        },
+        distance: (0..1 << bits).map(|k| k as f32 * 3.0).collect(),
+        seed: 1,
     }
     .encode(img.header.tables_identity)
 }
