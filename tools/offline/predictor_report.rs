@@ -137,6 +137,29 @@ impl Predictor for StalePredictor {
     }
 }
 
+/// Which neurons a read set holds, as a bitmap sized once: `count` marks `read`, counts the
+/// neurons of `of` it holds, and clears the marks again.
+pub struct ReadMarks(Vec<bool>);
+
+impl ReadMarks {
+    pub fn new(neurons: usize) -> ReadMarks {
+        ReadMarks(vec![false; neurons])
+    }
+
+    /// Runs `f` with a test "is neuron j read" while `read` is marked.
+    pub fn with<R>(&mut self, read: &[u32], f: impl FnOnce(&dyn Fn(u32) -> bool) -> R) -> R {
+        for &j in read {
+            self.0[j as usize] = true;
+        }
+        let marks = &self.0;
+        let r = f(&|j| marks[j as usize]);
+        for &j in read {
+            self.0[j as usize] = false;
+        }
+        r
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -177,7 +200,7 @@ pub fn report(
     let m10 = ((0.1 * n as f64).round() as usize).max(1);
     let mut acc = vec![vec![Acc::default(); nl]; predictors.len()];
     let (mut set, mut top, mut order, mut read) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut member = vec![0u8; n];
+    let mut marks = ReadMarks::new(n);
     for t in 0..tn {
         let new_window = trace.position(t)? == 0;
         for l in 0..nl {
@@ -195,20 +218,16 @@ pub fn report(
                 p.observe(l, &set, false);
                 let c = &mut acc[pi][l];
                 c.micros.push(us);
-                for &j in &read {
-                    member[j as usize] = 1;
-                }
-                let top_hit = top.iter().filter(|&&j| member[j as usize] == 1).count();
+                let (top_hit, hit) = marks.with(&read, |held| {
+                    let count = |v: &[u32]| v.iter().filter(|&&j| held(j)).count();
+                    (count(&top), count(&set))
+                });
                 c.top10 += top_hit as f64 / m10 as f64;
                 c.read += read.len() as f64;
                 if !set.is_empty() {
-                    let hit = set.iter().filter(|&&j| member[j as usize] == 1).count();
                     c.recall += hit as f64 / set.len() as f64;
                     c.redundancy += (read.len() - hit) as f64 / set.len() as f64;
                     c.tokens += 1;
-                }
-                for &j in &read {
-                    member[j as usize] = 0;
                 }
             }
         }

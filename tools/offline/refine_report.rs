@@ -15,7 +15,7 @@
 //!   the sum over A (1 when every oracle neuron is read).
 
 use super::oracle;
-use super::predictor_report::Predictor;
+use super::predictor_report::{Predictor, ReadMarks};
 use super::trace::TraceReader;
 use leanstream::predict::hash::PredictorInput;
 use serde_json::{json, Value};
@@ -87,7 +87,7 @@ pub fn refine(
     let m10 = ((0.1 * n as f64).round() as usize).max(1);
     let mut sums = vec![Sums::new(k); nl];
     let (mut set, mut top, mut order, mut read) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut member = vec![false; n];
+    let mut marks = ReadMarks::new(n);
     for t in 0..tn {
         for l in 1..nl {
             let a = &acts[(t * nl + l) * n..][..n];
@@ -107,22 +107,18 @@ pub fn refine(
                         &stages[((t * nl + l - 1) * k + stage - 1) * dim..][..dim]
                     };
                     predictor.predict(l, x, &mut read);
-                    for &j in &read {
-                        member[j as usize] = true;
-                    }
-                    let hit = set.iter().filter(|&&j| member[j as usize]).count();
-                    let top_hit = top.iter().filter(|&&j| member[j as usize]).count();
-                    let held: f64 = set
-                        .iter()
-                        .filter(|&&j| member[j as usize])
-                        .map(|&j| a[j as usize].abs() as f64)
-                        .sum();
+                    let (hit, top_hit, held) = marks.with(&read, |held| {
+                        let count = |v: &[u32]| v.iter().filter(|&&j| held(j)).count();
+                        let mass: f64 = set
+                            .iter()
+                            .filter(|&&j| held(j))
+                            .map(|&j| a[j as usize].abs() as f64)
+                            .sum();
+                        (count(&set), count(&top), mass)
+                    });
                     s.recall[oi][stage] += hit as f64 / set.len() as f64;
                     s.top10[oi][stage] += top_hit as f64 / m10 as f64;
                     s.importance[oi][stage] += held / mass.max(f64::MIN_POSITIVE);
-                    for &j in &read {
-                        member[j as usize] = false;
-                    }
                 }
             }
         }
