@@ -176,3 +176,24 @@ fn top_scores_takes_the_highest_ties_to_the_lower_index() {
     let n = top_scores(&scores, 20, &mut count, &mut out);
     assert_eq!(&out[..n], &[0, 1, 2, 3, 4, 5, 6, 7]);
 }
+
+#[test]
+fn votes_add_eight_neurons_at_once_without_carrying() {
+    let mut r = Rng(5);
+    for n in [1usize, 7, 8, 63, 64, 150, 1536, 8960] {
+        let nw = n.div_ceil(64);
+        let mut out = vec![0u8; n];
+        let mut want = vec![0u8; n];
+        // The most votes a score can take: every head, some rows all ones.
+        for h in 0..MAX_OUT_HEADS {
+            let row: Vec<u64> = (0..nw)
+                .map(|_| if h % 5 == 0 { u64::MAX } else { r.next() })
+                .collect();
+            add_votes(&row, &mut out);
+            for (j, w) in want.iter_mut().enumerate() {
+                *w += (row[j / 64] >> (j % 64) & 1) as u8;
+            }
+        }
+        assert_eq!(out, want, "{n} neurons");
+    }
+}
