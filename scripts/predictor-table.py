@@ -18,11 +18,14 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         continue
     for p in r["predictors"]:
         o, s = p["overall"], p.get("settings") or {}
-        shape = (
-            f"{s['heads']}x{s['tau']} d={s['d']}, out {s['out_heads']}x{s['out_tau']}"
-            if s
-            else "-"
-        )
+        if "heads" in s:
+            shape = f"{s['heads']}x{s['tau']} d={s['d']}, out {s['out_heads']}x{s['out_tau']}"
+        elif "rank" in s:
+            shape = f"{'binary, ' if s.get('binary') else ''}rank {s['rank']}"
+        else:
+            shape = "-"
+        if s.get("input") and s["input"] != "FfnInput":
+            shape += f", reads {s['input']}"
         rows.append(
             f"| {r['model']} | {r['sparsity']} | {p['name']} | {shape} | {o['bytes']:,} | "
             f"{o['model_pct']:.3f} | {o['us_per_layer']:.1f} | {o['recall']:.3f} | "
