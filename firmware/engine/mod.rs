@@ -731,7 +731,7 @@ impl<'a> Engine<'a> {
                         .as_mut()
                         .expect("streaming comes with SparseFfn");
                     let stream = self.stream.as_mut().expect("a streamed layer");
-                    stream.forward_layer(l, 0, s.x, true, sparse, ks, pool, s.xb, act);
+                    stream.forward_layer(l, 0, pos == 0, s.x, true, sparse, ks, pool, s.xb, act);
                 }
             }
             add(s.x, s.xb);
@@ -959,6 +959,7 @@ impl Engine<'_> {
                         stream.forward_layer(
                             l,
                             t,
+                            pos + t == 0,
                             residual,
                             false,
                             sparse,

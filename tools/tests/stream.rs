@@ -512,18 +512,26 @@ fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
         st.chosen > 0 && st.chosen < all_st.chosen * 2 / 3,
         "{st:?} {all_st:?}"
     );
-    // Every layer-step read the blocks of the first third of the neurons, and only those.
+    // Every layer-step read the blocks of the first third of the neurons, and only those;
+    // but the first position (the attention sink) reads every block of every layer.
     let layers = img.layers();
     assert_eq!(rec.len(), 6 * layers);
     for (i, step) in rec.iter().enumerate() {
         let l = i % layers;
         let base: u32 = (0..l).map(|k| img.blocks(k) as u32).sum();
-        let mut want: Vec<u32> = (0..third)
+        let upto = if i < layers { n } else { third };
+        let mut want: Vec<u32> = (0..upto)
             .map(|j| base + img.block_of(l, j) as u32)
             .collect();
         want.dedup();
         assert_eq!(step, &want, "layer-step {i}");
     }
+    // And computes there what the oracle computes: the first token's logits are its own.
+    same_bits(
+        &some[..1],
+        &want[..1],
+        "the first position with a table reading a third",
+    );
 
     // Refusals, each naming the flag and why.
     let refused = |so: StreamOptions, says: &str| {
@@ -597,13 +605,23 @@ fn hash_predictor_reads_the_blocks_its_table_scores_highest() {
         let rec = e.stream_mut().unwrap().take_recorded();
         assert_eq!(rec.len(), 6 * layers, "{}", kind.name());
         for (i, step) in rec.iter().enumerate() {
-            // The prefill runs layer by layer over its 4 tokens, then one token at a time.
-            let l = if i < 4 * layers { i / 4 } else { i % layers };
+            // The prefill runs layer by layer over its 4 tokens, then one token at a time
+            // (from position 0 again); position 0 (the attention sink) reads every block.
+            let (l, first) = if i < 4 * layers {
+                (i / 4, i % 4 == 0)
+            } else {
+                (i % layers, i < 5 * layers)
+            };
             let base: u32 = (0..l).map(|k| img.blocks(k) as u32).sum();
+            let last = if first {
+                img.blocks(l) - 1
+            } else {
+                img.block_of(l, third - 1)
+            };
             assert_eq!(step.first(), Some(&base), "{} layer-step {i}", kind.name());
             assert_eq!(
                 step.last(),
-                Some(&(base + img.block_of(l, third - 1) as u32)),
+                Some(&(base + last as u32)),
                 "{} layer-step {i}",
                 kind.name()
             );
