@@ -8,9 +8,15 @@
 //   advances the position, so a CUDA graph of one step can be replayed without the host
 //   touching anything in between.
 // - Matrices are stored struct-of-arrays per matrix (repacked at load from GGUF blocks, same
-//   values): `q` = quants [rows][cols] for Q8_0, [rows][cols/2] nibbles for Q4_0/Q4_1/Q5_0 in the
-//   GGUF order (byte j of a block: value j low, value j+16 high), `d` = f16 scale per block of 32,
-//   `m` = f16 min per block (Q4_1), `qh` = 32 high bits per block (Q5_0); F16/F32 are plain rows.
+//   values): `q` = quants [rows][cols] for Q8_0, [rows][cols/2] nibbles for the 4-, 5- and 6-bit
+//   types in the GGUF order of Q4_0 (byte j of a block of 32: value j low, value j+16 high), `d` =
+//   f16 scale per block of 32, `m` = f16 min per block (Q4_1, Q5_1), `qh` = 32 high bits per block
+//   (Q5_0, Q5_1; bit j = value j's); F16/F32 are plain rows. The K-quants keep their super-blocks
+//   of 256 (8 blocks of 32) but for this nibble order (backend/cuda/kquant.rs): Q4_K and Q5_K `d`
+//   = the super-block's 16 stored bytes of f16 d, f16 dmin and 12 bytes of 6-bit scales and mins,
+//   Q5_K `qh` as Q5_0's; Q6_K `d` = f16 d per super-block, `m` = the block's two int8 scales (of
+//   its values 0..15 and 16..31), `qh` = two words of high bit pairs per block (word h, byte i,
+//   bits 2k..2k+1: value 16h + 4k + i's), so they take their stored bytes.
 // - A product's input is prepared once, by the kernel before it, into global memory: `xf` =
 //   the float vector (read by the f16/f32 kernels), and for the integer kernels `xq` = the
 //   vector of width n as int8 blocks of 32: i8 q[n], then float d[n/32], then int sum[n/32]
@@ -39,7 +45,24 @@ __device__ __forceinline__ float h2f(f16 h) {
     return f;
 }
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8 };
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14
+};
+
+// The 6-bit scale `sc` and min `mn` of block g (0..7) of a Q4_K/Q5_K super-block from its 12
+// bytes of scales as three words s0, s1, s2 (ggml's get_scale_min_k4).
+__device__ __forceinline__ void k4_scale_min(u32 s0, u32 s1, u32 s2, int g, int& sc, int& mn) {
+    int sh = 8 * (g & 3);
+    u32 a = (s0 >> sh) & 0xff, b = (s1 >> sh) & 0xff, c = (s2 >> sh) & 0xff;
+    if (g < 4) {
+        sc = a & 63;
+        mn = b & 63;
+    } else {
+        sc = (c & 15) | ((a >> 6) << 4);
+        mn = (c >> 4) | ((b >> 6) << 4);
+    }
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -148,7 +171,22 @@ __device__ float mat_value(int type, const u8* q, const f16* d, const f16* m, co
         int v = j < 16 ? (byte & 15) : (byte >> 4);
         if (type == T_Q4_0) return h2f(d[b]) * (float)(v - 8);
         if (type == T_Q4_1) return h2f(d[b]) * (float)v + h2f(m[b]);
+        if (type == T_Q6_K) {
+            int jj = j & 15;
+            v |= ((qh[2 * b + (j >> 4)] >> (8 * (jj & 3) + 2 * (jj >> 2))) & 3) << 4;
+            float sc = (float)((const i8*)m)[2 * b + (j >> 4)];
+            return h2f(d[b >> 3]) * sc * (float)(v - 32);
+        }
+        if (type == T_Q4_K || type == T_Q5_K) {
+            // As ggml's dequantize_row_q4_K: (d * sc) * q - dmin * m.
+            const u32* hd = (const u32*)(d + (size_t)(b >> 3) * 8);
+            int sc, mn;
+            k4_scale_min(hd[1], hd[2], hd[3], b & 7, sc, mn);
+            if (type == T_Q5_K) v |= ((qh[b] >> j) & 1) << 4;
+            return h2f(hd[0] & 0xffff) * (float)sc * (float)v - h2f(hd[0] >> 16) * (float)mn;
+        }
         v |= ((qh[b] >> j) & 1) << 4;
+        if (type == T_Q5_1) return h2f(d[b]) * (float)v + h2f(m[b]);
         return h2f(d[b]) * (float)(v - 16);
     }
     }
@@ -256,7 +294,10 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 // floats of an f32 row. A thread takes UN units per round (1, or MV_WIDE in the `_wide`
 // kernels; f32 rows one at a time), loading all their weights before it uses any. Integer
 // kernels accumulate with dp4a and dequantize once per block of 32 (the weight scale times the
-// input scale).
+// input scale). The K-quants too take a block of 32 a unit, each the int8 input block it meets
+// (as the CPU's kquant.rs): Q4_K/Q5_K's unit also loads its super-block's 16 bytes of scales
+// (one load the 8 units of a super-block share through L1) and decodes its 6-bit scale and
+// min; Q6_K's its two int8 scales (one per 16 values) and the super-block's d.
 //
 // After the product, `fin` says what the last block to finish prepares for the next kernel
 // (see `finish`); `counter` counts finished blocks and is reset by the last one.
@@ -405,9 +446,10 @@ __device__ __forceinline__ int high_bits(u32 four) {
 // The weights of one unit of a row: a thread loads all of its units' weights (UN units x MV_R
 // rows) before it uses any, so those loads are in flight together.
 struct WUnit {
-    int4 w0, w1;  // Q8_0: 32 bytes; the 4-bit types: 16 bytes in w0
+    int4 w0, w1;  // Q8_0: 32 bytes; the 4-bit types: 16 bytes in w0 (K-quants: w1 below)
     float d, m;
     u32 h;
+    int g;        // Q4_K, Q5_K: the block's place in its super-block (0..7)
 };
 
 template <int TY>
@@ -417,15 +459,31 @@ __device__ __forceinline__ WUnit unit_load(const u8* __restrict__ q, const f16* 
     size_t b = (size_t)r * nb + u;
     WUnit w;
     w.w1 = make_int4(0, 0, 0, 0);
+    w.g = 0;
+    w.d = w.m = 0.0f;
+    w.h = 0u;
     if (TY == T_Q8_0) {
         w.w0 = __ldg((const int4*)(q + b * 32));
         w.w1 = __ldg((const int4*)(q + b * 32) + 1);
     } else {
         w.w0 = __ldg((const int4*)(q + b * 16));
     }
-    w.d = h2f(__ldg(d + b));
-    w.m = TY == T_Q4_1 ? h2f(__ldg(m + b)) : 0.0f;
-    w.h = TY == T_Q5_0 ? __ldg(qh + b) : 0u;
+    if (TY == T_Q4_K || TY == T_Q5_K) {
+        // The super-block's 16 bytes (d, dmin, scales), shared by its 8 blocks (rows hold whole
+        // super-blocks, so b / 8 is it and b % 8 the block's place), decoded in unit_dot.
+        w.w1 = __ldg((const int4*)d + (b >> 3));
+        w.g = (int)(b & 7);
+    } else if (TY == T_Q6_K) {
+        uint2 hp = __ldg((const uint2*)qh + b);
+        w.w1.x = (int)hp.x;
+        w.w1.y = (int)hp.y;
+        w.w1.z = (int)__ldg((const unsigned short*)m + b);
+        w.d = h2f(__ldg(d + (b >> 3)));
+    } else {
+        w.d = h2f(__ldg(d + b));
+    }
+    if (TY == T_Q4_1 || TY == T_Q5_1) w.m = h2f(__ldg(m + b));
+    if (TY == T_Q5_0 || TY == T_Q5_1 || TY == T_Q5_K) w.h = __ldg(qh + b);
     return w;
 }
 
@@ -444,13 +502,32 @@ __device__ __forceinline__ float unit_dot(const WUnit& w, int4 a0, int4 a1, floa
         i = __dp4a(w.w1.z, a1.z, i);
         i = __dp4a(w.w1.w, a1.w, i);
         return w.d * xd * (float)i;
+    } else if (TY == T_Q6_K) {
+        // Values 0..15 (low nibbles of the 4 words) and 16..31 (high nibbles), each byte with
+        // its high bit pair at bits 4-5 and then minus 32 (a signed byte: no borrow crosses
+        // bytes, as each is biased by 128 first). Then, as the CPU: d * d_x * (sc_0 * dot of
+        // the first 16 + sc_1 * dot of the last 16).
+        u32 lo[4] = {(u32)w.w0.x, (u32)w.w0.y, (u32)w.w0.z, (u32)w.w0.w};
+        int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        int i0 = 0, i1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 v0 = (lo[k] & 0x0F0F0F0F) | ((((u32)w.w1.x >> (2 * k)) & 0x03030303) << 4);
+            u32 v1 = ((lo[k] >> 4) & 0x0F0F0F0F) | ((((u32)w.w1.y >> (2 * k)) & 0x03030303) << 4);
+            v0 = ((v0 | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+            v1 = ((v1 | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+            i0 = __dp4a((int)v0, a[k], i0);
+            i1 = __dp4a((int)v1, a[4 + k], i1);
+        }
+        int sc0 = (int)(i8)(w.w1.z & 0xff), sc1 = (int)(i8)((w.w1.z >> 8) & 0xff);
+        return w.d * xd * (float)(sc0 * i0 + sc1 * i1);
     } else {
         // Word k of the 16 bytes: values 4k..4k+3 (low nibbles), 16+4k..16+4k+3 (high).
         u32 lx = w.w0.x, ly = w.w0.y, lz = w.w0.z, lw = w.w0.w;
         u32 hx = lx >> 4, hy = ly >> 4, hz = lz >> 4, hw = lw >> 4;
         lx &= 0x0F0F0F0F; ly &= 0x0F0F0F0F; lz &= 0x0F0F0F0F; lw &= 0x0F0F0F0F;
         hx &= 0x0F0F0F0F; hy &= 0x0F0F0F0F; hz &= 0x0F0F0F0F; hw &= 0x0F0F0F0F;
-        if (TY == T_Q5_0) {
+        if (TY == T_Q5_0 || TY == T_Q5_1 || TY == T_Q5_K) {
             u32 h = w.h;
             lx |= high_bits(h); ly |= high_bits(h >> 4); lz |= high_bits(h >> 8); lw |= high_bits(h >> 12);
             hx |= high_bits(h >> 16); hy |= high_bits(h >> 20); hz |= high_bits(h >> 24); hw |= high_bits(h >> 28);
@@ -463,10 +540,17 @@ __device__ __forceinline__ float unit_dot(const WUnit& w, int4 a0, int4 a1, floa
         i = __dp4a((int)hy, a1.y, i);
         i = __dp4a((int)hz, a1.z, i);
         i = __dp4a((int)hw, a1.w, i);
+        if (TY == T_Q4_K || TY == T_Q5_K) {
+            // As the CPU (backend/cpu/matvec/kquant.rs): d * sc * d_x * dot - dmin * m * s_x.
+            int sc, mn;
+            k4_scale_min((u32)w.w1.y, (u32)w.w1.z, (u32)w.w1.w, w.g, sc, mn);
+            float dd = h2f((u32)w.w1.x & 0xffff), dmin = h2f((u32)w.w1.x >> 16);
+            return dd * (float)sc * xd * (float)i - dmin * (float)mn * (xd * (float)xs);
+        }
         if (TY == T_Q4_0) i -= 8 * xs;
         if (TY == T_Q5_0) i -= 16 * xs;
         float s = w.d * xd * (float)i;
-        if (TY == T_Q4_1) s += w.m * (xd * (float)xs);
+        if (TY == T_Q4_1 || TY == T_Q5_1) s += w.m * (xd * (float)xs);
         return s;
     }
 }
@@ -660,7 +744,7 @@ __device__ void matvec(MV_ARGS) {
                 a0[j] = ldx<PREP>(x4 + 2 * u);
                 a1[j] = ldx<PREP>(x4 + 2 * u + 1);
                 dx[j] = ldx<PREP>(xd + u);
-                sx[j] = TY == T_Q8_0 ? 0 : ldx<PREP>(xs + u);
+                sx[j] = TY == T_Q8_0 || TY == T_Q6_K ? 0 : ldx<PREP>(xs + u);
             }
 #pragma unroll
             for (int j = 0; j < UN; j++) {
@@ -710,11 +794,19 @@ MV_EXPORT(q8_0, T_Q8_0, 1)
 MV_EXPORT(q4_0, T_Q4_0, 1)
 MV_EXPORT(q4_1, T_Q4_1, 1)
 MV_EXPORT(q5_0, T_Q5_0, 1)
+MV_EXPORT(q5_1, T_Q5_1, 1)
+MV_EXPORT(q4_k, T_Q4_K, 1)
+MV_EXPORT(q5_k, T_Q5_K, 1)
+MV_EXPORT(q6_k, T_Q6_K, 1)
 MV_EXPORT(f16_wide, T_F16, MV_WIDE)
 MV_EXPORT(q8_0_wide, T_Q8_0, MV_WIDE)
 MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE)
 MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
 MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
+MV_EXPORT(q5_1_wide, T_Q5_1, MV_WIDE)
+MV_EXPORT(q4_k_wide, T_Q4_K, MV_WIDE)
+MV_EXPORT(q5_k_wide, T_Q5_K, MV_WIDE)
+MV_EXPORT(q6_k_wide, T_Q6_K, MV_WIDE)
 
 // Four int8 (one int) as exact floats without int-to-float conversions (I2F issues at a
 // quarter of the FMA rate on sm_80/sm_90, and the int8 cache's loop is mostly conversions):

@@ -5,7 +5,10 @@ depends on shapes and types, not values; random values are never all zero).
 
     python3 scripts/synth-gguf.py bench-shapes/smollm2-135m.toml OUT_DIR [--types q4_0,f16] [--seed 0]
 
-Every matrix (embedding included) gets the file's type; norms are 1.0, biases small. The
+Every matrix (embedding included) gets the file's type; norms are 1.0, biases small. Type
+`q4_k_m` mixes types as llama.cpp's Q4_K_M does: Q4_K, with attention's v and the FFN's down in
+Q6_K in the layers where llama.cpp gives them more bits, and an output head of Q6_K (written
+even for a tied shape, as the real files hold one); K-quants need rows of whole 256s. The
 vocabulary is a SentencePiece-style one (specials, 256 byte tokens, fillers) so text encodes
 through byte fallback. Needs numpy and the `gguf` package.
 """
@@ -17,7 +20,13 @@ import gguf
 import numpy as np
 
 T = gguf.GGMLQuantizationType
-TYPES = {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}
+TYPES = {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q4_k": T.Q4_K,
+         "q6_k": T.Q6_K}
+
+
+def more_bits(i, n):
+    """llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M keeps in Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def f16_bits(rng, n, scale):
@@ -43,6 +52,21 @@ def matrix(rng, rows, cols, ty):
         m = np.full(blocks, -0.02 * 2, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
         qs = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
         out = np.concatenate([d, m, qs], axis=1)
+    elif ty in ("q4_k", "q6_k"):
+        if cols % 256:
+            raise SystemExit(f"{ty} needs rows of whole 256s, not {cols}")
+        sbs = rows * cols // 256
+        if ty == "q4_k":
+            # d, dmin (centring q * sc against m on average), 12 bytes of 6-bit scales and mins.
+            d = np.full(sbs, 1.3e-4, dtype=np.float16).view(np.uint8).reshape(sbs, 2)
+            dmin = np.full(sbs, 7.5 * 1.3e-4, dtype=np.float16).view(np.uint8).reshape(sbs, 2)
+            rest = rng.integers(0, 256, size=(sbs, 140), dtype=np.uint8)
+            out = np.concatenate([d, dmin, rest], axis=1)
+        else:
+            # 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, then d.
+            rest = rng.integers(0, 256, size=(sbs, 208), dtype=np.uint8)
+            d = np.full(sbs, 2.5e-5, dtype=np.float16).view(np.uint8).reshape(sbs, 2)
+            out = np.concatenate([rest, d], axis=1)
     else:
         raise SystemExit(f"unknown type {ty}")
     return out.reshape(rows, -1)
@@ -71,10 +95,15 @@ def write(shape, ty, path, seed):
     w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    raw = TYPES[ty]
-    w.add_tensor("token_embd.weight", matrix(rng, vocab, dim, ty), raw_dtype=raw)
-    if not shape.get("tied_output", True):
-        w.add_tensor("output.weight", matrix(rng, vocab, dim, ty), raw_dtype=raw)
+    mixed = ty == "q4_k_m"
+
+    def add(name, rows, cols, t):
+        t = t if mixed else ty
+        w.add_tensor(name, matrix(rng, rows, cols, t), raw_dtype=TYPES[t])
+
+    add("token_embd.weight", vocab, dim, "q4_k")
+    if mixed or not shape.get("tied_output", True):
+        add("output.weight", vocab, dim, "q6_k")
     w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
     for i in range(L):
         p = f"blk.{i}."
@@ -83,7 +112,8 @@ def write(shape, ty, path, seed):
         for n, r, c in [("attn_q", dim, dim), ("attn_k", kvh * hd, dim), ("attn_v", kvh * hd, dim),
                         ("attn_output", dim, dim), ("ffn_gate", hid, dim), ("ffn_up", hid, dim),
                         ("ffn_down", dim, hid)]:
-            w.add_tensor(p + n + ".weight", matrix(rng, r, c, ty), raw_dtype=raw)
+            big = n in ("attn_v", "ffn_down") and more_bits(i, L)
+            add(p + n + ".weight", r, c, "q6_k" if big else "q4_k")
         if arch == "qwen2":
             for n, r in [("attn_q", dim), ("attn_k", kvh * hd), ("attn_v", kvh * hd)]:
                 w.add_tensor(p + n + ".bias", (rng.standard_normal(r) * 0.02).astype(np.float32))

@@ -74,8 +74,11 @@ struct Kernels {
     attention: Function,
     /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
     /// the same two preparing their own normed input (`_prep`, see `in_block_norm`).
-    matvec: [[Function; 4]; 6],
+    matvec: [[Function; 4]; PRODUCT_TYPES],
 }
+
+/// Weight types with product kernels (`type_slot`).
+const PRODUCT_TYPES: usize = 10;
 
 /// Where a weight type's product kernels are in `Kernels::matvec`, and their names' stem.
 fn type_slot(ty: GpuType) -> (usize, &'static str) {
@@ -86,6 +89,10 @@ fn type_slot(ty: GpuType) -> (usize, &'static str) {
         GpuType::Q4_0 => (3, "q4_0"),
         GpuType::Q4_1 => (4, "q4_1"),
         GpuType::Q5_0 => (5, "q5_0"),
+        GpuType::Q5_1 => (6, "q5_1"),
+        GpuType::Q4_K => (7, "q4_k"),
+        GpuType::Q5_K => (8, "q5_k"),
+        GpuType::Q6_K => (9, "q6_k"),
     }
 }
 
@@ -525,6 +532,10 @@ impl<'a> CudaEngine<'a> {
                 kernels_of(GpuType::Q4_0)?,
                 kernels_of(GpuType::Q4_1)?,
                 kernels_of(GpuType::Q5_0)?,
+                kernels_of(GpuType::Q5_1)?,
+                kernels_of(GpuType::Q4_K)?,
+                kernels_of(GpuType::Q5_K)?,
+                kernels_of(GpuType::Q6_K)?,
             ],
         };
 
@@ -1115,6 +1126,30 @@ mod tests {
             assert!(!int8_kv(p, false, 8) && !int8_kv(p, false, 48) && !int8_kv(p, false, 256));
         }
         assert!(!int8_kv(Precision::Native, false, 64) && !int8_kv(Precision::F16, false, 64));
+    }
+
+    /// Every weight type of the image has a slot of its own and its four product kernels in
+    /// each embedded PTX (the K-quants and Q5_1 included), by the names boot asks for.
+    #[test]
+    fn every_weight_type_has_its_product_kernels_in_the_ptx() {
+        use GpuType::*;
+        let types = [F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K];
+        let mut slots: Vec<usize> = types.iter().map(|&t| type_slot(t).0).collect();
+        slots.sort();
+        assert_eq!(slots, (0..PRODUCT_TYPES).collect::<Vec<_>>());
+        for cc in [(7, 2), (8, 7), (9, 0)] {
+            let ptx = ptx_for("decode", cc).expect("decode PTX embedded");
+            for ty in types {
+                let stem = type_slot(ty).1;
+                let wides: &[&str] = if ty == F32 { &[""] } else { &["", "_wide"] };
+                for wide in wides {
+                    for prep in ["", "_prep"] {
+                        let entry = format!(".entry matvec_{stem}{wide}{prep}(");
+                        assert!(ptx.contains(&entry), "{cc:?}: no {entry}");
+                    }
+                }
+            }
+        }
     }
 
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow

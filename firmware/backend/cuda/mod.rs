@@ -4,6 +4,7 @@
 //!
 //! - `driver`: the checked driver calls (memory, modules, launches, graphs, events).
 //! - `weights`: GGUF tensors repacked into the kernels' layout (same values).
+//! - `kquant`: the K-quants' super-blocks in that layout (same bytes).
 //! - `ptx_for`: the committed PTX module for a GPU's compute capability.
 //!
 //! The CUDA decoder that drives these kernels is `crate::engine::cuda` (the engine layer).
@@ -11,6 +12,7 @@
 
 pub mod driver;
 pub mod flags;
+pub mod kquant;
 pub mod weights;
 
 pub use driver::{probe, GpuError};

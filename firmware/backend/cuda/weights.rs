@@ -1,15 +1,18 @@
 //! GGUF tensors repacked into the layout the CUDA kernels read (kernels-ptx/decode.cu): per
 //! matrix, struct-of-arrays — quants of all blocks, then their f16 scales (and mins or high
 //! bits) — so every quant word is 4-byte aligned for dp4a. At `native` the values are the
-//! file's, unchanged, and types without a kernel (Q5_1, Q4_K, Q5_K, Q6_K, BF16) become f16 at load; at
-//! `f16` every matrix becomes f16; at `w8a8`/`w4a8` each matrix becomes the GGML Q8_0 or Q4_0 of
-//! its role (`quant::target`), requantized exactly as the CPU backend's boot does it.
+//! file's, unchanged and in their stored bytes (the K-quants' super-blocks too: `kquant`), and
+//! only types without a kernel (BF16) become f16 at load; at `f16` every matrix becomes f16;
+//! at `w8a8`/`w4a8` each matrix becomes the GGML Q8_0 or Q4_0 of its role (`quant::target`),
+//! requantized exactly as the CPU backend's boot does it.
 
+use super::kquant;
 use crate::model::ggml::{dequantize_row, f32_to_f16, GgmlType};
 use crate::model::TensorRef;
 use crate::quant::{self, Conversion, ConversionReport, Packing, Precision, QFormat, Role, Target};
 
 /// Types the kernels read directly; the numbers are the kernels' `type` codes (= GGML ids).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuType {
     F32 = 0,
@@ -17,7 +20,11 @@ pub enum GpuType {
     Q4_0 = 2,
     Q4_1 = 3,
     Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
 }
 
 impl GpuType {
@@ -28,7 +35,11 @@ impl GpuType {
             GgmlType::Q4_0 => GpuType::Q4_0,
             GgmlType::Q4_1 => GpuType::Q4_1,
             GgmlType::Q5_0 => GpuType::Q5_0,
+            GgmlType::Q5_1 => GpuType::Q5_1,
             GgmlType::Q8_0 => GpuType::Q8_0,
+            GgmlType::Q4_K => GpuType::Q4_K,
+            GgmlType::Q5_K => GpuType::Q5_K,
+            GgmlType::Q6_K => GpuType::Q6_K,
             _ => return None,
         })
     }
@@ -227,6 +238,7 @@ impl<'o> ImageWriter<'o> {
             GpuType::Q4_0 => (18, 0, none, none, 2, 16),
             GpuType::Q4_1 => (20, 0, 2, none, 4, 16),
             GpuType::Q5_0 => (22, 0, none, 2, 6, 16),
+            GpuType::Q5_1 => (24, 0, 2, 4, 8, 16),
             _ => (0, none, none, none, none, 0),
         };
         let blocks_of = |f: &mut dyn FnMut(usize, &[u8])| {
@@ -262,6 +274,7 @@ impl<'o> ImageWriter<'o> {
                 });
                 (q, none, none, none, rows * cols * width)
             }
+            GpuType::Q4_K | GpuType::Q5_K | GpuType::Q6_K => self.kquant_arrays(parts, blocks),
             _ => {
                 let q = self.region(blocks * qs_len, |dst| {
                     blocks_of(&mut |b, blk| {
@@ -309,6 +322,62 @@ impl<'o> ImageWriter<'o> {
     }
 }
 
+impl ImageWriter<'_> {
+    /// The arrays of a K-quant matrix of `blocks` blocks of 32 (`kquant`'s layout): (q, d, m,
+    /// qh, bytes), `usize::MAX` for an array the type has not. Reserved first, then filled in
+    /// one pass over the stored super-blocks (write pass only).
+    fn kquant_arrays(
+        &mut self,
+        parts: &[TensorRef],
+        blocks: usize,
+    ) -> (usize, usize, usize, usize, usize) {
+        let ty = parts[0].ty;
+        let (q_len, d_len, m_len, qh_len) = kquant::array_bytes(ty);
+        let mut reserve = |len: usize| {
+            if len == 0 {
+                usize::MAX
+            } else {
+                self.region(len, |_| {})
+            }
+        };
+        let supers = blocks / kquant::GROUPS;
+        let q = reserve(blocks * q_len);
+        let m = reserve(blocks * m_len);
+        let qh = reserve(blocks * qh_len);
+        let d = reserve(supers * d_len);
+        if let Some(out) = self.out.as_deref_mut() {
+            let mut n = 0;
+            for t in parts {
+                assert!(t.cols.is_multiple_of(kquant::QK_K));
+                for sb in t.data.chunks_exact(ty.block_bytes()) {
+                    out[d + n * d_len..][..d_len].copy_from_slice(kquant::super_header(ty, sb));
+                    for g in 0..kquant::GROUPS {
+                        let kb = kquant::block(ty, sb, g);
+                        let at = n * kquant::GROUPS + g;
+                        out[q + at * q_len..][..q_len].copy_from_slice(&kb.nibbles);
+                        if m_len > 0 {
+                            out[m + at * m_len..][..m_len].copy_from_slice(&kb.scales);
+                        }
+                        match ty {
+                            GgmlType::Q5_K => {
+                                out[qh + at * 4..][..4].copy_from_slice(&kb.fifth.to_le_bytes())
+                            }
+                            GgmlType::Q6_K => {
+                                out[qh + at * qh_len..][..qh_len].copy_from_slice(&kb.pairs)
+                            }
+                            _ => {}
+                        }
+                    }
+                    n += 1;
+                }
+            }
+            assert_eq!(n, supers, "super-blocks of the stacked matrix");
+        }
+        let bytes = blocks * (q_len + m_len + qh_len) + supers * d_len;
+        (q, d, m, qh, bytes)
+    }
+}
+
 fn ggml_of(t: GpuType) -> GgmlType {
     match t {
         GpuType::F32 => GgmlType::F32,
@@ -316,7 +385,11 @@ fn ggml_of(t: GpuType) -> GgmlType {
         GpuType::Q4_0 => GgmlType::Q4_0,
         GpuType::Q4_1 => GgmlType::Q4_1,
         GpuType::Q5_0 => GgmlType::Q5_0,
+        GpuType::Q5_1 => GgmlType::Q5_1,
         GpuType::Q8_0 => GgmlType::Q8_0,
+        GpuType::Q4_K => GgmlType::Q4_K,
+        GpuType::Q5_K => GgmlType::Q5_K,
+        GpuType::Q6_K => GgmlType::Q6_K,
     }
 }
 
@@ -397,26 +470,157 @@ mod tests {
         }
     }
 
-    /// Types without a kernel become f16 of their dequantized values.
+    /// Types without a kernel (BF16) become f16 of their dequantized values.
     #[test]
-    fn q6_k_becomes_f16() {
-        let data = vec![3u8; 210];
+    fn bf16_becomes_f16() {
+        let data: Vec<u8> = (0..32u16)
+            .flat_map(|i| (0x3f80u16 + 16 * i).to_le_bytes()) // bf16 1.0, 1.125, ...
+            .collect();
         let t = TensorRef {
-            ty: GgmlType::Q6_K,
-            cols: 256,
+            ty: GgmlType::BF16,
+            cols: 32,
             rows: 1,
             data: &data,
         };
         let mut plan = ImageWriter::plan();
         plan.matrix(&[t], Role::Block);
+        assert_eq!(
+            plan.report.to_string(),
+            "1 BF16 -> F16 converted (round to nearest), 0.0 MiB"
+        );
         let mut img = vec![0u8; plan.len];
         let l = ImageWriter::write_into(&mut img).matrix(&[t], Role::Block);
         assert_eq!(l.ty, GpuType::F16);
-        let mut want = vec![0f32; 256];
-        dequantize_row(GgmlType::Q6_K, &data, &mut want);
+        let mut want = vec![0f32; 32];
+        dequantize_row(GgmlType::BF16, &data, &mut want);
         for (i, w) in want.iter().enumerate() {
             let h = u16::from_le_bytes([img[l.q + 2 * i], img[l.q + 2 * i + 1]]);
             assert_eq!(h, f32_to_f16(*w));
+        }
+    }
+
+    /// Rows of `ty` (2 rows x 512 columns: two super-blocks a row) of arbitrary bytes with a
+    /// sane f16 scale in every super-block.
+    fn kquant_rows(ty: GgmlType, seed: usize) -> Vec<u8> {
+        let sb = ty.block_bytes();
+        let mut data: Vec<u8> = (0..4 * sb)
+            .map(|i| ((i * 37 + seed * 101) % 253) as u8)
+            .collect();
+        let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
+        for blk in data.chunks_exact_mut(sb) {
+            blk[d_at..d_at + 2].copy_from_slice(&f32_to_f16(0.01).to_le_bytes());
+        }
+        data
+    }
+
+    /// At `native` the K-quants (and Q5_1) are kept in their own kernels' layout, at their
+    /// stored size (the boot plan's count, the bytes a token reads), and the boot report says
+    /// so; every block of the image holds the stored block's values (`kquant::block`).
+    #[test]
+    fn k_quants_stay_native_at_their_stored_size() {
+        for (ty, gty) in [
+            (GgmlType::Q4_K, GpuType::Q4_K),
+            (GgmlType::Q5_K, GpuType::Q5_K),
+            (GgmlType::Q6_K, GpuType::Q6_K),
+        ] {
+            let data = kquant_rows(ty, ty as usize);
+            let t = TensorRef {
+                ty,
+                cols: 512,
+                rows: 2,
+                data: &data,
+            };
+            // q|k|v-like: two matrices stacked into one launch.
+            let mut plan = ImageWriter::plan();
+            let l = plan.matrix(&[t, t], Role::Block);
+            assert_eq!(l.ty, gty);
+            assert_eq!(l.bytes, 2 * data.len(), "{}: stored size", ty.name());
+            let name = ty.name();
+            assert_eq!(
+                plan.report.to_string(),
+                format!("2 {name} -> {name} kept, 0.0 MiB")
+            );
+            // The image is the arrays and their alignment, nothing more.
+            assert!(
+                plan.len <= l.bytes + 4 * ALIGN,
+                "{}: image {} bytes",
+                name,
+                plan.len
+            );
+            let mut img = vec![0u8; plan.len];
+            let l2 = ImageWriter::write_into(&mut img).matrix(&[t, t], Role::Block);
+            assert_eq!((l.q, l.d, l.m, l.qh), (l2.q, l2.d, l2.m, l2.qh));
+            let (q_len, d_len, m_len, qh_len) = kquant::array_bytes(ty);
+            for n in 0..8 {
+                // Super-block n of the stack: the second matrix repeats the first.
+                let sb = &data[(n % 4) * ty.block_bytes()..][..ty.block_bytes()];
+                assert_eq!(
+                    &img[l.d + n * d_len..][..d_len],
+                    kquant::super_header(ty, sb),
+                    "{name} super-block {n}"
+                );
+                for g in 0..kquant::GROUPS {
+                    let b = n * kquant::GROUPS + g;
+                    let want = kquant::block(ty, sb, g);
+                    assert_eq!(&img[l.q + b * q_len..][..q_len], &want.nibbles);
+                    if m_len > 0 {
+                        assert_eq!(&img[l.m + b * m_len..][..m_len], &want.scales);
+                    }
+                    match ty {
+                        GgmlType::Q5_K => {
+                            assert_eq!(&img[l.qh + b * 4..][..4], &want.fifth.to_le_bytes())
+                        }
+                        GgmlType::Q6_K => {
+                            assert_eq!(&img[l.qh + b * qh_len..][..qh_len], &want.pairs)
+                        }
+                        _ => assert_eq!(l.qh, usize::MAX),
+                    }
+                }
+            }
+        }
+        // Q5_1: quants, scales, mins and high bits split, not changed.
+        let mut data = vec![0u8; 2 * 24];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 11 % 251) as u8;
+        }
+        let t = TensorRef {
+            ty: GgmlType::Q5_1,
+            cols: 32,
+            rows: 2,
+            data: &data,
+        };
+        let mut plan = ImageWriter::plan();
+        let l = plan.matrix(&[t], Role::Block);
+        assert_eq!((l.ty, l.bytes), (GpuType::Q5_1, 48));
+        let mut img = vec![0u8; plan.len];
+        ImageWriter::write_into(&mut img).matrix(&[t], Role::Block);
+        for b in 0..2 {
+            let blk = &data[b * 24..][..24];
+            assert_eq!(&img[l.d + b * 2..][..2], &blk[0..2]);
+            assert_eq!(&img[l.m + b * 2..][..2], &blk[2..4]);
+            assert_eq!(&img[l.qh + b * 4..][..4], &blk[4..8]);
+            assert_eq!(&img[l.q + b * 16..][..16], &blk[8..24]);
+        }
+    }
+
+    /// At w8a8 a K-quant matrix is requantized as any other (the CPU boot's values), and at
+    /// f16 converted: `native` is the only precision that keeps it.
+    #[test]
+    fn k_quants_convert_at_the_other_precisions() {
+        let data = kquant_rows(GgmlType::Q4_K, 3);
+        let t = TensorRef {
+            ty: GgmlType::Q4_K,
+            cols: 512,
+            rows: 2,
+            data: &data,
+        };
+        for (p, want) in [
+            (Precision::W8a8, GpuType::Q8_0),
+            (Precision::F16, GpuType::F16),
+        ] {
+            let mut plan = ImageWriter::plan();
+            plan.precision = p;
+            assert_eq!(plan.matrix(&[t], Role::Block).ty, want);
         }
     }
 
