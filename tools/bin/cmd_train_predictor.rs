@@ -69,6 +69,11 @@ pub struct TrainPredictorArgs {
     /// Train only these layers (comma-separated) and print how they do; writes no table.
     #[arg(long)]
     probe: Option<String>,
+    /// Train nothing: take this trained table and set its read counts again for
+    /// --target-recall on --trace (at the table's own sparsity); the shape and training
+    /// options are the table's.
+    #[arg(long)]
+    from: Option<PathBuf>,
     /// The table to write (tables/<model>.hashpred by convention).
     #[arg(long)]
     out: PathBuf,
@@ -116,6 +121,9 @@ pub(super) fn model_name(model: &Path) -> String {
 }
 
 pub fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<(), String> {
+    if let Some(from) = &a.from {
+        return retarget_predictor(&a, from);
+    }
     leanstream::sparsity::check_sparsity(a.sparsity)?;
     let (file, id, trace) = open_traced(&a.model, &a.trace)?;
     let thresholds = oracle_thresholds(&a.model, &file, a.thresholds.clone(), a.sparsity)?;
@@ -172,6 +180,32 @@ pub fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<(), String> {
         println!("probed {} layers; no table written", table.layers.len());
         return Ok(());
     }
+    write_table(&a, &table, id)
+}
+
+/// `train-predictor --from`: the table's read counts for another target recall.
+fn retarget_predictor(a: &TrainPredictorArgs, from: &Path) -> Result<(), String> {
+    let (file, id, trace) = open_traced(&a.model, &a.trace)?;
+    let h = file.hyper().map_err(|e| e.to_string())?;
+    let mut table = read_table(from, id, h.n_layers, h.dim, h.hidden_dim)?;
+    let thresholds = oracle_thresholds(&a.model, &file, a.thresholds.clone(), table.sparsity)?;
+    let before: Vec<u32> = table.layers.iter().map(|n| n.read).collect();
+    train::retarget(
+        &trace,
+        &thresholds,
+        &mut table,
+        a.target_recall,
+        &mut |l, read, recall| {
+            eprintln!(
+                "train-predictor: layer {l}: reads {} -> {read} for recall {recall:.3}",
+                before[l]
+            )
+        },
+    )?;
+    write_table(a, &table, id)
+}
+
+fn write_table(a: &TrainPredictorArgs, table: &HashPredictorTable, id: u64) -> Result<(), String> {
     let bytes = table.encode(id);
     std::fs::write(&a.out, &bytes).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let model_bytes = std::fs::metadata(&a.model).map(|m| m.len()).unwrap_or(0);

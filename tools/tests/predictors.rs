@@ -204,6 +204,43 @@ fn smollm2_refine_report_measures_each_stage_in_both_orders() {
     assert!(msg.contains("--stages 2"), "{msg}");
 }
 
+/// The mean recall of the oracle sets at `thr` on `reader`'s tokens by `table`'s read sets, and
+/// a random read set's of the same size (read / neurons).
+fn recall_on(
+    table: &HashPredictorTable,
+    reader: &TraceReader,
+    inputs: &Inputs,
+    thr: &[f32],
+) -> (f64, f64) {
+    let acts = reader.tensor("neuron_act").unwrap();
+    let (nl, n) = (reader.layers, reader.hidden);
+    let (mut scores, mut count, mut read) = (vec![0u8; n], vec![0u32; 17], vec![0u32; n]);
+    let (mut set, mut member) = (Vec::new(), vec![false; n]);
+    let (mut recall, mut random, mut count_sets) = (0f64, 0f64, 0usize);
+    for l in 0..nl {
+        for t in 0..reader.tokens {
+            oracle::oracle_set(&acts[(t * nl + l) * n..][..n], thr[l], &mut set);
+            if set.is_empty() {
+                continue;
+            }
+            table.scores(l, inputs.row(table.input, t, l), &mut scores);
+            let k = hash::top_scores(
+                &scores,
+                table.layers[l].read as usize,
+                &mut count,
+                &mut read,
+            );
+            read[..k].iter().for_each(|&j| member[j as usize] = true);
+            let hit = set.iter().filter(|&&j| member[j as usize]).count();
+            read[..k].iter().for_each(|&j| member[j as usize] = false);
+            recall += hit as f64 / set.len() as f64;
+            random += k as f64 / n as f64;
+            count_sets += 1;
+        }
+    }
+    (recall / count_sets as f64, random / count_sets as f64)
+}
+
 #[test]
 fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own() {
     let Some(model) = common::model(common::SMOLLM2) else {
@@ -258,33 +295,7 @@ fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own()
     let reader = TraceReader::open(&trace).unwrap();
     let inputs = Inputs::new(&reader).unwrap();
     let thr = oracle::thresholds(&ThresholdTable::load(&thresholds, &file).unwrap(), 0.5).unwrap();
-    let acts = reader.tensor("neuron_act").unwrap();
-    let n = h.hidden_dim;
-    let (mut scores, mut count, mut read) = (vec![0u8; n], vec![0u32; 9], vec![0u32; n]);
-    let (mut set, mut member) = (Vec::new(), vec![false; n]);
-    let (mut recall, mut random, mut count_sets) = (0f64, 0f64, 0usize);
-    for l in 0..h.n_layers {
-        for t in 0..reader.tokens {
-            oracle::oracle_set(&acts[(t * h.n_layers + l) * n..][..n], thr[l], &mut set);
-            if set.is_empty() {
-                continue;
-            }
-            table.scores(l, inputs.row(table.input, t, l), &mut scores);
-            let k = hash::top_scores(
-                &scores,
-                table.layers[l].read as usize,
-                &mut count,
-                &mut read,
-            );
-            read[..k].iter().for_each(|&j| member[j as usize] = true);
-            let hit = set.iter().filter(|&&j| member[j as usize]).count();
-            read[..k].iter().for_each(|&j| member[j as usize] = false);
-            recall += hit as f64 / set.len() as f64;
-            random += k as f64 / n as f64;
-            count_sets += 1;
-        }
-    }
-    let (recall, random) = (recall / count_sets as f64, random / count_sets as f64);
+    let (recall, random) = recall_on(&table, &reader, &inputs, &thr);
     eprintln!("recall {recall:.3} against {random:.3} for a random set of the same size");
     assert!(
         recall >= 0.89,
@@ -293,6 +304,41 @@ fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own()
     assert!(
         recall > random + 0.1,
         "the predictor's recall {recall} is no better than a random read set's {random}"
+    );
+
+    // `--from`: the same nets, read counts set again for a higher target recall on the same
+    // tokens, which the table then reaches.
+    let r = dir.0.join("r.hashpred");
+    ok(
+        leanstream(&[
+            "train-predictor",
+            "--model",
+            s(&model),
+            "--trace",
+            s(&trace),
+            "--thresholds",
+            s(&thresholds),
+            "--from",
+            s(&a),
+            "--target-recall",
+            "0.97",
+            "--out",
+            s(&r),
+        ]),
+        "train-predictor --from",
+    );
+    let more = HashPredictorTable::read(&r, id, h.n_layers, h.dim, h.hidden_dim).unwrap();
+    assert_eq!(more.target_recall, 0.97);
+    for (l, (x, y)) in table.layers.iter().zip(&more.layers).enumerate() {
+        assert!(y.read >= x.read, "layer {l}: {} -> {}", x.read, y.read);
+        let mut y = y.clone();
+        y.read = x.read;
+        assert_eq!(x, &y, "layer {l}: the net changed");
+    }
+    let (more_recall, _) = recall_on(&more, &reader, &inputs, &thr);
+    assert!(
+        more_recall >= 0.969 && more_recall > recall,
+        "read counts for 0.97: recall {more_recall} (was {recall})"
     );
 
     // One seed, one table byte for byte; another seed, another table.

@@ -215,28 +215,78 @@ pub fn train(
             .layers
             .push(export::export(&net, n as u32).map_err(err)?);
         let at = table.layers.len() - 1;
-        // The read count for the target recall, by the table's own inference.
-        let acts = trace.tensor("neuron_act")?;
-        let sets = oracle_sets(acts, nl, n, l, thr);
-        let curve = recall_curve(n, &sets, |t, out| {
-            table.scores(at, inputs.row(o.input, t, l), out)
-        });
-        let read = (1..=n)
-            .find(|&r| curve[r] >= o.target_recall as f64 - 1e-12)
-            .unwrap_or(n);
-        table.layers[at].read = read as u32;
+        let (read, recall) = set_read(&mut table, at, l, trace, &inputs, thr)?;
         progress(
             l,
             &LayerLog {
                 first_loss,
                 last_loss,
-                read: read as u32,
-                recall: curve[read],
+                read,
+                recall,
             },
         );
     }
     table.validate()?;
     Ok(table)
+}
+
+/// Sets the `read` of `table`'s net `at` (the model's layer `l`) to the fewest top-scored
+/// neurons whose mean recall of the oracle sets at `thr` on `trace` reaches the table's
+/// target, by the table's own inference (what the runtime will see); returns it and its recall.
+fn set_read(
+    table: &mut HashPredictorTable,
+    at: usize,
+    l: usize,
+    trace: &TraceReader,
+    inputs: &Inputs,
+    thr: f32,
+) -> Result<(u32, f64), String> {
+    let (nl, n) = (trace.layers, trace.hidden);
+    let acts = trace.tensor("neuron_act")?;
+    let sets = oracle_sets(acts, nl, n, l, thr);
+    let input = table.input;
+    let curve = recall_curve(n, &sets, |t, out| {
+        table.scores(at, inputs.row(input, t, l), out)
+    });
+    let read = (1..=n)
+        .find(|&r| curve[r] >= table.target_recall as f64 - 1e-12)
+        .unwrap_or(n);
+    table.layers[at].read = read as u32;
+    Ok((read as u32, curve[read]))
+}
+
+/// `train-predictor --from`: a trained table's read counts set again for `target_recall` on
+/// `trace`, its nets untouched (a point further along the same table's recall/bytes curve,
+/// without training again). `thresholds` are the table's sparsity's; `progress(layer, read,
+/// recall)` after each layer.
+pub fn retarget(
+    trace: &TraceReader,
+    thresholds: &[f32],
+    table: &mut HashPredictorTable,
+    target_recall: f32,
+    progress: &mut dyn FnMut(usize, u32, f64),
+) -> Result<(), String> {
+    if !(target_recall > 0.0 && target_recall <= 1.0) {
+        return Err(format!(
+            "--target-recall {target_recall}: a share in (0, 1]"
+        ));
+    }
+    if thresholds.len() != trace.layers || table.layers.len() != trace.layers {
+        return Err(format!(
+            "a table of {} layers and {} thresholds for a trace of {} layers",
+            table.layers.len(),
+            thresholds.len(),
+            trace.layers
+        ));
+    }
+    let inputs = Inputs::new(trace)?;
+    table.target_recall = target_recall;
+    for (l, &thr) in thresholds.iter().enumerate() {
+        let (read, recall) = set_read(table, l, l, trace, &inputs, thr)?;
+        progress(l, read, recall);
+    }
+    table.validate()?;
+    Ok(())
 }
 
 /// Trains one layer's net on inputs `x` [N * dim] and labels `y` [N * neurons]; returns it
