@@ -369,3 +369,75 @@ fn refine_report(
     println!("wrote {}", path.display());
     Ok(())
 }
+
+#[derive(Args)]
+pub struct PredictorLatencyArgs {
+    /// Predictor tables (hashpred from train-predictor, mlppred from train-baseline),
+    /// comma-separated; each is read for the model it names, which need not be here.
+    #[arg(long, value_delimiter = ',', required = true)]
+    predictor: Vec<PathBuf>,
+    /// Inputs per layer.
+    #[arg(long, default_value_t = 512)]
+    tokens: usize,
+    /// The inputs' seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// A table file's model identity, from its header (offset 16), for reading it where the
+/// model is not.
+fn table_identity(path: &Path) -> Result<(Vec<u8>, u64), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let id = bytes
+        .get(16..24)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .ok_or_else(|| format!("{}: not a predictor table (too short)", path.display()))?;
+    Ok((bytes, id))
+}
+
+/// `leanstream predictor-latency`: each table's latency per layer on the core it runs on,
+/// without the model or a trace.
+pub fn cmd_predictor_latency(a: PredictorLatencyArgs) -> Result<(), String> {
+    use leanstream::predict::{hash, mlp};
+    use leanstream_tools::offline::predictor_report::{latency, HashPredictor, Predictor};
+    use leanstream_tools::offline::train_mlp::MlpReport;
+    if a.tokens == 0 {
+        return Err("--tokens: at least 1".into());
+    }
+    println!("| table | model | predictor | layers | bytes | us/layer (mean of medians) | slowest layer |");
+    println!("|---|---|---|---|---|---|---|");
+    for path in &a.predictor {
+        let (bytes, id) = table_identity(path)?;
+        let shown = |e: leanstream::tables::TableError| format!("{}: {e}", path.display());
+        let hashed: Result<HashPredictorTable, _> =
+            leanstream::tables::decode(&bytes, hash::KIND, hash::VERSION, id);
+        let (mut p, model, layers, dim): (Box<dyn Predictor>, String, usize, usize) = match hashed {
+            Ok(t) => {
+                t.validate()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let (m, l, d) = (t.model.clone(), t.layers.len(), t.dim as usize);
+                (Box::new(HashPredictor::new(t)), m, l, d)
+            }
+            Err(leanstream::tables::TableError::WrongKind { .. }) => {
+                let t: mlp::MlpPredictorTable =
+                    leanstream::tables::decode(&bytes, mlp::KIND, mlp::VERSION, id)
+                        .map_err(shown)?;
+                t.validate()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let (m, l, d) = (t.model.clone(), t.layers.len(), t.dim as usize);
+                (Box::new(MlpReport::new(t)), m, l, d)
+            }
+            Err(e) => return Err(shown(e)),
+        };
+        let us = latency(p.as_mut(), layers, dim, a.tokens, a.seed);
+        let size: usize = (0..layers).map(|l| p.layer_bytes(l)).sum();
+        let mean = us.iter().sum::<f64>() / us.len().max(1) as f64;
+        let slowest = us.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "| {} | {model} | {} | {layers} | {size} | {mean:.1} | {slowest:.1} |",
+            path.display(),
+            p.name()
+        );
+    }
+    Ok(())
+}

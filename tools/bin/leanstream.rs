@@ -103,6 +103,9 @@ enum Command {
     /// Predictors against the oracle on a held-out trace: size, latency per layer on one core,
     /// recall, top-10% recall and loading redundancy, beside the stale baseline (JSON).
     PredictorReport(cmd_train_predictor::PredictorReportArgs),
+    /// Predictor tables' latency per layer on the core it runs on, from seeded inputs, without
+    /// the model or a trace (hashpred and mlppred tables).
+    PredictorLatency(cmd_train_predictor::PredictorLatencyArgs),
     /// Train a baseline predictor on a trace: DejaVu's low-rank MLP (on the layer's or the
     /// previous layer's input) or a binarized MLP; writes its table (`mlppred`).
     TrainBaseline(cmd_train_baseline::TrainBaselineArgs),
@@ -214,6 +217,7 @@ fn main() -> ExitCode {
         Command::TraceStats(a) => cmd_trace_stats::cmd_trace_stats(a),
         Command::TrainPredictor(a) => cmd_train_predictor::cmd_train_predictor(a),
         Command::PredictorReport(a) => cmd_train_predictor::cmd_predictor_report(a),
+        Command::PredictorLatency(a) => cmd_train_predictor::cmd_predictor_latency(a),
         Command::TrainBaseline(a) => cmd_train_baseline::cmd_train_baseline(a),
         Command::TrainEviction(a) => cmd_train_baseline::cmd_train_eviction(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),

@@ -283,3 +283,39 @@ pub fn report(
         "predictors": out,
     }))
 }
+
+/// Each layer's median latency (us) of `p` predicting `tokens` inputs of `dim` values (each
+/// input through every layer, as the report and the runtime go), with no trace: inputs drawn from a seeded normal. The integer work of the hashing and the MLPs does
+/// not depend on the values, so a machine without the model and its trace (the GPU machine's
+/// quiet Xeon) measures what the report's `us_per_layer` measures.
+pub fn latency(
+    p: &mut dyn Predictor,
+    layers: usize,
+    dim: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    // Sum of 4 uniforms, centred: near enough a normal for signs and magnitudes.
+    let x: Vec<f32> = (0..tokens.max(1) * dim)
+        .map(|_| (0..4).map(|_| uniform()).sum::<f32>() - 2.0)
+        .collect();
+    let mut read = Vec::new();
+    // Token by token through every layer, as the runtime asks (a layer's table is not still
+    // in the cache from the token before).
+    let mut micros = vec![Vec::with_capacity(tokens); layers];
+    for row in x.chunks(dim) {
+        for (l, m) in micros.iter_mut().enumerate() {
+            let start = Instant::now();
+            p.predict(l, row, &mut read);
+            m.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    micros.iter_mut().map(|m| median(m)).collect()
+}

@@ -437,6 +437,25 @@ fn smollm2_predictor_trains_loads_beats_random_and_refuses_what_is_not_its_own()
     assert!(e.contains("damaged") && e.contains("checksum"), "{e}");
     assert!(HashPredictorTable::read(&damaged, id, h.n_layers, h.dim, h.hidden_dim).is_err());
 
+    // `predictor-latency` times the table without the model: a row naming its model, kind,
+    // layers and bytes; the damaged copy is refused the same way.
+    let out = ok(
+        leanstream(&["predictor-latency", "--predictor", s(&a), "--tokens", "4"]),
+        "predictor-latency",
+    );
+    let row = format!(
+        "| {} | SmolLM2-135M-Instruct.Q4_1.gguf | hash | {} | {} |",
+        s(&a),
+        h.n_layers,
+        table.bytes()
+    );
+    assert!(out.contains(&row), "no row {row} in:\n{out}");
+    let e = refused(
+        leanstream(&["predictor-latency", "--predictor", s(&damaged)]),
+        "predictor-latency of a damaged table",
+    );
+    assert!(e.contains("checksum"), "{e}");
+
     // The baselines in the same harness: DejaVu's MLP and a binarized one, trained on the same
     // labels, their read counts set for recall 0.9 on these tokens, beside hash and stale.
     let mut baselines = Vec::new();
