@@ -8,8 +8,9 @@
 // and neuron-major down so that a bundle is self-contained.
 //
 // `stream_ffn` is persistent: each thread block repeatedly claims the first bundle (in priority
-// order = bundle index) whose arrival flag is set and that no other block claimed, so arrived
-// bundles are computed in arrival order whatever order they land in. Every wait is bounded by
+// order = bundle index) whose arrival flag is set and that no other block claimed (each block
+// probing from its own rotation, so they do not all race for one), so bundles are computed as
+// they arrive whatever order they land in. Every wait is bounded by
 // time (%globaltimer); a block that sees no progress within the bound reports 1 + the first
 // bundle still missing and every block then stops. Each bundle's part is added into one f32
 // accumulator; when a stage's last bundle is in, its completion flag (mapped host memory) is
@@ -155,17 +156,23 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                     got = -2;
                     break;
                 }
-                // Lanes probe 32 bundles from the cursor: unclaimed and arrived?
-                int first_open = n;
-                for (int base = cursor; base < n && got < 0; base += 32) {
-                    int b = base + lane;
-                    bool open = b < n && ((volatile u32*)claimed)[b] == 0;
-                    u32 open_mask = __ballot_sync(0xffffffff, open);
-                    if (first_open == n && open_mask) first_open = base + __ffs(open_mask) - 1;
+                // Lanes probe 32 bundles at a time of those from the cursor on, each block
+                // starting at its own rotation (so blocks do not all race for one bundle):
+                // unclaimed and arrived?
+                int span = n - cursor, first_open = n;
+                int rot = span > 0 ? (int)((blockIdx.x * 32u) % (u32)span) : 0;
+                for (int j0 = 0; j0 < span && got < 0; j0 += 32) {
+                    int j = j0 + lane;
+                    int b = cursor + (j + rot) % (span > 0 ? span : 1);
+                    bool open = j < span && ((volatile u32*)claimed)[b] == 0;
+                    int m = open ? b : n;
+                    for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffff, m, o));
+                    first_open = min(first_open, m);
                     bool here = open && (arrive == 0 || load_acquire(arrive + flag_of[b]) >= want);
                     u32 here_mask = __ballot_sync(0xffffffff, here);
                     while (here_mask && got < 0) {
-                        int cand = base + __ffs(here_mask) - 1;
+                        int src = __ffs(here_mask) - 1;
+                        int cand = __shfl_sync(0xffffffff, b, src);
                         int won = 0;
                         if (lane == 0) won = atomicCAS(claimed + cand, 0u, 1u) == 0;
                         won = __shfl_sync(0xffffffff, won, 0);
@@ -173,6 +180,8 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                         here_mask &= here_mask - 1;
                     }
                 }
+                // Stopped early at a claim: bundles before first_open not probed may be open.
+                if (got >= 0) first_open = cursor;
                 cursor = first_open;
                 if (got >= 0 || first_open >= n) break;  // a bundle, or none left to claim
                 if (now_ns() > last_progress + timeout_ns) {
@@ -201,6 +210,10 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
         __syncthreads();
         if (b < 0) return;
         bundle_ffn(bundles + stride * b, P, dim, xs, thr, act, acc);
+        if (stage_flags != 0) {
+            __threadfence();  // every thread's sums before the stage count (finish_bundle)
+            __syncthreads();
+        }
         finish_bundle(b, stage_of, stage_size, stage_count, stage_flags, want);
         last_progress = now_ns();
     }

@@ -560,7 +560,7 @@ fn stream_ffn_names_a_bundle_that_never_arrives() {
 #[test]
 fn stream_ffn_sync_overhead_table() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let (dim, hidden, per_block) = (1536, 8960, 32);
+    let (dim, hidden, per_block) = (1536, 8960, 8);
     let shape = FfnShape {
         dim,
         per_block,

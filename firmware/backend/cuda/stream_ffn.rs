@@ -76,7 +76,9 @@ impl From<CudaError> for StreamFfnError {
 
 enum Bundles {
     Unified(MappedHost),
-    Discrete(DeviceBuffer),
+    /// Device memory and one bundle of pinned staging: a synchronous copy from pageable
+    /// memory may return before its DMA is done, one from pinned memory only once it is.
+    Discrete(DeviceBuffer, MappedHost),
 }
 
 /// The kernels of stream_ffn.cu.
@@ -122,6 +124,13 @@ pub struct StreamFfn {
     pub grid: u32,
 }
 
+/// The staging bytes as a shared slice (the copy reads them while nothing writes).
+fn unsafe_slice(m: &MappedHost) -> &[u8] {
+    // SAFETY: `host` spans `bytes` bytes for the life of `m`; the only writer is `put`, which
+    // holds `&mut self` and is not writing during the copy.
+    unsafe { std::slice::from_raw_parts(m.host, m.bytes) }
+}
+
 fn words(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -147,7 +156,9 @@ impl StreamFfn {
         let kernels = StreamFfnKernels::load(gpu)?;
         let bytes = shape.blocks * shape.bundle_bytes();
         let bundles = match model {
-            MemoryModel::Discrete => Bundles::Discrete(gpu.alloc(bytes)?),
+            MemoryModel::Discrete => {
+                Bundles::Discrete(gpu.alloc(bytes)?, gpu.alloc_mapped(shape.bundle_bytes())?)
+            }
             _ => Bundles::Unified(gpu.alloc_mapped(bytes)?),
         };
         let n = shape.blocks;
@@ -196,7 +207,7 @@ impl StreamFfn {
     pub fn bundles_ptr(&self) -> u64 {
         match &self.bundles {
             Bundles::Unified(m) => m.dev,
-            Bundles::Discrete(d) => d.ptr,
+            Bundles::Discrete(d, _) => d.ptr,
         }
     }
 
@@ -257,9 +268,13 @@ impl StreamFfn {
         assert_eq!(bytes.len(), len, "bundle {b} is {len} bytes");
         match &mut self.bundles {
             Bundles::Unified(m) => m.as_mut_slice()[b * len..][..len].copy_from_slice(bytes),
-            // A synchronous copy on the legacy stream: the kernel's stream does not wait on it,
-            // and the flag is set only once it is done.
-            Bundles::Discrete(d) => gpu.upload(d.ptr + (b * len) as u64, bytes)?,
+            // Through pinned staging, a synchronous copy on the legacy stream: the kernel's
+            // stream does not wait on it, and it returns only once the bytes are in.
+            Bundles::Discrete(d, staging) => {
+                staging.as_mut_slice().copy_from_slice(bytes);
+                let staged = unsafe_slice(staging);
+                gpu.upload(d.ptr + (b * len) as u64, staged)?
+            }
         }
         Ok(())
     }
