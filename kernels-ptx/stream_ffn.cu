@@ -36,6 +36,25 @@ __device__ __forceinline__ void store_release(u32* p, u32 v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ u32 load_acquire_gpu(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release_gpu(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Whether flag f (host memory) has reached `want`: a device-memory mirror `seen` answers once
+// any block has seen it, so each flag crosses the bus about once per launch, not once per probe.
+__device__ __forceinline__ bool arrived(const u32* arrive, u32* seen, u32 f, u32 want) {
+    if (load_acquire_gpu(seen + f) != 0) return true;
+    if (load_acquire(arrive + f) < want) return false;
+    store_release_gpu(seen + f, 1u);
+    return true;
+}
+
 __device__ __forceinline__ u64 now_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -131,7 +150,8 @@ __device__ void finish_bundle(int b, const u32* stage_of, const u32* stage_size,
 // Dynamic shared memory: dim floats (the input) + P floats (activations) + 2 ints.
 //
 // bundles: n bundles, `stride` halves apart. arrive: n flags read as arrive[flag_of[b]] >= want
-// (null: all arrived, the bundles are resident). claimed: n words, zero at launch. stage_*:
+// (null: all arrived, the bundles are resident). claimed: 2n words, zero at launch (the claims,
+// then the mirror of the flags seen set). stage_*:
 // per-bundle stage index, bundles per stage, per-stage counters (zero at launch) and the
 // completion flags (null: not published). error: 0, or 1 + the first bundle missing at timeout.
 extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t stride, int n, int P,
@@ -144,6 +164,7 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
     float* xs = shared;
     float* act = shared + dim;
     volatile int* pick = (volatile int*)(act + P);
+    u32* seen = claimed + n;
     stage_input(x, dim, xs);
     // The first bundle this block may find unclaimed: claims only grow, so it only advances.
     int cursor = 0;
@@ -152,10 +173,6 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
         if (threadIdx.x < 32) {
             int lane = threadIdx.x, got = -1;
             for (;;) {
-                if (*(volatile u32*)error != 0) {
-                    got = -2;
-                    break;
-                }
                 // Lanes probe 32 bundles at a time of those from the cursor on, each block
                 // starting at its own rotation (so blocks do not all race for one bundle):
                 // unclaimed and arrived?
@@ -168,7 +185,7 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                     int m = open ? b : n;
                     for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffff, m, o));
                     first_open = min(first_open, m);
-                    bool here = open && (arrive == 0 || load_acquire(arrive + flag_of[b]) >= want);
+                    bool here = open && (arrive == 0 || arrived(arrive, seen, flag_of[b], want));
                     u32 here_mask = __ballot_sync(0xffffffff, here);
                     while (here_mask && got < 0) {
                         int src = __ffs(here_mask) - 1;
@@ -184,6 +201,12 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                 if (got >= 0) first_open = cursor;
                 cursor = first_open;
                 if (got >= 0 || first_open >= n) break;  // a bundle, or none left to claim
+                // Nothing to claim: has another block given up? (The error word is in host
+                // memory: read only while waiting, since reads across the bus queue up.)
+                if (*(volatile u32*)error != 0) {
+                    got = -2;
+                    break;
+                }
                 if (now_ns() > last_progress + timeout_ns) {
                     // Name the first bundle still not arrived.
                     int missing = first_open;

@@ -144,7 +144,7 @@ impl StreamFfn {
         stages: &[usize],
     ) -> CudaResult<StreamFfn> {
         assert!(
-            shape.dim % 8 == 0,
+            shape.dim.is_multiple_of(8),
             "dim {} must be a multiple of 8",
             shape.dim
         );
@@ -188,7 +188,8 @@ impl StreamFfn {
             error: Flags::new(gpu, 1)?,
             x: gpu.alloc(4 * shape.dim)?,
             acc: gpu.alloc(4 * shape.dim)?,
-            claimed: gpu.alloc(4 * n)?,
+            // The claims, then the device mirror of the arrival flags seen set.
+            claimed: gpu.alloc(8 * n)?,
             flag_of: upload(&identity)?,
             stage_of: upload(&stage_of)?,
             stage_size: upload(&sizes)?,
@@ -226,7 +227,7 @@ impl StreamFfn {
     pub fn launch_persistent(&self, gpu: &Gpu, thr: f32, timeout_ns: u64) -> CudaResult<()> {
         let s = self.shape;
         gpu.zero_async(self.acc.ptr, s.dim)?;
-        gpu.zero_async(self.claimed.ptr, s.blocks)?;
+        gpu.zero_async(self.claimed.ptr, 2 * s.blocks)?;
         gpu.zero_async(self.stage_count.ptr, self.stages.len())?;
         gpu.launch_shared(
             self.kernels.persistent,
@@ -405,9 +406,9 @@ pub fn reference(shape: FfnShape, bundles: &[u8], set: &[usize], x: &[f32], thr:
         let bundle = &bundles[b * shape.bundle_bytes()..][..shape.bundle_bytes()];
         for n in 0..p {
             let (mut g, mut u) = (0f32, 0f32);
-            for i in 0..dim {
-                g += h(bundle, n * dim + i) * x[i];
-                u += h(bundle, (p + n) * dim + i) * x[i];
+            for (i, xi) in x.iter().enumerate() {
+                g += h(bundle, n * dim + i) * xi;
+                u += h(bundle, (p + n) * dim + i) * xi;
             }
             let a = g / (1.0 + (-g).exp()) * u;
             if a.abs() < thr {
