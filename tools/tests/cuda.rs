@@ -423,3 +423,210 @@ fn cuda_runs_k_quants_in_their_stored_blocks_as_the_cpu() {
     drop(gpu);
     check_parity(&file, "k-quant model (synthetic)", &[Precision::Native]);
 }
+
+// ---- The persistent streaming-FFN kernel (backend/cuda/stream_ffn.rs) ----
+
+use leanstream::backend::cuda::driver::DeviceBuffer;
+use leanstream::backend::cuda::stream_ffn::{reference, FfnShape, StreamFfn, StreamFfnError};
+use leanstream::model::ggml::f32_to_f16;
+
+/// xorshift64*: the tests' random numbers, reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+    }
+}
+
+/// `shape.blocks` random bundles (f16, scaled like a trained layer's rows) and an input.
+fn random_ffn(shape: FfnShape, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng(seed);
+    let scale = 1.0 / (shape.dim as f32).sqrt();
+    let bundles: Vec<u8> = (0..shape.blocks * shape.bundle_halves())
+        .flat_map(|_| f32_to_f16(rng.unit() * scale * 2.0).to_le_bytes())
+        .collect();
+    let x = (0..shape.dim).map(|_| rng.unit()).collect();
+    (bundles, x)
+}
+
+/// The largest |gpu - cpu| over the largest |cpu|: the parity figure.
+fn max_rel(gpu: &[f32], cpu: &[f32]) -> f32 {
+    let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    gpu.iter()
+        .zip(cpu)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+/// The kernel starts before any bundle is in; the host delivers them in a random order with
+/// random delays (as I/O lanes land them); the sum equals the CPU's over the same set, for
+/// several orders, both memory models, and every stage's completion flag is published.
+#[test]
+fn stream_ffn_matches_cpu_for_any_arrival_order() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let shape = FfnShape {
+        dim: 256,
+        per_block: 16,
+        blocks: 24,
+    };
+    let (bundles, x) = random_ffn(shape, 7);
+    let thr = 0.02;
+    let all: Vec<usize> = (0..shape.blocks).collect();
+    let cpu = reference(shape, &bundles, &all, &x, thr);
+    // Stages of 8, 8 and 8 bundles in priority order.
+    let stages = [8, 8, 8];
+    let len = shape.bundle_bytes();
+    for model in [MemoryModel::Unified, MemoryModel::Discrete] {
+        let mut ffn = StreamFfn::new(&gpu, shape, model, &stages).unwrap();
+        for seed in 1..=4u64 {
+            let mut rng = Rng(seed * 977);
+            let mut order = all.clone();
+            rng.shuffle(&mut order);
+            ffn.start(&gpu, &x, thr, 2_000_000_000).unwrap();
+            for &b in &order {
+                std::thread::sleep(Duration::from_micros(rng.next() % 2000));
+                ffn.deliver(&gpu, b, &bundles[b * len..][..len]).unwrap();
+            }
+            let mut out = vec![0f32; shape.dim];
+            ffn.finish(&gpu, &mut out).unwrap();
+            let err = max_rel(&out, &cpu);
+            eprintln!(
+                "stream_ffn {model:?} order {:?}..: max |gpu-cpu|/max|cpu| = {err:.2e}",
+                &order[..6]
+            );
+            assert!(err < 1e-4, "{model:?} seed {seed}: off by {err}");
+            for s in 0..stages.len() {
+                assert_eq!(ffn.stages.get(s), ffn.generation(), "stage {s} published");
+            }
+        }
+    }
+}
+
+/// A bundle whose flag is never set: the launch ends, within a bounded time, with an error
+/// naming that bundle (and nothing hangs), in both memory models.
+#[test]
+fn stream_ffn_names_a_bundle_that_never_arrives() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let shape = FfnShape {
+        dim: 128,
+        per_block: 8,
+        blocks: 12,
+    };
+    let (bundles, x) = random_ffn(shape, 11);
+    let len = shape.bundle_bytes();
+    for model in [MemoryModel::Unified, MemoryModel::Discrete] {
+        let mut ffn = StreamFfn::new(&gpu, shape, model, &[6, 6]).unwrap();
+        let t = Instant::now();
+        ffn.start(&gpu, &x, 0.0, 50_000_000).unwrap();
+        for b in (0..shape.blocks).filter(|&b| b != 5) {
+            ffn.deliver(&gpu, b, &bundles[b * len..][..len]).unwrap();
+        }
+        let mut out = vec![0f32; shape.dim];
+        let e = ffn.finish(&gpu, &mut out);
+        let took = t.elapsed();
+        eprintln!("stream_ffn {model:?}: {e:?} after {took:?}");
+        assert!(
+            matches!(e, Err(StreamFfnError::Missing { block: 5 })),
+            "{model:?}: {e:?}"
+        );
+        assert!(took < Duration::from_secs(5), "gave up only after {took:?}");
+        assert_eq!(
+            ffn.stages.get(0),
+            0,
+            "stage 0 (holding bundle 5) not published"
+        );
+        assert_eq!(ffn.stages.get(1), ffn.generation(), "stage 1 published");
+    }
+}
+
+/// Table 3 (paper 4.3.1): one FFN layer of the 1.5B shape (dim 1536, hidden 8960, f16, every
+/// bundle resident) split into 1..16 segments, ordered by kernel boundaries, by a grid-wide
+/// barrier in one cooperative launch, and by per-segment flags in the persistent kernel:
+/// microseconds per layer (median of 200). Prints a Markdown table; checks that the three
+/// give the same sum.
+#[test]
+fn stream_ffn_sync_overhead_table() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let (dim, hidden, per_block) = (1536, 8960, 8);
+    let shape = FfnShape {
+        dim,
+        per_block,
+        blocks: hidden / per_block,
+    };
+    let (bundles, x) = random_ffn(shape, 3);
+    let mut ffn = StreamFfn::new(&gpu, shape, MemoryModel::Discrete, &[shape.blocks]).unwrap();
+    let len = shape.bundle_bytes();
+    for b in 0..shape.blocks {
+        ffn.put(&gpu, b, &bundles[b * len..][..len]).unwrap();
+    }
+    ffn.set_input(&gpu, &x).unwrap();
+    let seg_buf = gpu.alloc(4 * 17).unwrap();
+    let bar: DeviceBuffer = gpu.alloc(8).unwrap();
+    let read_acc = |ffn: &StreamFfn| {
+        let mut bytes = vec![0u8; 4 * dim];
+        gpu.download_async(&mut bytes, ffn.acc.ptr).unwrap();
+        gpu.sync().unwrap();
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect::<Vec<f32>>()
+    };
+    let median_us = |f: &mut dyn FnMut()| {
+        for _ in 0..20 {
+            f();
+        }
+        gpu.sync().unwrap();
+        let mut t: Vec<f32> = (0..200)
+            .map(|_| {
+                gpu.time_ms(|| {
+                    f();
+                    Ok(())
+                })
+                .unwrap()
+                    * 1000.0
+            })
+            .collect();
+        t.sort_by(f32::total_cmp);
+        t[100]
+    };
+    println!(
+        "\n| segments | kernel boundaries (us) | cooperative grid sync (us) | flags (us) |\n|---:|---:|---:|---:|"
+    );
+    for segments in [1usize, 2, 4, 8, 16] {
+        let seg: Vec<u32> = (0..=segments)
+            .map(|s| (s * shape.blocks / segments) as u32)
+            .collect();
+        let seg_bytes: Vec<u8> = seg.iter().flat_map(|w| w.to_le_bytes()).collect();
+        gpu.upload(seg_buf.ptr, &seg_bytes).unwrap();
+        let kb = median_us(&mut || ffn.launch_segments(&gpu, &seg, 0.0).unwrap());
+        let kb_out = read_acc(&ffn);
+        let coop = median_us(&mut || {
+            ffn.launch_coop(&gpu, &seg_buf, segments, &bar, 0.0)
+                .unwrap()
+        });
+        let coop_out = read_acc(&ffn);
+        ffn.prepare_flagged_segments(&gpu, &seg).unwrap();
+        let flags = median_us(&mut || ffn.launch_persistent(&gpu, 0.0, 1_000_000_000).unwrap());
+        assert_eq!(ffn.error_code(), 0);
+        let flag_out = read_acc(&ffn);
+        assert!(max_rel(&coop_out, &kb_out) < 1e-4 && max_rel(&flag_out, &kb_out) < 1e-4);
+        println!("| {segments} | {kb:.1} | {coop:.1} | {flags:.1} |");
+    }
+    println!(
+        "({}; {} bundles of {per_block} neurons, persistent grid {})",
+        gpu.name, shape.blocks, ffn.grid
+    );
+}

@@ -405,6 +405,48 @@ impl Gpu {
         }
     }
 
+    /// A cooperative launch of `f` (every block resident at once, so a grid-wide barrier is
+    /// valid); the driver refuses a grid larger than fits.
+    pub fn launch_cooperative(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: &mut KernelArgs,
+    ) -> CudaResult<()> {
+        let mut ptrs = args.pointers();
+        // SAFETY: as `launch_shared`.
+        unsafe {
+            check(
+                "cuLaunchCooperativeKernel",
+                sys::cuLaunchCooperativeKernel(
+                    f.0,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    shared,
+                    self.stream,
+                    ptrs.as_mut_ptr(),
+                ),
+            )
+        }
+    }
+
+    /// Queues zeroing `words` 32-bit words at `dst` on the stream.
+    pub fn zero_async(&self, dst: CUdeviceptr, words: usize) -> CudaResult<()> {
+        // SAFETY: the caller's `dst` spans `words` words of device memory.
+        unsafe {
+            check(
+                "cuMemsetD32Async",
+                sys::cuMemsetD32Async(dst, 0, words, self.stream),
+            )
+        }
+    }
+
     /// How many blocks of `block` threads and `shared` dynamic shared bytes of `f` fit on one
     /// multiprocessor at once (registers, shared memory and threads all counted).
     pub fn blocks_per_sm(&self, f: Function, block: u32, shared: usize) -> CudaResult<u32> {

@@ -9,10 +9,12 @@
 //!
 //! The CUDA decoder that drives these kernels is `crate::engine::cuda` (the engine layer).
 //! - `flags`: 32-bit flags in mapped host memory shared by CPU threads and running kernels.
+//! - `stream_ffn`: the persistent streaming-FFN kernel (flag-driven) and its launcher.
 
 pub mod driver;
 pub mod flags;
 pub mod kquant;
+pub mod stream_ffn;
 pub mod weights;
 
 pub use driver::{probe, GpuError};
