@@ -129,46 +129,139 @@ __device__ void bundle_ffn(const f16* __restrict__ bundle, int P, int dim, const
     __syncthreads();
 }
 
+// GGML type ids of the rows a bundle may hold (model/ggml.rs).
+#define TY_F16 1
+#define TY_Q8_0 8
+
+// Bytes of one row of `dim` values of type `ty`.
+__device__ __forceinline__ int row_bytes(int ty, int dim) {
+    return ty == TY_Q8_0 ? dim / 32 * 34 : 2 * dim;
+}
+
+__device__ __forceinline__ u32 ld_cg_u8(const unsigned char* p) {
+    u32 v;
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ f16 ld_cg_f16(const unsigned char* p) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// Value i of a row of type ty (F16 or Q8_0: int8 values in blocks of 32, each after its f16
+// scale), read past L1.
+__device__ __forceinline__ float row_value(const unsigned char* row, int ty, int i) {
+    if (ty == TY_Q8_0) {
+        const unsigned char* blk = row + (i / 32) * 34;
+        return h2f(ld_cg_f16(blk)) * (float)(signed char)ld_cg_u8(blk + 2 + i % 32);
+    }
+    return h2f(ld_cg_f16(row + 2 * i));
+}
+
+// bundle_ffn over a block as the flash image stores it: P gate rows, P up rows and P down
+// columns, each of its own type (F16 or Q8_0), back to back. All-F16 blocks take bundle_ffn's
+// vector loads.
+__device__ void block_ffn(const unsigned char* __restrict__ block, int P, int dim, int gt, int ut,
+                          int dt, const float* xs, float thr, float* act, float* acc) {
+    if (gt == TY_F16 && ut == TY_F16 && dt == TY_F16) {
+        bundle_ffn((const f16*)block, P, dim, xs, thr, act, acc);
+        return;
+    }
+    int warps = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int gb = row_bytes(gt, dim), ub = row_bytes(ut, dim), db = row_bytes(dt, dim);
+    const unsigned char* gate = block;
+    const unsigned char* up = block + (size_t)P * gb;
+    const unsigned char* down = up + (size_t)P * ub;
+    for (int n = w; n < P; n += warps) {
+        float sg = 0.f, su = 0.f;
+        for (int i = lane; i < dim; i += 32) {
+            sg += row_value(gate + (size_t)n * gb, gt, i) * xs[i];
+            su += row_value(up + (size_t)n * ub, ut, i) * xs[i];
+        }
+        sg = warp_sum(sg);
+        su = warp_sum(su);
+        if (lane == 0) {
+            float a = sg / (1.0f + expf(-sg)) * su;
+            act[n] = fabsf(a) >= thr ? a : 0.f;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float s = 0.f;
+        for (int n = 0; n < P; n++) {
+            float a = act[n];
+            if (a == 0.f) continue;
+            s += a * row_value(down + (size_t)n * db, dt, c);
+        }
+        if (s != 0.f) atomicAdd(acc + c, s);
+    }
+    __syncthreads();
+}
+
 // The input into shared memory (once per block).
 __device__ void stage_input(const float* x, int dim, float* xs) {
     for (int i = threadIdx.x; i < dim; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
 }
 
-// Bundle b is done: count it in its stage and publish the stage once all of its bundles are.
+// Bundle b is done: count it in its stage and, once all of the stage's bundles are, copy the
+// accumulator so far into the stage's snapshot (host memory, when given: what the CPU refines
+// the next layer's reads from, Algorithm 1) and publish the stage. Called by every thread.
 __device__ void finish_bundle(int b, const u32* stage_of, const u32* stage_size, u32* stage_count,
-                              u32* stage_flags, u32 want) {
-    if (threadIdx.x != 0 || stage_flags == 0) return;
+                              u32* stage_flags, u32 want, const float* acc, int dim,
+                              float* snapshots, volatile int* last) {
+    if (stage_flags == 0) return;
     u32 s = stage_of[b];
-    __threadfence();  // this bundle's sums before its count
-    if (atomicAdd(stage_count + s, 1u) + 1 == stage_size[s]) {
+    __threadfence();  // every thread's sums before the stage count
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(stage_count + s, 1u) + 1 == stage_size[s];
+    __syncthreads();
+    if (!*last) return;
+    if (snapshots != 0) {
+        __threadfence();
+        for (int c = threadIdx.x; c < dim; c += blockDim.x)
+            snapshots[(size_t)s * dim + c] = atomicAdd((float*)acc + c, 0.f);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
         __threadfence_system();
         store_release(stage_flags + s, want);
     }
 }
 
-// Dynamic shared memory: dim floats (the input) + P floats (activations) + 2 ints.
+// Dynamic shared memory: dim floats (the input) + P floats (activations) + 4 ints.
 //
-// bundles: n bundles, `stride` halves apart. arrive: n flags read as arrive[flag_of[b]] >= want
-// (null: all arrived, the bundles are resident). claimed: 2n words, zero at launch (the claims,
-// then the mirror of the flags seen set). stage_*:
-// per-bundle stage index, bundles per stage, per-stage counters (zero at launch) and the
-// completion flags (null: not published). error: 0, or 1 + the first bundle missing at timeout.
-extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t stride, int n, int P,
-                                      int dim, const float* __restrict__ x, float thr, float* acc,
+// bundles: n bundles of P neurons; bundle b is at bundles + stride * (slot_of ? slot_of[b] : b)
+// bytes (slot_of, in host memory, is read after b's arrival: the cache slot a lane put it in),
+// its gate rows, up rows and down columns of types gt, ut, dt (F16 or Q8_0). arrive: n flags
+// read as arrive[flag_of[b]] >= want (null: all arrived, the bundles are resident).
+// claimed: 2n + 1 words, zero at launch (the claims, the mirror of the flags seen set, and
+// the count of claims so far).
+// stage_*: per-bundle stage index, bundles per stage, per-stage counters (zero at launch) and
+// the completion flags (null: not published); snapshots: per stage, dim floats of the
+// accumulator when the stage completed (null: none). error: 0, or 1 + the first bundle
+// missing at timeout; a host that knows a bundle will never come sets it first. report (host
+// memory, or null): where a timeout's error word is copied, when `error` is device memory.
+extern "C" __global__ void stream_ffn(const unsigned char* __restrict__ bundles, size_t stride,
+                                      const u32* slot_of, int n, int P, int dim, int gt, int ut,
+                                      int dt, const float* __restrict__ x, float thr, float* acc,
                                       const u32* arrive, const u32* flag_of, u32 want,
                                       u32* claimed, const u32* stage_of, const u32* stage_size,
-                                      u32* stage_count, u32* stage_flags, u64 timeout_ns,
-                                      u32* error) {
+                                      u32* stage_count, u32* stage_flags, float* snapshots,
+                                      u64 timeout_ns, u32* error, u32* report) {
     extern __shared__ float shared[];
     float* xs = shared;
     float* act = shared + dim;
     volatile int* pick = (volatile int*)(act + P);
+    volatile int* last = pick + 1;
     u32* seen = claimed + n;
     stage_input(x, dim, xs);
     // The first bundle this block may find unclaimed: claims only grow, so it only advances.
     int cursor = 0;
     u64 last_progress = now_ns();
+    u32 claims_seen = 0;
     for (;;) {
         if (threadIdx.x < 32) {
             int lane = threadIdx.x, got = -1;
@@ -191,7 +284,10 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                         int src = __ffs(here_mask) - 1;
                         int cand = __shfl_sync(0xffffffff, b, src);
                         int won = 0;
-                        if (lane == 0) won = atomicCAS(claimed + cand, 0u, 1u) == 0;
+                        if (lane == 0) {
+                            won = atomicCAS(claimed + cand, 0u, 1u) == 0;
+                            if (won) atomicAdd(claimed + 2 * n, 1u);  // progress, for waiters
+                        }
                         won = __shfl_sync(0xffffffff, won, 0);
                         if (won) got = cand;
                         here_mask &= here_mask - 1;
@@ -207,6 +303,13 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                     got = -2;
                     break;
                 }
+                // The time bound runs from the last claim by any block: a block that waits
+                // while others compute is not stalled.
+                u32 total = ((volatile u32*)claimed)[2 * n];
+                if (total != claims_seen) {
+                    claims_seen = total;
+                    last_progress = now_ns();
+                }
                 if (now_ns() > last_progress + timeout_ns) {
                     // Name the first bundle still not arrived.
                     int missing = first_open;
@@ -220,24 +323,32 @@ extern "C" __global__ void stream_ffn(const f16* __restrict__ bundles, size_t st
                         }
                         atomicCAS(error, 0u, (u32)(1 + missing));
                         __threadfence_system();
+                        if (report != 0) store_release(report, *(volatile u32*)error);
                     }
                     got = -2;
                     break;
                 }
                 __nanosleep(100);
             }
-            if (lane == 0) *pick = got;
+            if (lane == 0) {
+                *pick = got;
+                // Where the bundle is: read after an acquire of its own flag by this thread.
+                if (got >= 0 && slot_of != 0) {
+                    load_acquire(arrive + flag_of[got]);
+                    pick[2] = (int)load_acquire(slot_of + got);
+                } else {
+                    pick[2] = got;
+                }
+            }
         }
         __syncthreads();
         int b = *pick;
+        u32 slot = (u32)pick[2];
         __syncthreads();
         if (b < 0) return;
-        bundle_ffn(bundles + stride * b, P, dim, xs, thr, act, acc);
-        if (stage_flags != 0) {
-            __threadfence();  // every thread's sums before the stage count (finish_bundle)
-            __syncthreads();
-        }
-        finish_bundle(b, stage_of, stage_size, stage_count, stage_flags, want);
+        block_ffn(bundles + stride * slot, P, dim, gt, ut, dt, xs, thr, act, acc);
+        finish_bundle(b, stage_of, stage_size, stage_count, stage_flags, want, acc, dim,
+                      snapshots, last);
         last_progress = now_ns();
     }
 }

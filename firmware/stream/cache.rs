@@ -182,6 +182,12 @@ impl<'a> WeightCache<'a> {
         self.slot_bytes
     }
 
+    /// Bytes from one slot's start to the next's in the arena (a GPU reads slot s at
+    /// `arena + s * slot_stride`).
+    pub fn slot_stride(&self) -> usize {
+        self.stride
+    }
+
     /// Blocks numbered below this have a flag.
     pub fn blocks(&self) -> usize {
         self.flags.len()

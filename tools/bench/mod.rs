@@ -5,7 +5,9 @@
 //! bytes per token over a device-to-device copy bandwidth measured in the same run).
 
 pub mod ablate;
+pub mod ffn_ref;
 pub mod plot;
+pub mod sets;
 
 pub use ablate::Ablation;
 #[cfg(feature = "cuda")]

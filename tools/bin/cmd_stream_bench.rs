@@ -12,6 +12,7 @@ use leanstream::sparsity::{BundleDown, SparsityError};
 use leanstream::stream::sim::belady_from;
 use leanstream::stream::{CacheBudget, Policy};
 use leanstream_tools::bench::plot::{stream_lines, StreamPoint};
+use leanstream_tools::bench::sets::BlockSets;
 
 #[derive(Args)]
 pub struct StreamBenchArgs {
@@ -53,6 +54,10 @@ pub struct StreamBenchArgs {
     /// The learned predictors' tables, comma-separated KIND=FILE (powerinfer2 runs dejavu's).
     #[arg(long, value_delimiter = ',', value_name = "KIND=FILE")]
     predictor: Vec<String>,
+    /// Writes the block sets every layer-step of the first streamed run asked for (warm tokens
+    /// included), for `gpu-stream-bench` to replay over a same-geometry image.
+    #[arg(long, value_name = "FILE")]
+    record_sets: Option<PathBuf>,
     /// The learned cache policy's table (leanstream train-eviction).
     #[arg(long, value_name = "FILE")]
     eviction: Option<PathBuf>,
@@ -189,6 +194,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
     eprintln!("{name}: dense in memory {dense_tps:.2} tok/s");
     let mut runs = Vec::new();
     let mut oracle_tps = Vec::new();
+    let mut sets_written = false;
     let mode: FfnMode = a.ffn.parse().map_err(|e: SparsityError| e.to_string())?;
     if mode == FfnMode::Dense {
         return Err("--ffn dense streams every block: give oracle or topk".into());
@@ -303,6 +309,15 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                     let s = e.stream_mut().expect("streamed");
                     let st = s.stats();
                     let steps = s.take_recorded();
+                    if let Some(p) = a.record_sets.as_ref().filter(|_| !sets_written) {
+                        BlockSets::new(img, steps.clone()).write(p)?;
+                        eprintln!(
+                            "{name}: {label}: {} layer-steps of block sets in {}",
+                            steps.len(),
+                            p.display()
+                        );
+                        sets_written = true;
+                    }
                     let (slots, _) = s.cache_slots();
                     let floor = belady_from(slots, &steps, warm_steps);
                     let measured = a.tokens as f64 / tps;

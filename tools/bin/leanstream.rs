@@ -13,6 +13,7 @@ mod cmd_calibrate_kv;
 mod cmd_client;
 mod cmd_flash;
 mod cmd_generate;
+mod cmd_gpu_stream_bench;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_requant;
@@ -115,6 +116,10 @@ enum Command {
     /// The streamed FFN on this disk: decode speed, miss ratio (with Belady's floor), bytes read
     /// per token and I/O wait, per image, sparsity, budget and cache policy; JSON, Markdown, PNG.
     StreamBench(cmd_stream_bench::StreamBenchArgs),
+    /// The GPU's streamed FFN on this disk, replaying block sets recorded from a real decode
+    /// (stream-bench --record-sets): FFN time per token, hit ratio and bytes read per memory
+    /// model and budget, beside the reads alone and every block resident.
+    GpuStreamBench(cmd_gpu_stream_bench::GpuStreamBenchArgs),
     /// Miss ratios of the weight cache's policies (lru, lfu, hot) and Belady's floor on a
     /// trace's activations.
     CacheSim(cmd_cache_sim::CacheSimArgs),
@@ -222,6 +227,7 @@ fn main() -> ExitCode {
         Command::TrainEviction(a) => cmd_train_baseline::cmd_train_eviction(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
+        Command::GpuStreamBench(a) => cmd_gpu_stream_bench::cmd_gpu_stream_bench(a),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),
         Command::Status { socket } => cmd_client::cmd_status(socket),

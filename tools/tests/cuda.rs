@@ -426,6 +426,9 @@ fn cuda_runs_k_quants_in_their_stored_blocks_as_the_cpu() {
 
 // ---- The persistent streaming-FFN kernel (backend/cuda/stream_ffn.rs) ----
 
+#[path = "cuda/stream_layer.rs"]
+mod stream_layer;
+
 use leanstream::backend::cuda::driver::DeviceBuffer;
 use leanstream::backend::cuda::stream_ffn::{reference, FfnShape, StreamFfn, StreamFfnError};
 use leanstream::model::ggml::f32_to_f16;

@@ -447,6 +447,14 @@ impl Gpu {
         }
     }
 
+    /// A second stream, independent of the kernels' one (copies that feed a running kernel).
+    pub fn side_stream(&self) -> CudaResult<SideStream> {
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the context is current (`open`/`bind`).
+        unsafe { check("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1))? };
+        Ok(SideStream { stream })
+    }
+
     /// How many blocks of `block` threads and `shared` dynamic shared bytes of `f` fit on one
     /// multiprocessor at once (registers, shared memory and threads all counted).
     pub fn blocks_per_sm(&self, f: Function, block: u32, shared: usize) -> CudaResult<u32> {
@@ -521,6 +529,62 @@ impl Drop for Gpu {
         // The primary context stays retained for the life of the process: releasing it would
         // tear it down under anything else still using it (another engine, a bench run).
         // SAFETY: the stream is ours and nothing queued on it remains (callers sync).
+        unsafe {
+            sys::cuStreamSynchronize(self.stream);
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+/// A non-blocking stream beside the kernels' one: a copy queued here does not wait for a
+/// running kernel, and a flag written after it (`write_u32`) reaches memory only once the copy
+/// is in, so the host never waits for the copy.
+pub struct SideStream {
+    stream: sys::CUstream,
+}
+
+impl SideStream {
+    /// Queues a copy of `len` bytes from pinned host memory at `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` must be pinned (cuMemHostAlloc) and its `len` bytes must stay unchanged until the
+    /// stream has run the copy (`sync`).
+    pub unsafe fn copy_pinned(
+        &self,
+        dst: CUdeviceptr,
+        src: *const u8,
+        len: usize,
+    ) -> CudaResult<()> {
+        // SAFETY: the caller's contract above; `dst` spans `len` bytes of device memory.
+        unsafe {
+            check(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream),
+            )
+        }
+    }
+
+    /// Queues a 32-bit store of `value` to `addr` (device or mapped host memory), after what is
+    /// queued before it and behind a memory barrier.
+    pub fn write_u32(&self, addr: CUdeviceptr, value: u32) -> CudaResult<()> {
+        // SAFETY: the caller's `addr` is a 4-byte aligned word the GPU can write.
+        unsafe {
+            check(
+                "cuStreamWriteValue32",
+                sys::cuStreamWriteValue32_v2(self.stream, addr, value, 0),
+            )
+        }
+    }
+
+    pub fn sync(&self) -> CudaResult<()> {
+        // SAFETY: the stream lives as long as self.
+        unsafe { check("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream)) }
+    }
+}
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream is ours; what is queued on it is finished first.
         unsafe {
             sys::cuStreamSynchronize(self.stream);
             sys::cuStreamDestroy_v2(self.stream);

@@ -10,11 +10,14 @@
 //! The CUDA decoder that drives these kernels is `crate::engine::cuda` (the engine layer).
 //! - `flags`: 32-bit flags in mapped host memory shared by CPU threads and running kernels.
 //! - `stream_ffn`: the persistent streaming-FFN kernel (flag-driven) and its launcher.
+//! - `stream_layer`: that kernel fed by the I/O lanes from a flash image, block by block as
+//!   reads land, with per-stage updates for the next layer's reads (Algorithm 1).
 
 pub mod driver;
 pub mod flags;
 pub mod kquant;
 pub mod stream_ffn;
+pub mod stream_layer;
 pub mod weights;
 
 pub use driver::{probe, GpuError};

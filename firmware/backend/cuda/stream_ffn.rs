@@ -21,6 +21,10 @@ use std::fmt;
 /// Threads per block of every kernel here (8 warps: 8 neurons' dots at a time).
 pub const THREADS: u32 = 256;
 
+/// The GGML type ids of the rows `stream_ffn` computes over (its TY_F16 and TY_Q8_0).
+pub const TY_F16: i32 = 1;
+pub const TY_Q8_0: i32 = 8;
+
 /// One layer's shape as the kernel sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct FfnShape {
@@ -39,8 +43,9 @@ impl FfnShape {
         2 * self.bundle_halves()
     }
 
-    /// Dynamic shared memory of a block: the input, the activations and the claim word.
-    fn shared_bytes(&self) -> u32 {
+    /// Dynamic shared memory of a block: the input, the activations and four words (the claim,
+    /// whether a stage completed, the slot).
+    pub(super) fn shared_bytes(&self) -> u32 {
         (4 * (self.dim + self.per_block) + 16) as u32
     }
 }
@@ -188,8 +193,8 @@ impl StreamFfn {
             error: Flags::new(gpu, 1)?,
             x: gpu.alloc(4 * shape.dim)?,
             acc: gpu.alloc(4 * shape.dim)?,
-            // The claims, then the device mirror of the arrival flags seen set.
-            claimed: gpu.alloc(8 * n)?,
+            // The claims, the device mirror of the arrival flags seen set, the claim count.
+            claimed: gpu.alloc(8 * n + 4)?,
             flag_of: upload(&identity)?,
             stage_of: upload(&stage_of)?,
             stage_size: upload(&sizes)?,
@@ -227,7 +232,7 @@ impl StreamFfn {
     pub fn launch_persistent(&self, gpu: &Gpu, thr: f32, timeout_ns: u64) -> CudaResult<()> {
         let s = self.shape;
         gpu.zero_async(self.acc.ptr, s.dim)?;
-        gpu.zero_async(self.claimed.ptr, 2 * s.blocks)?;
+        gpu.zero_async(self.claimed.ptr, 2 * s.blocks + 1)?;
         gpu.zero_async(self.stage_count.ptr, self.stages.len())?;
         gpu.launch_shared(
             self.kernels.persistent,
@@ -236,10 +241,14 @@ impl StreamFfn {
             s.shared_bytes(),
             KernelArgs::default()
                 .ptr(self.bundles_ptr())
-                .u64(s.bundle_halves() as u64)
+                .u64(s.bundle_bytes() as u64)
+                .ptr(0)
                 .i32(s.blocks as i32)
                 .i32(s.per_block as i32)
                 .i32(s.dim as i32)
+                .i32(TY_F16)
+                .i32(TY_F16)
+                .i32(TY_F16)
                 .ptr(self.x.ptr)
                 .f32(thr)
                 .ptr(self.acc.ptr)
@@ -251,8 +260,10 @@ impl StreamFfn {
                 .ptr(self.stage_size.ptr)
                 .ptr(self.stage_count.ptr)
                 .ptr(self.stages.device_ptr())
+                .ptr(0)
                 .u64(timeout_ns)
-                .ptr(self.error.device_ptr()),
+                .ptr(self.error.device_ptr())
+                .ptr(0),
         )
     }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Hardware-in-the-loop: the GPU's streamed FFN on the GPU machine's disk (docs/STREAMING.md,
+# "GPU: the streamed FFN fed by the lanes"). Runs there over what scripts/hil.sh staged in
+# hil-out/ (the h200-hil build of `leanstream`) and block-set files recorded here from the real
+# model (`leanstream stream-bench --record-sets`): writes a same-shape random-weight model of
+# SHAPE (bench-shapes/SHAPE.toml) at Q8_0, flashes it at w8a8 for the h200-hil board onto the
+# machine's disk, and replays each set file through `leanstream gpu-stream-bench`. Builds
+# nothing of ours.
+#   usage: bash scripts/hil-gpu-stream.sh SHAPE SETS... [-- gpu-stream-bench args]
+#   e.g.   bash scripts/hil-gpu-stream.sh qwen2.5-1.5b hil-out/sets/q15-s0.5.sets -- --budgets 10,20,50
+# Results land in $OUT (else hil-out/results): gpu-stream-<sets>.md and .json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+h=${HIL_DIR:-hil-out}
+res=${OUT:-$h/results}; mkdir -p "$res"
+[ -f "$h/leanstream.gz" ] && { gunzip -c "$h/leanstream.gz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
+shape=$1; shift
+sets=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do sets+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+if ! python3 -c 'import gguf' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
+fi
+syn=/tmp/synth; mkdir -p $syn
+gguf=$syn/$shape-q8_0.gguf
+[ -f "$gguf" ] || python3 scripts/synth-gguf.py "bench-shapes/$shape.toml" $syn --types q8_0
+img=$syn/$shape.w8.flash
+[ -f "$img" ] || "$h/leanstream" flash "$gguf" --board h200-hil --precision w8a8 --out "$img" 2>&1 | tail -3
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for s in "${sets[@]}"; do
+  n=$(basename "$s" .sets)
+  echo "== gpu-stream-bench $n"
+  "$h/leanstream" gpu-stream-bench --image "$img" --sets "$s" \
+    --markdown "$res/gpu-stream-$n.md" --json "$res/gpu-stream-$n.json" "$@" 2>&1 | tee "$res/gpu-stream-$n.txt"
+done
