@@ -190,6 +190,12 @@ pub struct GpuStreamedFfn {
     stage_seen: Vec<bool>,
     /// The discrete model's copies into the device slots, each followed by its arrival flag.
     copies: SideStream,
+    /// Discrete: while the layer's blocks are being asked for, deliveries wait here (bundle,
+    /// block, slot) and then go to the device in two copies (slots, flags) from `batch`, pinned:
+    /// a stream write per hit costs microseconds, thousands of them a layer.
+    batching: bool,
+    deferred: Vec<(u32, BlockId, u32)>,
+    batch: Option<MappedHost>,
     /// The kernel's wait for a next block, and the host's (twice it).
     pub timeout: Duration,
 }
@@ -269,6 +275,12 @@ impl GpuStreamedFfn {
             mirror_holds: vec![0; slots],
             stage_seen: vec![false; max_stages],
             copies: gpu.side_stream()?,
+            batching: false,
+            deferred: Vec::with_capacity(max_blocks),
+            batch: match model {
+                MemoryModel::Discrete => Some(gpu.alloc_mapped(8 * max_blocks)?),
+                _ => None,
+            },
             timeout: Duration::from_secs(2),
         })
     }
@@ -395,7 +407,10 @@ impl GpuStreamedFfn {
                 .ptr(report),
         )?;
 
-        // Ask for every block, highest priority first: hits are flagged at once.
+        // Ask for every block, highest priority first: hits are flagged at once (discrete: in
+        // one batch once all are asked for).
+        self.batching = self.batch.is_some();
+        self.deferred.clear();
         let mut waiting = 0usize;
         let mut failure: Option<GpuStreamError> = None;
         for (i, &b) in req.order.iter().enumerate() {
@@ -444,6 +459,8 @@ impl GpuStreamedFfn {
                 }
             }
         }
+
+        self.flush_batch(mem, n, cache)?;
 
         // Hand arrivals to the kernel and completed stages to the caller until every block is
         // in (or the layer failed), then until the kernel is done.
@@ -547,6 +564,10 @@ impl GpuStreamedFfn {
         slot: usize,
         cache: &WeightCache,
     ) -> CudaResult<()> {
+        if self.batching {
+            self.deferred.push((i as u32, block, slot as u32));
+            return Ok(());
+        }
         let (Some(dev), Some(words)) = (mem.mirror, &self.device_words) else {
             self.slot_of.set(i, slot as u32);
             self.arrive.set(i, self.generation);
@@ -570,6 +591,52 @@ impl GpuStreamedFfn {
         }
         self.copies
             .write_u32(arrive + 4 * i as u64, self.generation)
+    }
+
+    /// Discrete: the deliveries held while the layer's blocks were asked for, to the device:
+    /// each slot's copy where the mirror lacks it, then bundles 0..n's slots and flags in one
+    /// copy each (0 for bundles still out: below any generation), on the copy stream before
+    /// any later delivery.
+    fn flush_batch(&mut self, mem: CacheView, n: usize, cache: &WeightCache) -> CudaResult<()> {
+        if !std::mem::take(&mut self.batching) {
+            return Ok(());
+        }
+        let (Some(dev), Some(words), Some(batch)) =
+            (mem.mirror, &self.device_words, &mut self.batch)
+        else {
+            return Ok(());
+        };
+        let (arrive, slot_of) = (words.ptr, words.ptr + 4 * self.max_blocks as u64);
+        let m = self.max_blocks;
+        let staged = batch.as_mut_slice();
+        staged[4 * m..4 * (m + n)].fill(0);
+        for &(i, block, slot) in &self.deferred {
+            let (i, slot_us) = (i as usize, slot as usize);
+            if self.mirror_holds[slot_us] != block + 1 {
+                let bytes = cache.slot(slot_us);
+                // SAFETY: as in `deliver`: pinned cache memory, the block pinned until the
+                // layer's end, which waits for the copy stream.
+                unsafe {
+                    self.copies.copy_pinned(
+                        dev + (slot_us * cache.slot_stride()) as u64,
+                        bytes.as_ptr(),
+                        bytes.len(),
+                    )?
+                };
+                self.mirror_holds[slot_us] = block + 1;
+            }
+            staged[4 * i..4 * i + 4].copy_from_slice(&slot.to_le_bytes());
+            staged[4 * (m + i)..4 * (m + i) + 4].copy_from_slice(&self.generation.to_le_bytes());
+        }
+        self.deferred.clear();
+        // SAFETY: `batch` is pinned and not written again before the layer's end, which waits
+        // for the copy stream.
+        unsafe {
+            self.copies.copy_pinned(slot_of, batch.host, 4 * n)?;
+            self.copies
+                .copy_pinned(arrive, batch.host.add(4 * m), 4 * n)?;
+        }
+        Ok(())
     }
 
     /// Ends the kernel's waits with `code` (1 + the bundle that will not come, or u32::MAX):
