@@ -272,6 +272,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                             .then(|| a.eviction.clone())
                             .flatten(),
                         refine_stages: refine,
+                        controller: None,
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,

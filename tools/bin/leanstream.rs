@@ -11,6 +11,7 @@ mod cmd_cache_sim;
 mod cmd_calibrate;
 mod cmd_calibrate_kv;
 mod cmd_client;
+mod cmd_controller;
 mod cmd_flash;
 mod cmd_generate;
 mod cmd_inspect;
@@ -115,6 +116,9 @@ enum Command {
     /// The streamed FFN on this disk: decode speed, miss ratio (with Belady's floor), bytes read
     /// per token and I/O wait, per image, sparsity, budget and cache policy; JSON, Markdown, PNG.
     StreamBench(cmd_stream_bench::StreamBenchArgs),
+    /// The streaming controller (LeanStream 3.2.3): profile plans, solve the LUT, compare.
+    #[command(subcommand)]
+    Controller(cmd_controller::ControllerCommand),
     /// Miss ratios of the weight cache's policies (lru, lfu, hot) and Belady's floor on a
     /// trace's activations.
     CacheSim(cmd_cache_sim::CacheSimArgs),
@@ -222,6 +226,7 @@ fn main() -> ExitCode {
         Command::TrainEviction(a) => cmd_train_baseline::cmd_train_eviction(a),
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
+        Command::Controller(c) => cmd_controller::cmd_controller(c),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),
         Command::Status { socket } => cmd_client::cmd_status(socket),

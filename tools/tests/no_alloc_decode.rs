@@ -284,6 +284,7 @@ fn main() {
                 }),
                 eviction: (policy == CachePolicy::Learned).then(|| reuse_table.clone()),
                 refine_stages: refine,
+                controller: None,
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,
