@@ -334,8 +334,8 @@ fn profile(a: ProfileArgs) -> Result<(), String> {
 }
 
 fn read_profile(path: &Path) -> Result<Profile, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text)
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a controller profile: {e}", path.display()))
 }
 
