@@ -311,7 +311,7 @@ impl<'a> StreamedFfn<'a> {
             // soon as this one is done: no extra prediction, the reads start earlier.
             None => usize::from(predictor.reads_ffn_output()),
         };
-        let s = StreamedFfn {
+        let mut s = StreamedFfn {
             file,
             lanes,
             cache,
@@ -347,16 +347,7 @@ impl<'a> StreamedFfn<'a> {
         s.prio.fill(0.0);
         s.mark.fill(UNSEEN);
         s.pos_of.fill(NONE);
-        let mut s = s;
-        if let Some(path) = &opts.controller {
-            let error = |error| StreamBootError::Controller {
-                path: path.clone(),
-                error,
-            };
-            let lut =
-                crate::control::Lut::read(path, s.image.header.tables_identity).map_err(error)?;
-            s.set_controller(Some(lut)).map_err(error)?;
-        }
+        s.load_controller(opts)?;
         Ok(s)
     }
 

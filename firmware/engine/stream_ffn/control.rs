@@ -40,6 +40,20 @@ impl Control {
 }
 
 impl StreamedFfn<'_> {
+    /// Boot: the LUT of `--controller`, if any, read for this image's model and checked
+    /// against the board and the layers.
+    pub(super) fn load_controller(&mut self, opts: &StreamOptions) -> Result<(), StreamBootError> {
+        let Some(path) = &opts.controller else {
+            return Ok(());
+        };
+        let error = |error| StreamBootError::Controller {
+            path: path.clone(),
+            error,
+        };
+        let lut = Lut::read(path, self.image.header.tables_identity).map_err(error)?;
+        self.set_controller(Some(lut)).map_err(error)
+    }
+
     /// Applies `lut` from the next layer on (`None`: the board's maxima and boot's read-ahead).
     /// Refused when it was made for another board or layer count, or a plan exceeds the board.
     pub fn set_controller(&mut self, lut: Option<Lut>) -> Result<(), LutError> {
