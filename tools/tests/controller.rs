@@ -2,7 +2,8 @@
 //! absent): plans change timing, never numbers (logits with any plan, and with a LUT whose
 //! plan changes from layer to layer, are the in-memory oracle's bit for bit); the LUT's plan is
 //! applied per layer (the profiler's samples say which plan and how many workers); a damaged
-//! LUT, one of another model or one over the board's caps is refused at boot in a sentence;
+//! LUT, one of another model or one over the board's caps is refused at boot in a sentence; the
+//! prefetch depth sets how far a prev-ffn-output predictor reads ahead;
 //! and `leanstream controller profile` / `solve` make a LUT that `--controller` reads.
 
 mod common;
@@ -266,6 +267,83 @@ fn a_bad_lut_is_refused_at_boot_in_a_sentence() {
     }
     let msg = boot_err(&s.dir.0.join("missing.lut"));
     assert!(msg.contains("missing.lut"), "{msg}");
+}
+
+/// A hash table reading the residual after the previous FFN that reads every neuron: the
+/// streamed logits are the oracle's, and the layer's look-ahead depth is the plan's prefetch.
+fn every_neuron_ahead_table(img: &FlashImage) -> Vec<u8> {
+    use leanstream::predict::hash::{HashNet, HashPredictorTable, PredictorInput};
+    let g = img.geometry(0);
+    let (dim, n) = (g.dim as usize, g.neurons as usize);
+    let words = n.div_ceil(64);
+    let net = HashNet {
+        proj: vec![0; dim],
+        proj_scale: vec![1.0],
+        proj_bias: vec![0.0],
+        first_table: vec![u64::MAX, 0],
+        middle: Vec::new(),
+        out_w: vec![0],
+        out_thr: vec![u16::MAX],
+        out_table: vec![u64::MAX; 2 * words],
+        read: n as u32,
+    };
+    HashPredictorTable {
+        model: "SmolLM2 (every neuron)".into(),
+        dim: dim as u32,
+        neurons: n as u32,
+        input: PredictorInput::PrevFfnOutput,
+        depth: 2,
+        heads: 1,
+        tau: 1,
+        out_heads: 1,
+        out_tau: 1,
+        sparsity: 0.5,
+        target_recall: 1.0,
+        seed: 0,
+        pca_dims: 1,
+        layers: vec![net; img.layers()],
+    }
+    .encode(img.header.tables_identity)
+}
+
+#[test]
+fn the_prefetch_depth_sets_the_read_ahead_and_changes_no_logit() {
+    let Some(s) = setup("prefetch") else {
+        return;
+    };
+    let img = FlashImage::open(&s.image).unwrap();
+    let layers = img.layers();
+    let dense = img.dense_model().unwrap();
+    let want = {
+        let mut arenas = Arenas::from_board().unwrap();
+        let so = stream(&s.image, None);
+        let mut e = Engine::boot(&mut arenas, &dense, opts(s.ffn.clone(), Some(so))).unwrap();
+        logits(&mut e, &TOKENS[..6])
+    };
+    let table = s.dir.0.join("ahead.hashpred");
+    std::fs::write(&table, every_neuron_ahead_table(&img)).unwrap();
+    let mut so = stream(&s.image, None);
+    so.predict = PredictKind::Hash;
+    so.predictor = Some(table);
+    let mut arenas = Arenas::from_board().unwrap();
+    let mut e = Engine::boot(&mut arenas, &dense, opts(s.ffn.clone(), Some(so))).unwrap();
+    let mut ahead = Vec::new();
+    for prefetch in [0, 1, 4] {
+        let st = e.stream_mut().unwrap();
+        let lut = Lut::single("host", plan(2, 8, 100, prefetch), layers).unwrap();
+        st.set_controller(Some(lut)).unwrap();
+        st.reset_sequence();
+        st.reset_stats();
+        same_bits(
+            &logits(&mut e, &TOKENS[..6]),
+            &want,
+            &format!("prefetch {prefetch}"),
+        );
+        ahead.push(e.stream().unwrap().stats().ahead);
+    }
+    // No look-ahead at 0; reads queued ahead at 1 and 4.
+    assert_eq!(ahead[0], 0, "{ahead:?}");
+    assert!(ahead[1] > 0 && ahead[2] > 0, "{ahead:?}");
 }
 
 fn leanstream(args: &[&str]) -> std::process::Output {
