@@ -26,6 +26,7 @@
 pub mod backend;
 pub mod board;
 pub mod boot;
+pub mod control;
 pub mod engine;
 pub mod kv;
 pub mod load;

@@ -31,6 +31,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("sparsity", 5),
     ("predict", 5),
     ("stream", 5),
+    ("control", 5),
     ("backend", 6),
     ("backend/cpu", 6),
     ("backend/cuda", 6),

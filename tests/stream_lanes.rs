@@ -4,7 +4,7 @@
 
 mod stream_common;
 
-use leanstream::stream::backend::{ReadBackend, Submission, UringBackend};
+use leanstream::stream::backend::{Completion, ReadBackend, Submission, UringBackend};
 use leanstream::stream::fault::{Fault, FaultBackend, FaultKind};
 use leanstream::stream::{
     flags_from_words, Arrival, BlockId, BlockRead, FileId, Lanes, Policy, ReadErrorKind,
@@ -525,4 +525,103 @@ fn io_uring_reads_with_o_direct_into_registered_buffers() {
     ring.flush().unwrap();
     let n = ring.reap(&mut done, true).unwrap();
     assert_eq!((n, done[0].tag, done[0].result), (1, 9, -nix::libc::EINVAL));
+}
+
+/// A backend that counts the reads submitted and not yet reaped, per lane, and keeps the
+/// most seen at once (in all, and on any one lane).
+struct Counting {
+    inner: Box<dyn ReadBackend>,
+    lane_of: std::collections::HashMap<u64, usize>,
+    per_lane: Vec<usize>,
+    peak: std::sync::Arc<std::sync::Mutex<(usize, usize, usize)>>,
+}
+
+impl ReadBackend for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn register_buffers(&mut self, lane: usize, bufs: &[(*mut u8, usize)]) -> std::io::Result<()> {
+        self.inner.register_buffers(lane, bufs)
+    }
+    fn submit(&mut self, sub: Submission) -> std::io::Result<()> {
+        self.lane_of.insert(sub.tag, sub.lane);
+        self.per_lane[sub.lane] += 1;
+        let mut p = self.peak.lock().unwrap();
+        let total: usize = self.per_lane.iter().sum();
+        let lanes = self.per_lane.iter().filter(|&&n| n > 0).count();
+        *p = (
+            p.0.max(total),
+            p.1.max(self.per_lane[sub.lane]),
+            p.2.max(lanes),
+        );
+        drop(p);
+        self.inner.submit(sub)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn reap(&mut self, out: &mut [Completion], wait: bool) -> std::io::Result<usize> {
+        let n = self.inner.reap(out, wait)?;
+        for c in &out[..n] {
+            let lane = self.lane_of.remove(&c.tag).expect("a submitted read");
+            self.per_lane[lane] -= 1;
+        }
+        Ok(n)
+    }
+}
+
+#[test]
+fn the_controllers_caps_bound_the_reads_in_flight_and_every_read_still_arrives() {
+    const N: u32 = 96;
+    let (_dir, path) = block_file(N);
+    let cfg = config(3, 8);
+    for inner in backends(&cfg, "lane caps") {
+        let name = inner.name();
+        let mut rig = Rig::new(&cfg, N as usize, N as usize);
+        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
+        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
+        let mut cache =
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
+        let staging = rig
+            .staging
+            .carver()
+            .take::<u8>(cfg.staging_bytes())
+            .unwrap();
+        let peak = std::sync::Arc::new(std::sync::Mutex::new((0, 0, 0)));
+        let counting = Counting {
+            inner,
+            lane_of: Default::default(),
+            per_lane: vec![0; cfg.lanes],
+            peak: peak.clone(),
+        };
+        let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(counting)).unwrap();
+        let file = lanes.open(&path).unwrap();
+        // (caps, reads in flight at most, per lane at most, lanes busy at most).
+        for (caps, most) in [
+            ((1, 2), (2, 2, 1)),
+            ((2, 3), (6, 3, 2)),
+            ((9, 99), (24, 8, 3)),
+        ] {
+            *peak.lock().unwrap() = (0, 0, 0);
+            lanes.set_limits(caps.0, caps.1);
+            assert!(lanes.limits().0 <= 3 && lanes.limits().1 <= 8);
+            for b in 0..N {
+                cache.evict(b);
+                lanes.request(read(file, b), 1.0, &mut cache).unwrap();
+            }
+            let mut seen = HashSet::new();
+            while let Some(a) = lanes.wait_next(&mut cache).unwrap() {
+                a.result.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert!(seen.insert(a.block));
+            }
+            assert_eq!(seen.len(), N as usize, "{name} {caps:?}");
+            let seen_peak = *peak.lock().unwrap();
+            assert!(
+                seen_peak.0 <= most.0 && seen_peak.1 <= most.1 && seen_peak.2 <= most.2,
+                "{name} {caps:?}: {seen_peak:?} over {most:?}"
+            );
+            // The caps are reached, not only respected: the queue holds 96 reads.
+            assert_eq!(seen_peak.0, most.0, "{name} {caps:?}: {seen_peak:?}");
+        }
+    }
 }

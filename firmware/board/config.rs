@@ -42,6 +42,9 @@ pub struct Board {
     pub memory_model: String,
     pub usable_memory: String,
     pub cpu_threads: i64,
+    /// Whether the controller may cap GPU and memory clocks through sysfs (Jetson only).
+    #[serde(default)]
+    pub dvfs: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,6 +97,7 @@ pub struct ValidBoard {
     pub memory_model: &'static str,
     pub usable_memory: u64,
     pub cpu_threads: u64,
+    pub dvfs: bool,
     /// (name, bytes) in declaration order: dense_weights, ffn_cache, kv, activation_scratch,
     /// io_staging, flags, request_buffers.
     pub budgets: [(&'static str, u64); 7],
@@ -247,6 +251,15 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         );
     }
 
+    // Clocks are a Jetson's to change (devfreq in sysfs, one memory for CPU and GPU); a
+    // discrete GPU's clocks and a host's stay as they are.
+    if b.dvfs && !(memory_model == "unified" && matches!(gpu_arch, "sm_72" | "sm_87")) {
+        return err(
+            "board.dvfs",
+            format!("dvfs is for a Jetson (gpu_arch sm_72 or sm_87, memory_model \"unified\"), not gpu_arch \"{gpu_arch}\" with memory_model \"{memory_model}\""),
+        );
+    }
+
     let g = &f.budget;
     let named = [
         ("dense_weights", &g.dense_weights),
@@ -383,6 +396,7 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         memory_model,
         usable_memory,
         cpu_threads,
+        dvfs: b.dvfs,
         budgets,
         max_context,
         max_clients,
@@ -433,6 +447,7 @@ pub fn emit_consts(v: &ValidBoard) -> String {
         "pub const CPU_THREADS: usize = {};\n",
         v.cpu_threads
     ));
+    s.push_str(&format!("pub const DVFS: bool = {};\n", v.dvfs));
     for (name, bytes) in v.budgets.iter() {
         s.push_str(&format!(
             "pub const {}_BYTES: usize = {};\n",

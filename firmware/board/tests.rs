@@ -1,6 +1,6 @@
 //! The board config validator: every shipped board passes, every kind of mistake names its field.
 
-use super::config::{parse_board, parse_size, slot_bytes, DEFAULT_OUTBOX_BYTES};
+use super::config::{emit_consts, parse_board, parse_size, slot_bytes, DEFAULT_OUTBOX_BYTES};
 
 const HOST: &str = include_str!("../../board-configs/host.toml");
 
@@ -201,4 +201,22 @@ fn emitted_consts_cover_every_budget() {
         );
     }
     assert!(src.contains("pub const SOCKET_MODE: u32 = 0o660;"));
+}
+
+#[test]
+fn dvfs_is_for_a_jetson_only() {
+    // The host (no GPU) and a discrete GPU keep their clocks.
+    assert_eq!(
+        field_of(&with("cpu_threads = 2", "cpu_threads = 2\ndvfs = true")),
+        "board.dvfs"
+    );
+    let h200 = include_str!("../../board-configs/h200-hil.toml");
+    let text = h200.replacen("[board]", "[board]\ndvfs = true", 1);
+    assert_eq!(field_of(&text), "board.dvfs");
+    let orin = include_str!("../../board-configs/jetson-agx-orin-64gb.toml");
+    let v = parse_board(&orin.replacen("[board]", "[board]\ndvfs = true", 1)).unwrap();
+    assert!(v.dvfs);
+    assert!(emit_consts(&v).contains("pub const DVFS: bool = true;"));
+    // Unset means off.
+    assert!(!parse_board(HOST).unwrap().dvfs);
 }

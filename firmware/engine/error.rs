@@ -174,6 +174,11 @@ pub enum StreamBootError {
     /// The `hot` policy on an image without a profile.
     NoProfile,
     Predictor(PredictorBootError),
+    /// The controller's LUT (`--controller`) could not be loaded or does not fit.
+    Controller {
+        path: std::path::PathBuf,
+        error: crate::control::LutError,
+    },
     /// The budget buys fewer slots than the largest layer's blocks (plus the pinned hot ones).
     TooSmall {
         slots: usize,
@@ -207,6 +212,9 @@ impl std::fmt::Display for StreamBootError {
             StreamBootError::Stream(e) => write!(f, "{e}"),
             StreamBootError::Boot(e) => write!(f, "{e}"),
             StreamBootError::Predictor(e) => write!(f, "{e}"),
+            StreamBootError::Controller { path, error } => {
+                write!(f, "--controller {}: {error}", path.display())
+            }
             StreamBootError::NoProfile => write!(
                 f,
                 "--cache hot pins the blocks a profile used most, and this flash image has none (write it with leanstream flash --trace)"

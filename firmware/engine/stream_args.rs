@@ -36,6 +36,11 @@ pub struct StreamArgs {
     /// its FFN (1: once, when the FFN is done; 0: no look-ahead). Default: 1 with such a table.
     #[arg(long, value_name = "K")]
     pub refine_stages: Option<usize>,
+    /// The streaming controller's LUT (`leanstream controller solve`): per layer, the plan
+    /// (lanes, queue depth, compute share, prefetch depth) for the layer's remaining load.
+    /// Default: the board's maxima for every layer.
+    #[arg(long, value_name = "LUT")]
+    pub controller: Option<PathBuf>,
 }
 
 impl StreamArgs {
@@ -94,6 +99,7 @@ impl StreamArgs {
             predictor: self.predictor.clone(),
             eviction: self.eviction.clone(),
             refine_stages: self.refine_stages,
+            controller: self.controller.clone(),
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
@@ -117,6 +123,8 @@ pub struct StreamOptions {
     /// Speculate-and-refine's stages K (`--refine-stages`; None: 1 with a table reading
     /// prev-ffn-output, else 0).
     pub refine_stages: Option<usize>,
+    /// The controller's LUT (`control::Lut`); None: the board's maxima.
+    pub controller: Option<PathBuf>,
     /// Blocks the `hot` policy pins (global ids); empty: the image's most frequently used
     /// blocks (its profile, written by `leanstream flash --trace`), as many as half the slots
     /// while a whole layer still fits beside them.
@@ -168,6 +176,7 @@ mod tests {
             predictor: predictor.map(PathBuf::from),
             eviction: None,
             refine_stages: None,
+            controller: None,
         }
     }
 

@@ -49,7 +49,10 @@ use crate::stream::{
 use std::time::Instant;
 
 mod blocks;
+mod control;
 mod refine;
+
+use control::{run_capped, Control};
 
 /// Marks in `mark` (per block of the current layer).
 const UNSEEN: u32 = 0;
@@ -88,6 +91,8 @@ pub struct StreamedFfn<'a> {
     /// Speculate-and-refine (`StreamOptions::refine_stages`): after each of this many stages of
     /// a layer's FFN, the next layer's reads are re-ranked from the partial residual (0: off).
     refine_stages: usize,
+    /// The controller's plan in force and its profiling (`control`).
+    control: Control,
     /// The layer whose reads were queued ahead, and whether `ahead` holds its last guess (made
     /// from the whole residual its table reads: its own prediction).
     ahead_layer: Option<usize>,
@@ -306,7 +311,7 @@ impl<'a> StreamedFfn<'a> {
             // soon as this one is done: no extra prediction, the reads start earlier.
             None => usize::from(predictor.reads_ffn_output()),
         };
-        let s = StreamedFfn {
+        let mut s = StreamedFfn {
             file,
             lanes,
             cache,
@@ -326,6 +331,7 @@ impl<'a> StreamedFfn<'a> {
             partials: scratch.take(runs(hidden) * dim)?,
             zero_row,
             refine_stages,
+            control: Control::new(refine_stages),
             ahead_layer: None,
             ahead_final: false,
             ahead: scratch.take(largest)?,
@@ -341,6 +347,7 @@ impl<'a> StreamedFfn<'a> {
         s.prio.fill(0.0);
         s.mark.fill(UNSEEN);
         s.pos_of.fill(NONE);
+        s.load_controller(opts)?;
         Ok(s)
     }
 
@@ -498,11 +505,12 @@ impl<'a> StreamedFfn<'a> {
                 }
             }
             self.record(l);
-            let refine = (ahead && self.refine_stages > 1 && l + 1 < self.image.layers())
-                .then_some(residual);
+            let refine =
+                (ahead && self.predictor.reads_ffn_output() && l + 1 < self.image.layers())
+                    .then_some(residual);
             self.stream_runs(l, k, refine, sparse, ks, pool, x, act);
             self.predictor.after_ffn(t, residual, x);
-            if ahead && self.refine_stages > 0 && l + 1 < self.image.layers() {
+            if ahead && self.control.refine > 0 && l + 1 < self.image.layers() {
                 let n = self.image.blocks(l + 1);
                 self.predictor
                     .priorities_after(l, t, &self.image, &mut self.ahead_new[..n]);
@@ -588,6 +596,8 @@ impl<'a> StreamedFfn<'a> {
             self.pos_of[n as usize] = i as u32;
         }
 
+        self.begin_layer(l, pool.n_threads());
+        let workers = self.control.workers;
         // Request every wanted block; hits are pinned at once, misses when they arrive.
         let mut pinned_n = 0;
         let mut waited = std::time::Duration::ZERO;
@@ -653,7 +663,7 @@ impl<'a> StreamedFfn<'a> {
                 let out = Disjoint::new(&mut self.partials[..runs * dim]);
                 let (ids_all, hs_all) = (&*idx, &*h);
                 let acts_out = Disjoint::new(&mut *acts);
-                pool.run(r, &|i| {
+                run_capped(pool, r, workers, &|i| {
                     let t = ready[i] as usize;
                     let ids = &ids_all[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k2)];
                     let Some(dots) = &dots else {
@@ -758,6 +768,7 @@ impl<'a> StreamedFfn<'a> {
             self.cache.unpin(b);
         }
         sparse.add_dropped_offset(l, x);
+        self.end_layer(l, waited);
     }
 }
 

@@ -126,6 +126,10 @@ pub struct Lanes<'a> {
     outstanding: usize,
     /// Reads on a staging buffer now.
     in_flight: usize,
+    /// The controller's caps (`set_limits`): lanes that take new reads, and reads in flight
+    /// per lane; at most the config's.
+    lanes_in_use: usize,
+    depth_in_use: usize,
 }
 
 impl<'a> Lanes<'a> {
@@ -208,6 +212,8 @@ impl<'a> Lanes<'a> {
             done: vec![Completion { tag: 0, result: 0 }; in_flight],
             outstanding: 0,
             in_flight: 0,
+            lanes_in_use: cfg.lanes,
+            depth_in_use: cfg.queue_depth,
         })
     }
 
@@ -435,12 +441,27 @@ impl<'a> Lanes<'a> {
         self.arrivals_len += 1;
     }
 
-    /// Moves queued reads, highest first, onto the least busy lanes with a free buffer.
+    /// Caps the lanes that take new reads and the reads in flight on each (the controller's
+    /// plan), within the config's; reads already in flight finish where they are.
+    pub fn set_limits(&mut self, lanes: usize, queue_depth: usize) {
+        self.lanes_in_use = lanes.clamp(1, self.cfg.lanes);
+        self.depth_in_use = queue_depth.clamp(1, self.cfg.queue_depth);
+    }
+
+    /// The caps in force: (lanes, reads in flight per lane).
+    pub fn limits(&self) -> (usize, usize) {
+        (self.lanes_in_use, self.depth_in_use)
+    }
+
+    /// Moves queued reads, highest first, onto the least busy lanes with a free buffer, within
+    /// the caps of `set_limits`.
     fn submit_ready(&mut self, cache: &mut WeightCache) -> io::Result<()> {
         let mut any = false;
+        // A lane with fewer than `floor` free buffers has `depth_in_use` reads in flight.
+        let floor = self.cfg.queue_depth - self.depth_in_use;
         while !self.queue.is_empty() {
-            let Some(lane) = (0..self.cfg.lanes)
-                .filter(|&l| !self.free[l].is_empty())
+            let Some(lane) = (0..self.lanes_in_use)
+                .filter(|&l| self.free[l].len() > floor)
                 .max_by_key(|&l| self.free[l].len())
             else {
                 break;

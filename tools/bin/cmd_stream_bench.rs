@@ -65,6 +65,10 @@ pub struct StreamBenchArgs {
     /// with, comma-separated (0: no look-ahead; default: the engine's, 1 for such a table).
     #[arg(long, value_delimiter = ',', value_name = "K")]
     refine_stages: Vec<usize>,
+    /// The streaming controller's LUT (`leanstream controller solve`) every streamed run
+    /// applies per layer (default: the board's maxima).
+    #[arg(long, value_name = "LUT")]
+    controller: Option<PathBuf>,
     /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -278,6 +282,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                             .then(|| a.eviction.clone())
                             .flatten(),
                         refine_stages: refine,
+                        controller: a.controller.clone(),
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,

@@ -11,6 +11,7 @@ mod cmd_cache_sim;
 mod cmd_calibrate;
 mod cmd_calibrate_kv;
 mod cmd_client;
+mod cmd_controller;
 mod cmd_flash;
 mod cmd_generate;
 mod cmd_gpu_stream_bench;
@@ -120,6 +121,9 @@ enum Command {
     /// (stream-bench --record-sets): FFN time per token, hit ratio and bytes read per memory
     /// model and budget, beside the reads alone and every block resident.
     GpuStreamBench(cmd_gpu_stream_bench::GpuStreamBenchArgs),
+    /// The streaming controller (LeanStream 3.2.3): profile plans, solve the LUT, compare.
+    #[command(subcommand)]
+    Controller(cmd_controller::ControllerCommand),
     /// Miss ratios of the weight cache's policies (lru, lfu, hot) and Belady's floor on a
     /// trace's activations.
     CacheSim(cmd_cache_sim::CacheSimArgs),
@@ -228,6 +232,7 @@ fn main() -> ExitCode {
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::GpuStreamBench(a) => cmd_gpu_stream_bench::cmd_gpu_stream_bench(a),
+        Command::Controller(c) => cmd_controller::cmd_controller(c),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),
         Command::Status { socket } => cmd_client::cmd_status(socket),

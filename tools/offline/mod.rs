@@ -7,6 +7,8 @@
 //! - [`trace_stats`]: a trace's statistics for the sparsity report.
 //! - [`coact`]: co-activation placement: neuron embeddings learned from traces, clustered into
 //!   flash blocks (LeanStream 3.2.2).
+//! - [`controller`]: the streaming controller's profile and its finite-horizon solver into
+//!   the LUT (`leanstream controller`, LeanStream 3.2.3).
 //! - [`calibrate_kv`]: the KV layout cost model's alphas fitted on this machine
 //!   (`leanstream calibrate-kv`).
 //! - [`flash`]: the flash image (`leanstream flash`), and [`placement`]: which neurons share
@@ -23,6 +25,7 @@ pub mod cache_sim;
 pub mod calibrate;
 pub mod calibrate_kv;
 pub mod coact;
+pub mod controller;
 pub mod flash;
 pub mod oracle;
 pub mod placement;

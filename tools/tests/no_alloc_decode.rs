@@ -255,12 +255,17 @@ fn main() {
         .unwrap();
         let reuse_table = dir.join("smollm2.reuse");
         std::fs::write(&reuse_table, reuse_table_for(&image)).unwrap();
-        for (predict, policy, refine) in [
-            (PredictKind::Oracle, CachePolicy::Lfu, None),
-            (PredictKind::Stale, CachePolicy::Lru, None),
-            (PredictKind::Hash, CachePolicy::Lru, None),
-            (PredictKind::Hash, CachePolicy::Lru, Some(4)),
-            (PredictKind::Stale, CachePolicy::Learned, None),
+        // The controller's LUT: plans that change with the layer and the remaining load.
+        let lut = dir.join("smollm2.lut");
+        std::fs::write(&lut, lut_for(&image)).unwrap();
+        for (predict, policy, refine, controller) in [
+            (PredictKind::Oracle, CachePolicy::Lfu, None, false),
+            (PredictKind::Stale, CachePolicy::Lru, None, false),
+            (PredictKind::Hash, CachePolicy::Lru, None, false),
+            (PredictKind::Hash, CachePolicy::Lru, Some(4), false),
+            (PredictKind::Stale, CachePolicy::Learned, None, false),
+            (PredictKind::Oracle, CachePolicy::Lfu, None, true),
+            (PredictKind::Hash, CachePolicy::Lru, Some(4), true),
         ] {
             let ffn = FfnOptions {
                 mode: FfnMode::Oracle,
@@ -284,6 +289,7 @@ fn main() {
                 }),
                 eviction: (policy == CachePolicy::Learned).then(|| reuse_table.clone()),
                 refine_stages: refine,
+                controller: controller.then(|| lut.clone()),
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,
@@ -308,7 +314,7 @@ fn main() {
             assert_eq!(
                 allocs,
                 0,
-                "{allocs} heap allocations while decoding SmolLM2 streamed ({}, {})",
+                "{allocs} heap allocations while decoding SmolLM2 streamed ({}, {}, LUT {controller})",
                 predict.name(),
                 policy.name()
             );
@@ -320,6 +326,40 @@ fn main() {
         eprintln!("skipped: no model available for the allocation test");
     }
     println!("no_alloc_decode: {checked} passed, 0 failed");
+}
+
+/// A controller LUT for `image`: three plans (one lane of depth 1 and one worker; two lanes
+/// of 8 with three read-ahead stages; the board's maxima) over four states of remaining load.
+fn lut_for(image: &std::path::Path) -> Vec<u8> {
+    use leanstream::control::{Lut, StreamPlan};
+    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
+    let layers = img.layers();
+    let plan = |lanes, queue_depth, compute_percent, prefetch| StreamPlan {
+        lanes,
+        queue_depth,
+        compute_percent,
+        prefetch,
+        freq: None,
+    };
+    let plans = vec![
+        plan(1, 1, 50, 0),
+        plan(2, 8, 100, 3),
+        StreamPlan::board_default(),
+    ];
+    let edges = vec![vec![4096, 400_000, 1_200_000]; layers];
+    let entries: Vec<Vec<u16>> = (0..layers)
+        .map(|l| (0..4).map(|s| ((l + s) % 3) as u16).collect())
+        .collect();
+    Lut::new(
+        leanstream::board::NAME,
+        plans,
+        &edges,
+        &entries,
+        layers,
+        0.0,
+    )
+    .unwrap()
+    .encode(img.header.tables_identity)
 }
 
 /// A hash predictor table for `image` with every layer kind (projection, a middle layer, two

@@ -106,6 +106,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         predictor: None,
         eviction: None,
         refine_stages: None,
+        controller: None,
         hot: Vec::new(),
         faults: Vec::new(),
         shuffle: None,

@@ -29,7 +29,7 @@ impl StreamedFfn<'_> {
         // each but the last, the next layer's reads are re-ranked from the partial
         // residual (paper eq. 2). Each run still writes its own partial, summed in run
         // order below: the output does not depend on the stages.
-        let stages = refine.map_or(1, |_| self.refine_stages.min(runs).max(1));
+        let stages = refine.map_or(1, |_| self.control.refine.min(runs).max(1));
         let order = &mut self.run_order[..runs];
         for (r, o) in order.iter_mut().enumerate() {
             *o = r as u32;
@@ -57,7 +57,7 @@ impl StreamedFfn<'_> {
                 let row = |n: u32| cols.get(n);
                 let out = Disjoint::new(&mut self.partials[..runs * dim]);
                 let order = &self.run_order[from..to];
-                pool.run(order.len(), &|i| {
+                run_capped(pool, order.len(), self.control.workers, &|i| {
                     let t = order[i] as usize;
                     let ids = &idx[t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(k)];
                     // SAFETY: each run appears once in `order`, and run t writes only its
