@@ -147,12 +147,17 @@ impl BlockSets {
                 .zip(&self.layers)
                 .position(|(a, b)| a != b)
                 .unwrap_or(g.len().min(self.layers.len()));
+            if g.len() != self.layers.len() {
+                return Err(format!(
+                    "the sets were recorded over an image of {} layers; this one has {}",
+                    self.layers.len(),
+                    g.len()
+                ));
+            }
+            let (b, bytes) = self.layers[first];
+            let (here_b, here_bytes) = g[first];
             return Err(format!(
-                "the sets were recorded over {} layers and this image has {} (first difference at layer {first}: blocks and block bytes {:?} against {:?})",
-                self.layers.len(),
-                g.len(),
-                self.layers.get(first),
-                g.get(first)
+                "the sets were recorded over an image of another geometry: layer {first} had {b} blocks of {bytes} bytes there, {here_b} of {here_bytes} here"
             ));
         }
         Ok(())

@@ -51,3 +51,121 @@ fn bench_writes_json_markdown_and_png_for_every_configuration() {
     let img = std::fs::read(&png).unwrap();
     assert_eq!(&img[1..4], b"PNG", "a PNG file");
 }
+
+fn leanstream(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `stream-bench --record-sets` writes the blocks every layer-step of a real streamed decode
+/// asked for, in the image's geometry, and `gpu-stream-bench` refuses sets recorded over an
+/// image of another geometry in one sentence (before it needs a GPU).
+#[test]
+fn stream_bench_records_block_sets_that_name_their_image() {
+    use leanstream::model::flash::FlashImage;
+    use leanstream_tools::bench::sets::BlockSets;
+    let Some(model) = common::model(common::SMOLLM2) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("leanstream-sets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("smol.flash");
+    let table = common::repo_root().join("tables/SmolLM2-135M-Instruct.Q4_1.thresh");
+    let (m, img) = (model.to_str().unwrap(), image.to_str().unwrap());
+    let out = leanstream(&[
+        "flash",
+        m,
+        "--board",
+        leanstream::board::NAME,
+        "--thresholds",
+        table.to_str().unwrap(),
+        "--out",
+        img,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = dir.join("text.txt");
+    std::fs::write(
+        &text,
+        "The robot rolled to the kiosk and asked for directions. ".repeat(8),
+    )
+    .unwrap();
+    let sets = dir.join("s.sets");
+    let out = leanstream(&[
+        "stream-bench",
+        "--model",
+        m,
+        "--image",
+        img,
+        "--file",
+        text.to_str().unwrap(),
+        "--sparsity",
+        "0.5",
+        "--budgets",
+        "100",
+        "--cache",
+        "lru",
+        "--warm-tokens",
+        "1",
+        "--tokens",
+        "2",
+        "--record-sets",
+        sets.to_str().unwrap(),
+        "--out",
+        dir.join("sb").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flash = FlashImage::open(&image).unwrap();
+    let s = BlockSets::read(&sets).unwrap();
+    s.check_image(&flash).unwrap();
+    let layers = flash.layers();
+    assert_eq!(s.steps.len(), 3 * layers, "3 tokens of {layers} layers");
+    let mut base = 0u32;
+    let mut bases = Vec::new();
+    for l in 0..layers {
+        bases.push(base);
+        base += flash.blocks(l) as u32;
+    }
+    for (i, step) in s.steps.iter().enumerate() {
+        let l = i % layers;
+        let end = bases[l] + flash.blocks(l) as u32;
+        assert!(!step.is_empty(), "step {i} asked for no block");
+        assert!(
+            step.iter().all(|&b| (bases[l]..end).contains(&b)),
+            "step {i} (layer {l}) names blocks of another layer"
+        );
+    }
+    // Sets of another geometry (layer 0's blocks twice as large) are refused by the replay,
+    // naming the layer.
+    let mut other = s.clone();
+    other.layers[0].1 *= 2;
+    let (b0, bytes0) = (flash.blocks(0), flash.geometry(0).block_bytes);
+    let other_path = dir.join("other.sets");
+    other.write(&other_path).unwrap();
+    let out = leanstream(&[
+        "gpu-stream-bench",
+        "--image",
+        img,
+        "--sets",
+        other_path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "layer 0 had {b0} blocks of {} bytes there, {b0} of {bytes0} here",
+            2 * bytes0
+        )) || err.contains("no CUDA backend"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
