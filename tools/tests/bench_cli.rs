@@ -52,12 +52,7 @@ fn bench_writes_json_markdown_and_png_for_every_configuration() {
     assert_eq!(&img[1..4], b"PNG", "a PNG file");
 }
 
-fn leanstream(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_leanstream"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use common::leanstream;
 
 /// `stream-bench --record-sets` writes the blocks every layer-step of a real streamed decode
 /// asked for, in the image's geometry, and `gpu-stream-bench` refuses sets recorded over an

@@ -22,3 +22,12 @@ pub fn leanstreamd() -> PathBuf {
     );
     p
 }
+
+/// Runs the `leanstream` CLI built beside these tests, from the repository root.
+pub fn leanstream(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leanstream"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .unwrap()
+}
