@@ -229,9 +229,9 @@ mod gpu {
             100.0 * mean_blocks * layers as f64 / s.total as f64,
             gpu.name
         );
-        let min_slots = s.max_blocks
-            + LaneConfig::from_board(s.slot_bytes).lanes
-                * LaneConfig::from_board(s.slot_bytes).queue_depth;
+        // The largest layer's blocks plus every read in flight.
+        let lanes = LaneConfig::from_board(s.slot_bytes);
+        let min_slots = s.max_blocks + lanes.lanes * lanes.queue_depth;
         let mut rows = Vec::new();
         for m in &a.memory {
             let model = match m.as_str() {
