@@ -1221,3 +1221,14 @@ extern "C" __global__ void __launch_bounds__(1024) attention(ATTENTION_ARGS) {
 extern "C" __global__ void __launch_bounds__(1024) attention_i8(ATTENTION_ARGS) {
     attention_launch<true>(ATTENTION_PASS);
 }
+
+// The streamed FFN's way back into the step (engine/cuda/stream.rs): x += a (+ b, when set),
+// then the next product's input RMSNorm(x, nw) into xf (and its int8 blocks into xq, when
+// set). `a` is the streamed layer's output, `b` its dropped neurons' mean contribution. One
+// block.
+extern "C" __global__ void add_norm(float* x, const float* a, const float* b, int dim,
+                                    const float* nw, float eps, float* xf, i8* xq) {
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) x[c] += a[c] + (b ? b[c] : 0.0f);
+    __syncthreads();
+    prep_input(PREP_NORM, x, nw, dim, eps, xf, xq);
+}

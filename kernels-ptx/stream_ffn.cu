@@ -90,10 +90,16 @@ __device__ __forceinline__ float dot8(uint4 p, const float* x) {
 }
 
 // Bundle `b` into acc: each warp takes neurons w, w + warps, ...: gate and up dots against the
-// input in shared memory, a = silu(g) * u kept where |a| >= thr; then every thread sums its
+// input in shared memory, a = silu(g) * u kept where |a| >= thr (less the neuron's dropped
+// mean, when `mean` is set: the caller adds every neuron's mean contribution once, so a
+// dropped neuron counts with its mean, as the CPU's sparse FFN); then every thread sums its
 // output columns over the kept neurons and adds them in. `act` is P floats of shared memory.
+__device__ __forceinline__ float kept(float a, float thr, const float* mean, int n) {
+    return fabsf(a) >= thr ? a - (mean ? mean[n] : 0.f) : 0.f;
+}
+
 __device__ void bundle_ffn(const f16* __restrict__ bundle, int P, int dim, const float* xs,
-                           float thr, float* act, float* acc) {
+                           float thr, const float* mean, float* act, float* acc) {
     int warps = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const f16* gate = bundle;
     const f16* up = bundle + (size_t)P * dim;
@@ -110,7 +116,7 @@ __device__ void bundle_ffn(const f16* __restrict__ bundle, int P, int dim, const
         su = warp_sum(su);
         if (lane == 0) {
             float a = sg / (1.0f + expf(-sg)) * su;
-            act[n] = fabsf(a) >= thr ? a : 0.f;
+            act[n] = kept(a, thr, mean, n);
         }
     }
     __syncthreads();
@@ -164,9 +170,10 @@ __device__ __forceinline__ float row_value(const unsigned char* row, int ty, int
 // columns, each of its own type (F16 or Q8_0), back to back. All-F16 blocks take bundle_ffn's
 // vector loads.
 __device__ void block_ffn(const unsigned char* __restrict__ block, int P, int dim, int gt, int ut,
-                          int dt, const float* xs, float thr, float* act, float* acc) {
+                          int dt, const float* xs, float thr, const float* mean, float* act,
+                          float* acc) {
     if (gt == TY_F16 && ut == TY_F16 && dt == TY_F16) {
-        bundle_ffn((const f16*)block, P, dim, xs, thr, act, acc);
+        bundle_ffn((const f16*)block, P, dim, xs, thr, mean, act, acc);
         return;
     }
     int warps = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -184,7 +191,7 @@ __device__ void block_ffn(const unsigned char* __restrict__ block, int P, int di
         su = warp_sum(su);
         if (lane == 0) {
             float a = sg / (1.0f + expf(-sg)) * su;
-            act[n] = fabsf(a) >= thr ? a : 0.f;
+            act[n] = kept(a, thr, mean, n);
         }
     }
     __syncthreads();
@@ -244,13 +251,16 @@ __device__ void finish_bundle(int b, const u32* stage_of, const u32* stage_size,
 // accumulator when the stage completed (null: none). error: 0, or 1 + the first bundle
 // missing at timeout; a host that knows a bundle will never come sets it first. report (host
 // memory, or null): where a timeout's error word is copied, when `error` is device memory.
+// means (or null): the layer's dropped-neuron means by image slot (block * P + entry), and
+// order: bundle b's block in the layer.
 extern "C" __global__ void stream_ffn(const unsigned char* __restrict__ bundles, size_t stride,
                                       const u32* slot_of, int n, int P, int dim, int gt, int ut,
                                       int dt, const float* __restrict__ x, float thr, float* acc,
                                       const u32* arrive, const u32* flag_of, u32 want,
                                       u32* claimed, const u32* stage_of, const u32* stage_size,
                                       u32* stage_count, u32* stage_flags, float* snapshots,
-                                      u64 timeout_ns, u32* error, u32* report) {
+                                      u64 timeout_ns, u32* error, u32* report,
+                                      const u32* order, const float* means) {
     extern __shared__ float shared[];
     float* xs = shared;
     float* act = shared + dim;
@@ -346,7 +356,8 @@ extern "C" __global__ void stream_ffn(const unsigned char* __restrict__ bundles,
         u32 slot = (u32)pick[2];
         __syncthreads();
         if (b < 0) return;
-        block_ffn(bundles + stride * slot, P, dim, gt, ut, dt, xs, thr, act, acc);
+        const float* mean = means ? means + (size_t)order[b] * P : 0;
+        block_ffn(bundles + stride * slot, P, dim, gt, ut, dt, xs, thr, mean, act, acc);
         finish_bundle(b, stage_of, stage_size, stage_count, stage_flags, want, acc, dim,
                       snapshots, last);
         last_progress = now_ns();
@@ -364,7 +375,7 @@ extern "C" __global__ void ffn_segment(const f16* __restrict__ bundles, size_t s
     float* xs = shared;
     stage_input(x, dim, xs);
     for (int i = blockIdx.x; i < count; i += gridDim.x)
-        bundle_ffn(bundles + stride * (first + i), P, dim, xs, thr, shared + dim, acc);
+        bundle_ffn(bundles + stride * (first + i), P, dim, xs, thr, 0, shared + dim, acc);
 }
 
 // A grid-wide barrier: valid only under a cooperative launch (every block resident). bar[0]
@@ -399,7 +410,7 @@ extern "C" __global__ void ffn_segments_coop(const f16* __restrict__ bundles, si
     for (int s = 0; s < segments; s++) {
         int first = seg_start[s], count = seg_start[s + 1] - first;
         for (int i = blockIdx.x; i < count; i += gridDim.x)
-            bundle_ffn(bundles + stride * (first + i), P, dim, xs, thr, shared + dim, acc);
+            bundle_ffn(bundles + stride * (first + i), P, dim, xs, thr, 0, shared + dim, acc);
         grid_barrier(bar);
     }
 }

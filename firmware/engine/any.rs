@@ -77,9 +77,9 @@ impl<'a> AnyEngine<'a> {
         Ok(match backend {
             Backend::Cpu => AnyEngine::Cpu(Engine::boot(arenas, model, cpu)?),
             Backend::Cuda => {
-                if cpu.ffn.mode != crate::sparsity::FfnMode::Dense {
+                if cpu.ffn.mode != crate::sparsity::FfnMode::Dense && cpu.stream.is_none() {
                     return Err(EngineError::Options(
-                        "the sparse FFN runs on the CPU backend only for now".into(),
+                        "the sparse FFN in memory runs on the CPU backend only; on the GPU it streams from a flash image (--image)".into(),
                     ));
                 }
                 let cuda = CudaOptions {
@@ -88,19 +88,33 @@ impl<'a> AnyEngine<'a> {
                     f32_kv: cpu.f32_kv || cuda.f32_kv,
                     ..cuda
                 };
-                Self::boot_cuda(arenas, model, cuda)?
+                Self::boot_cuda(arenas, model, cuda, &cpu)?
             }
         })
     }
 
+    /// The GPU engine; with `cpu.stream`, its FFN streams from the flash image (`cpu.ffn`'s
+    /// thresholds and dropped means).
     #[cfg(feature = "cuda")]
     fn boot_cuda(
         arenas: &'a mut Arenas,
         model: &ModelFile,
         cuda: CudaOptions,
+        cpu: &EngineOptions,
     ) -> Result<AnyEngine<'a>, EngineError> {
         crate::backend::cuda::probe()?;
-        Ok(AnyEngine::Cuda(CudaEngine::boot(arenas, model, cuda)?))
+        Ok(AnyEngine::Cuda(match &cpu.stream {
+            None => CudaEngine::boot(arenas, model, cuda)?,
+            Some(stream) => CudaEngine::boot_streamed(
+                arenas,
+                model,
+                cuda,
+                crate::engine::cuda::StreamedBoot {
+                    stream,
+                    ffn: &cpu.ffn,
+                },
+            )?,
+        }))
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -108,6 +122,7 @@ impl<'a> AnyEngine<'a> {
         _: &'a mut Arenas,
         _: &ModelFile,
         _: CudaOptions,
+        _: &EngineOptions,
     ) -> Result<AnyEngine<'a>, EngineError> {
         Err(EngineError::Gpu(NO_CUDA.into()))
     }

@@ -19,6 +19,10 @@ use crate::boot::{ArenaKind, Plan};
 use crate::model::{Hyper, ModelFile, RopeStyle};
 use crate::quant::{Precision, Role};
 
+#[path = "cuda_stream.rs"]
+mod stream;
+pub use stream::StreamedBoot;
+
 /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
 fn pdl_kernel_mode(d: DependentLaunch) -> i32 {
     match d {
@@ -65,11 +69,14 @@ struct GpuLayer {
     /// `gate_up` is one matrix stacked tile by tile (`ImageWriter::gate_up_tiled`), so its
     /// blocks make SwiGLU tile by tile as they finish; otherwise the last block makes it all.
     gate_up_tiled: bool,
-    down: Mat,
+    /// None when the FFN streams (`stream`).
+    down: Option<Mat>,
 }
 
 struct Kernels {
     embed: Function,
+    /// A streamed FFN's output into the residual, and the next input prepared (`stream`).
+    add_norm: Function,
     /// Attention over the f32 cache, or over the int8 one (`attention_i8`).
     attention: Function,
     /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
@@ -283,6 +290,8 @@ pub struct CudaEngine<'a> {
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
+    /// The FFN streamed from a flash image (`boot_streamed`); None: in memory.
+    stream: Option<stream::GpuStream<'a>>,
     pub gpu: Gpu,
 }
 
@@ -291,13 +300,42 @@ fn cuda(e: CudaError) -> EngineError {
 }
 
 impl<'a> CudaEngine<'a> {
+    /// Boots `model` whole on the GPU.
     pub fn boot(
         arenas: &'a mut Arenas,
         model: &ModelFile,
         opts: CudaOptions,
     ) -> Result<CudaEngine<'a>, EngineError> {
+        Self::boot_with(arenas, model, opts, None)
+    }
+
+    /// Boots a flash image's dense part (`model`) on the GPU with its FFN streamed from the
+    /// image (`stream::StreamedBoot`).
+    pub fn boot_streamed(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        opts: CudaOptions,
+        streamed: StreamedBoot<'_>,
+    ) -> Result<CudaEngine<'a>, EngineError> {
+        Self::boot_with(arenas, model, opts, Some(streamed))
+    }
+
+    fn boot_with(
+        arenas: &'a mut Arenas,
+        model: &ModelFile,
+        opts: CudaOptions,
+        streamed: Option<StreamedBoot<'_>>,
+    ) -> Result<CudaEngine<'a>, EngineError> {
         let h = model.hyper()?;
-        model.validate(&h)?;
+        match streamed {
+            Some(_) => model.validate_dense(&h)?,
+            None => model.validate(&h)?,
+        }
+        // A streamed FFN: its image, checked, and the oracle's resident gate and up rows.
+        let streamed = match streamed {
+            Some(sb) => Some(stream::Prepared::new(sb, &h)?),
+            None => None,
+        };
         let q_dim = h.n_heads * h.head_dim;
         let kv_dim = h.n_kv_heads * h.head_dim;
         if h.head_dim % 4 != 0 || h.head_dim > 256 || h.n_heads % h.n_kv_heads != 0 {
@@ -343,18 +381,35 @@ impl<'a> CudaEngine<'a> {
                     layer(i, "attn_k.weight")?,
                     layer(i, "attn_v.weight")?,
                 ];
-                let [gate, up] = [layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?];
+                // Gate and up: the file's, or with a streamed FFN the oracle's resident rows
+                // (none for a learned predictor); down only in memory.
+                let gate_up_rows = match &streamed {
+                    Some(p) => p.resident_gate_up(i),
+                    None => Some([layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?]),
+                };
                 let gate_role = role(i, "ffn_gate.weight");
-                let tiled = gate.ty == up.ty
-                    && gate.cols == up.cols
-                    && gate.rows == up.rows
-                    && gate.rows.is_multiple_of(SWIGLU_TILE);
-                let gate_up = if tiled {
-                    let mut g = heapless::Vec::new();
-                    let _ = g.push((w.gate_up_tiled(gate, up, gate_role), 0));
-                    g
-                } else {
-                    group(w, &[gate, up], gate_role)
+                let (gate_up, tiled) = match gate_up_rows {
+                    None => (heapless::Vec::new(), false),
+                    Some([gate, up]) => {
+                        let tiled = gate.ty == up.ty
+                            && gate.cols == up.cols
+                            && gate.rows == up.rows
+                            && gate.rows.is_multiple_of(SWIGLU_TILE);
+                        if tiled {
+                            let mut g = heapless::Vec::new();
+                            let _ = g.push((w.gate_up_tiled(gate, up, gate_role), 0));
+                            (g, true)
+                        } else {
+                            (group(w, &[gate, up], gate_role), false)
+                        }
+                    }
+                };
+                let down = match &streamed {
+                    Some(_) => None,
+                    None => Some(w.matrix(
+                        &[layer(i, "ffn_down.weight")?],
+                        role(i, "ffn_down.weight"),
+                    )),
                 };
                 let bias = if h.qkv_bias {
                     Some(w.vector(&[
@@ -375,7 +430,7 @@ impl<'a> CudaEngine<'a> {
                     ),
                     w.vector(&[layer(i, "ffn_norm.weight")?]),
                     (gate_up, tiled),
-                    w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight")),
+                    down,
                 ));
             }
             Ok((embd, output, output_norm, layers))
@@ -387,12 +442,26 @@ impl<'a> CudaEngine<'a> {
         let conversions = std::mem::take(&mut plan.report);
 
         let mut need = Plan::default();
-        need.add_bytes(image_bytes);
-        need.check(
-            ArenaKind::DenseWeights,
-            arenas.dense.len() + arenas.ffn.len(),
-            "the GPU weight image (dense and FFN budgets together)",
-        )?;
+        match &streamed {
+            // The FFN's budget is the weight cache's; the oracle's resident rows are kept
+            // outside the board's budgets, as the CPU keeps them (a bound, not a product).
+            Some(p) => {
+                need.add_bytes(image_bytes.saturating_sub(p.resident_bytes()));
+                need.check(
+                    ArenaKind::DenseWeights,
+                    arenas.dense.len(),
+                    "the GPU weight image's dense part (the FFN streams)",
+                )?;
+            }
+            None => {
+                need.add_bytes(image_bytes);
+                need.check(
+                    ArenaKind::DenseWeights,
+                    arenas.dense.len() + arenas.ffn.len(),
+                    "the GPU weight image (dense and FFN budgets together)",
+                )?;
+            }
+        }
         let groups = h.head_dim / 32;
         let (kv_bytes, kv_scale_bytes) = if int8_kv {
             (
@@ -478,14 +547,17 @@ impl<'a> CudaEngine<'a> {
         let mut int8_activations = output_l.ty.int8_activations();
         let mut layers = Vec::with_capacity(h.n_layers);
         for (norm, qkv, bias, wo, ffn_norm, (gate_up, gate_up_tiled), down) in &layer_ls {
-            int8_activations |= [wo.ty, down.ty]
-                .iter()
-                .chain(qkv.iter().chain(gate_up).map(|(l, _)| &l.ty))
-                .any(|t| t.int8_activations());
-            bytes_per_token += qkv.iter().map(|(l, _)| l.bytes).sum::<usize>()
-                + wo.bytes
-                + gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>()
-                + down.bytes;
+            int8_activations |= [Some(wo), down.as_ref()]
+                .into_iter()
+                .flatten()
+                .chain(qkv.iter().chain(gate_up).map(|(l, _)| l))
+                .any(|l| l.ty.int8_activations());
+            // A streamed FFN's bytes are the lanes' (the stream's statistics count them).
+            bytes_per_token += qkv.iter().map(|(l, _)| l.bytes).sum::<usize>() + wo.bytes;
+            if let Some(down) = down {
+                bytes_per_token +=
+                    gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>() + down.bytes;
+            }
             layers.push(GpuLayer {
                 attn_norm: at(*norm),
                 qkv: grp(qkv),
@@ -494,7 +566,7 @@ impl<'a> CudaEngine<'a> {
                 ffn_norm: at(*ffn_norm),
                 gate_up: grp(gate_up),
                 gate_up_tiled: *gate_up_tiled,
-                down: mat(down),
+                down: down.as_ref().map(mat),
             });
         }
 
@@ -524,6 +596,7 @@ impl<'a> CudaEngine<'a> {
         };
         let k = Kernels {
             embed: f("embed")?,
+            add_norm: f("add_norm")?,
             attention: f(if int8_kv { "attention_i8" } else { "attention" })?,
             matvec: [
                 kernels_of(GpuType::F32)?,
@@ -653,18 +726,30 @@ impl<'a> CudaEngine<'a> {
             sample_idx,
             graph: None,
             products: opts.products,
+            // A streamed FFN hands its output back through `add_norm`, which prepares the
+            // next product's input: the products read it prepared.
             in_block_norm: match opts.in_block_norm {
+                _ if streamed.is_some() => false,
                 InBlockNorm::Auto => h.dim <= IN_BLOCK_NORM_MAX_DIM,
                 InBlockNorm::Always => true,
                 InBlockNorm::Never => false,
             },
-            prefetch: opts.prefetch,
+            prefetch: opts.prefetch && streamed.is_none(),
             max_slices,
             attention_slice: opts.attention_slice,
             pdl: pdl_kernel_mode(dependent_launch),
             device_state: None,
+            stream: None,
         };
-        if opts.graph {
+        if let Some(p) = streamed {
+            let (n_flags, n_staging) = (arenas.flags.len() / 4, arenas.io_staging.len());
+            let flags = arenas.flags.carver().take::<u32>(n_flags)?;
+            let staging = arenas.io_staging.carver().take::<u8>(n_staging)?;
+            let s = stream::GpuStream::boot(&e, p, arenas.ffn.len(), flags, staging, &mut c)?;
+            e.stream = Some(s);
+        }
+        // A streamed step returns to the host at every layer: no graph.
+        if opts.graph && e.stream.is_none() {
             let g = e.gpu.capture(|| e.record_step()).map_err(cuda)?;
             e.graph = Some(g);
         }
@@ -680,13 +765,18 @@ impl<'a> CudaEngine<'a> {
     /// Every kernel of one decode step, in order. Reads the token and position from
     /// `state` and leaves the next greedy token and position there.
     fn record_step(&self) -> CudaResult<()> {
+        self.record_embed()?;
+        for (l, w) in self.layers.iter().enumerate() {
+            self.record_attention(l, w)?;
+            self.record_ffn(l, w)?;
+        }
+        self.record_head()
+    }
+
+    /// Embedding of the token, and the first layer's normed input.
+    fn record_embed(&self) -> CudaResult<()> {
         let h = &self.hyper;
         let (g, k, a) = (&self.gpu, &self.k, &self.a);
-        let (dim, head_dim) = (h.dim, h.head_dim);
-        let kv_dim = h.n_kv_heads * head_dim;
-        let ctx = self.context;
-
-        // Embedding of the token, and the first layer's normed input.
         let e = &self.embd;
         let first_norm = self
             .layers
@@ -702,7 +792,7 @@ impl<'a> CudaEngine<'a> {
                 .ptr(e.d)
                 .ptr(e.m)
                 .ptr(e.qh)
-                .i32(dim as i32)
+                .i32(h.dim as i32)
                 .ptr(a.state)
                 .ptr(a.x)
                 .ptr(first_norm)
@@ -710,9 +800,17 @@ impl<'a> CudaEngine<'a> {
                 .ptr(a.xf)
                 .ptr(a.xq)
                 .i32(self.pdl),
-        )?;
+        )
+    }
 
-        for (l, w) in self.layers.iter().enumerate() {
+    /// Layer `l`'s attention, added to the residual, whose norm it leaves for the FFN.
+    fn record_attention(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
+        let h = &self.hyper;
+        let (g, k, a) = (&self.gpu, &self.k, &self.a);
+        let head_dim = h.head_dim;
+        let kv_dim = h.n_kv_heads * head_dim;
+        let ctx = self.context;
+        {
             // Layer l's part of the cache (and of its scales: int8).
             let value_bytes = if self.int8_kv { 1 } else { 4 };
             let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
@@ -776,7 +874,14 @@ impl<'a> CudaEngine<'a> {
                 true,
                 self.norm_tail(w.ffn_norm),
             )?;
+        }
+        Ok(())
+    }
 
+    /// Layer `l`'s FFN in memory, added to the residual, whose norm it leaves for the next.
+    fn record_ffn(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
+        let a = &self.a;
+        {
             // Feed-forward: gate and up, then SwiGLU: tile by tile as the blocks finish, or by
             // the last block of the last launch; down is added to the residual and norms it
             // for the next layer (or the output).
@@ -797,9 +902,14 @@ impl<'a> CudaEngine<'a> {
                 .get(l + 1)
                 .map_or(self.output_norm, |n| n.attn_norm);
             let fin = self.norm_tail(next_norm);
-            self.matvec(&w.down, Input::FfnHidden, a.x, 0, true, fin)?;
+            let down = w.down.as_ref().expect("an FFN in memory");
+            self.matvec(down, Input::FfnHidden, a.x, 0, true, fin)?;
         }
+        Ok(())
+    }
 
+    fn record_head(&self) -> CudaResult<()> {
+        let a = &self.a;
         // Logits, and the greedy pick that advances the state.
         let normed = self.normed(self.output_norm);
         self.matvec(&self.output, normed, a.logits, 0, false, Finish::Argmax)
@@ -813,7 +923,10 @@ impl<'a> CudaEngine<'a> {
         if !self.prefetch {
             return (0, 0, 0);
         }
-        prefetch_span(w.wo.q, w.down.q, self.gpu.l2_bytes, self.gpu.sm_count)
+        match &w.down {
+            Some(down) => prefetch_span(w.wo.q, down.q, self.gpu.l2_bytes, self.gpu.sm_count),
+            None => (0, 0, 0),
+        }
     }
 
     /// The input of a product that reads the residual normed with `nw`: made in each of its
@@ -933,6 +1046,9 @@ impl<'a> CudaEngine<'a> {
         // The step's last kernel writes its greedy pick and the next position (read in
         // `step_greedy`); until then the device state is not known here.
         self.device_state = None;
+        if self.stream.is_some() {
+            return self.streamed_step(pos);
+        }
         self.launch_step()
     }
 
@@ -972,6 +1088,15 @@ impl<'a> CudaEngine<'a> {
     pub fn greedy_run(&mut self, token: u32, pos: usize, out: &mut [u32]) -> CudaResult<()> {
         assert!(pos + out.len() <= self.context);
         if out.is_empty() {
+            return Ok(());
+        }
+        if self.stream.is_some() {
+            // Each streamed step waits on the host anyway (its reads).
+            let mut t = token;
+            for (i, o) in out.iter_mut().enumerate() {
+                t = self.step_greedy(t, pos + i)?;
+                *o = t;
+            }
             return Ok(());
         }
         self.queue_step(token, pos)?;
@@ -1065,6 +1190,17 @@ impl Decoder for CudaEngine<'_> {
     }
     fn bind_thread(&mut self) {
         self.gpu.bind().unwrap_or_else(|e| fault(e));
+    }
+    fn take_error(&mut self) -> Option<crate::stream::ReadError> {
+        self.stream.as_mut()?.take_error()
+    }
+    fn begin_sequence(&mut self) {
+        if let Some(s) = self.stream.as_mut() {
+            s.begin_sequence();
+        }
+    }
+    fn stream_stats(&self) -> Option<super::StreamStats> {
+        CudaEngine::stream_stats(self)
     }
 }
 

@@ -49,8 +49,11 @@ use crate::stream::{
 use std::time::Instant;
 
 mod blocks;
+mod boot;
 mod control;
 mod refine;
+
+pub use boot::{resident_rows, StreamParts};
 
 use control::{run_capped, Control};
 
@@ -198,108 +201,22 @@ impl<'a> StreamedFfn<'a> {
         staging: &'a mut [u8],
         scratch: &mut Carver<'a>,
     ) -> Result<StreamedFfn<'a>, StreamBootError> {
-        let layers = image.layers();
-        let mut base = Vec::with_capacity(layers + 1);
-        let mut total = 0u32;
-        for l in 0..layers {
-            base.push(total);
-            total += image.blocks(l) as u32;
-        }
-        base.push(total);
-        let total = total as usize;
-        if flags.len() < total {
-            return Err(StreamError::Flags {
-                blocks: total,
-                flags: flags.len(),
-            }
-            .into());
-        }
-        let flags = flags_from_words(&mut flags[..total]);
-        let (slots, slot_bytes) = Self::slots(&image, opts.budget);
-        let largest = max_blocks(&image);
-        let cfg = LaneConfig::from_board(slot_bytes);
-        let in_flight = cfg.lanes * cfg.queue_depth;
-        // Pinned at once, at most: a whole layer, each read finished but not yet handed out,
-        // and the hot set; every other slot can be evicted.
-        let busy = largest + in_flight;
-        let hot = match opts.policy {
-            Policy::Hot if opts.hot.is_empty() => {
-                let freq = image.block_frequency().ok_or(StreamBootError::NoProfile)?;
-                let n = (slots / 2).min(slots.saturating_sub(busy));
-                let mut order: Vec<BlockId> = (0..total as BlockId).collect();
-                order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
-                order.truncate(n);
-                order
-            }
-            Policy::Hot => opts.hot.clone(),
-            _ => Vec::new(),
+        let StreamParts {
+            image,
+            file,
+            lanes,
+            cache,
+            predictor,
+            base,
+            largest,
+        } = StreamParts::boot(image, opts, ffn, flags, staging, scratch)?;
+        let (resident, resident_at) = if opts.predict.needs_table() {
+            (Vec::new(), Vec::new())
+        } else {
+            resident_rows(&image)
         };
-        let hot_n = hot.len();
-        if slots < busy + hot_n {
-            return Err(StreamBootError::TooSmall {
-                slots,
-                largest,
-                in_flight,
-                hot: hot_n,
-            });
-        }
-        let reuse = match (&opts.eviction, opts.policy) {
-            (Some(path), Policy::Learned) => Some(std::sync::Arc::new(
-                ReuseTable::read(path, image.header.tables_identity).map_err(|error| {
-                    PredictorBootError::Eviction {
-                        path: path.clone(),
-                        error,
-                    }
-                })?,
-            )),
-            _ => None,
-        };
-        let cache = WeightCache::new(ffn, slot_bytes, slots, opts.policy, flags, &hot, reuse)?;
-        let inner = best_backend(cfg.lanes, cfg.queue_depth);
-        let backend: Box<dyn crate::stream::backend::ReadBackend> =
-            if opts.faults.is_empty() && opts.shuffle.is_none() {
-                inner
-            } else {
-                let mut f = FaultBackend::new(inner, total, in_flight);
-                for &fault in &opts.faults {
-                    f = f.with_fault(fault);
-                }
-                if let Some(seed) = opts.shuffle {
-                    f = f.shuffled(seed);
-                }
-                Box::new(f)
-            };
-        let mut lanes = Lanes::new(cfg, staging, total, backend)?;
-        let file = lanes.open(&opts.image)?;
-
-        // The oracle's resident gate and up rows, gathered into neuron order (a learned
-        // predictor needs none: its runs compute the rows they read).
-        let mut resident = Vec::new();
-        let mut resident_at = Vec::with_capacity(layers);
-        let oracle_rows = !opts.predict.needs_table();
-        for l in (0..layers).filter(|_| oracle_rows) {
-            let g = *image.geometry(l);
-            let (gb, ub, _) = g.part_bytes().expect("checked geometry");
-            let n = g.neurons as usize;
-            let at = resident.len();
-            resident.resize(at + n * (gb + ub), 0);
-            for j in 0..n {
-                let (b, i) = image.slot_of(l, j);
-                let rows = image.block_rows(l, b);
-                resident[at + j * gb..][..gb].copy_from_slice(rows.gate.row(i));
-                resident[at + n * gb + j * ub..][..ub].copy_from_slice(rows.up.row(i));
-            }
-            resident_at.push((at, at + n * gb));
-        }
         let dim = image.geometry(0).dim as usize;
         let hidden = image.geometry(0).neurons as usize;
-        let predictor = BlockPredictor::new(
-            opts.predict,
-            opts.predictor.as_deref(),
-            &image,
-            largest,
-            scratch,
-        )?;
         let zero_row = scratch.take::<u8>(Self::down_row_bytes(&image))?;
         zero_row.fill(0);
         let refine_stages = match opts.refine_stages {

@@ -122,6 +122,9 @@ pub enum ReadErrorKind {
     PastEnd,
     /// Every cache slot is pinned, so the whole block had nowhere to go.
     NoSlot,
+    /// The block was asked for and never landed within the GPU kernel's time bound (a lane
+    /// that stalled): the layer ended without it.
+    Stalled,
 }
 
 /// A block read that failed on every attempt; the lanes go on with the other reads and the
@@ -158,6 +161,7 @@ impl fmt::Display for ReadError {
             ReadErrorKind::Short { got } => write!(f, "short read ({got} of {len} bytes)"),
             ReadErrorKind::PastEnd => write!(f, "the file ends before the block (truncated?)"),
             ReadErrorKind::NoSlot => write!(f, "every cache slot is pinned"),
+            ReadErrorKind::Stalled => write!(f, "it did not land within the GPU kernel's time bound"),
         }
     }
 }

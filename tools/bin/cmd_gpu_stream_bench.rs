@@ -434,6 +434,7 @@ mod gpu {
                     layer: l,
                     base: s.base[l],
                     order: &ord,
+                    means: 0,
                 };
                 let mut no_update = |_: usize, _: &[f32], _: &mut Lanes, _: &mut WeightCache| {};
                 let st = ffn

@@ -543,6 +543,9 @@ pub struct SideStream {
     stream: sys::CUstream,
 }
 
+// SAFETY: as Gpu's stream: used from one thread at a time, with the context made current there.
+unsafe impl Send for SideStream {}
+
 impl SideStream {
     /// Queues a copy of `len` bytes from pinned host memory at `src` to `dst`.
     ///

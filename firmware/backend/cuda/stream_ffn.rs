@@ -263,6 +263,9 @@ impl StreamFfn {
                 .ptr(0)
                 .u64(timeout_ns)
                 .ptr(self.error.device_ptr())
+                .ptr(0)
+                // No dropped-neuron means (the block order is then not read).
+                .ptr(0)
                 .ptr(0),
         )
     }

@@ -135,6 +135,9 @@ pub struct LayerStats {
 
 /// One layer's request: the image, the layer, the blocks to compute in priority order
 /// (layer-local indices), and the layer's first global block id in the lanes and cache.
+/// `means`: the device address of the layer's dropped-neuron means by image slot (block x
+/// per_block + entry), or 0: a kept neuron then counts as itself and the caller adds every
+/// neuron's mean contribution (down x means) to the output; a dropped one counts with its mean.
 #[derive(Clone, Copy)]
 pub struct LayerBlocks<'r> {
     pub image: &'r FlashImage,
@@ -142,6 +145,7 @@ pub struct LayerBlocks<'r> {
     pub layer: usize,
     pub base: BlockId,
     pub order: &'r [u32],
+    pub means: u64,
 }
 
 /// Algorithm 1's hook: stage s is summed; the layer's output so far; the lanes and cache, to
@@ -177,6 +181,8 @@ pub struct GpuStreamedFfn {
     stage_of: DeviceBuffer,
     stage_size: DeviceBuffer,
     stage_count: DeviceBuffer,
+    /// Per bundle: its block in the layer (read by the kernel with `LayerBlocks::means`).
+    order: DeviceBuffer,
     generation: u32,
     /// Persistent blocks at most (all resident at once).
     grid: u32,
@@ -267,6 +273,7 @@ impl GpuStreamedFfn {
             stage_of: gpu.alloc(4 * max_blocks)?,
             stage_size: gpu.alloc(4 * max_stages)?,
             stage_count: gpu.alloc(4 * max_stages)?,
+            order: gpu.alloc(4 * max_blocks)?,
             generation: 0,
             grid: (per_sm.max(1) * gpu.sm_count as u32).max(1),
             staging: gpu.alloc_mapped(4 * max_blocks.max(dim).max(max_stages))?,
@@ -303,10 +310,46 @@ impl GpuStreamedFfn {
         on_stage: &mut OnStage<'_>,
         out: &mut [f32],
     ) -> Result<LayerStats, GpuStreamError> {
-        let n = req.order.len();
-        assert!(n <= self.max_blocks, "{n} blocks of {}", self.max_blocks);
         assert_eq!(x.len(), self.dim);
         assert_eq!(out.len(), self.dim);
+        let k = put_words(self.staging.as_mut_slice(), x.iter().map(|v| v.to_bits()));
+        upload_staged(gpu, self.x.ptr, &self.staging, k)?;
+        let x_dev = self.x.ptr;
+        let stats = self.run_layer(gpu, mem, req, stages, x_dev, thr, lanes, cache, on_stage)?;
+        let k = 4 * self.dim;
+        let staged = &mut self.staging.as_mut_slice()[..k];
+        gpu.download_async(staged, self.acc.ptr)?;
+        gpu.sync()?;
+        for (o, c) in out.iter_mut().zip(staged.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(stats)
+    }
+
+    /// Where [`run_layer`](Self::run_layer) leaves the layer's output (dim floats, device
+    /// memory), until the next layer starts.
+    pub fn output(&self) -> u64 {
+        self.acc.ptr
+    }
+
+    /// [`forward_layer`](Self::forward_layer) with its input already on the device at `x` (dim
+    /// floats, not written until the layer ends) and its output left at
+    /// [`output`](Self::output): the decoder's way, with no copy through the host.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_layer(
+        &mut self,
+        gpu: &Gpu,
+        mem: CacheView,
+        req: LayerBlocks<'_>,
+        stages: usize,
+        x: u64,
+        thr: f32,
+        lanes: &mut Lanes,
+        cache: &mut WeightCache,
+        on_stage: &mut OnStage<'_>,
+    ) -> Result<LayerStats, GpuStreamError> {
+        let n = req.order.len();
+        assert!(n <= self.max_blocks, "{n} blocks of {}", self.max_blocks);
         assert_eq!(
             mem.mirror.is_some(),
             self.device_words.is_some(),
@@ -325,7 +368,7 @@ impl GpuStreamedFfn {
         let (gi, ui, di) = (ty_id(gt)?, ty_id(ut)?, ty_id(dt)?);
         let mut stats = LayerStats::default();
         if n == 0 {
-            out.fill(0.0);
+            gpu.zero_async(self.acc.ptr, self.dim)?;
             return Ok(stats);
         }
         let stages = stages.clamp(1, self.max_stages.min(n));
@@ -335,8 +378,10 @@ impl GpuStreamedFfn {
         self.generation += 1;
         let want = self.generation;
         self.error.set(0, 0);
-        let k = put_words(self.staging.as_mut_slice(), x.iter().map(|v| v.to_bits()));
-        upload_staged(gpu, self.x.ptr, &self.staging, k)?;
+        if req.means != 0 {
+            let k = put_words(self.staging.as_mut_slice(), req.order.iter().copied());
+            upload_staged(gpu, self.order.ptr, &self.staging, k)?;
+        }
         // Stage s holds the bundles at order positions [s * n / stages, (s + 1) * n / stages).
         let k = put_words(
             self.staging.as_mut_slice(),
@@ -390,7 +435,7 @@ impl GpuStreamedFfn {
                 .i32(gi)
                 .i32(ui)
                 .i32(di)
-                .ptr(self.x.ptr)
+                .ptr(x)
                 .f32(thr)
                 .ptr(self.acc.ptr)
                 .ptr(arrive)
@@ -404,7 +449,9 @@ impl GpuStreamedFfn {
                 .ptr(self.snapshots.dev)
                 .u64(self.timeout.as_nanos() as u64)
                 .ptr(error)
-                .ptr(report),
+                .ptr(report)
+                .ptr(self.order.ptr)
+                .ptr(req.means),
         )?;
 
         // Ask for every block, highest priority first: hits are flagged at once (discrete: in
@@ -507,13 +554,6 @@ impl GpuStreamedFfn {
             return Err(GpuStreamError::Missing {
                 block: req.base + req.order[i],
             });
-        }
-        let k = 4 * dim;
-        let staged = &mut self.staging.as_mut_slice()[..k];
-        gpu.download_async(staged, self.acc.ptr)?;
-        gpu.sync()?;
-        for (o, c) in out.iter_mut().zip(staged.chunks_exact(4)) {
-            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
         stats.blocks = n;
         Ok(stats)

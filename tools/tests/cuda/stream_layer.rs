@@ -195,6 +195,7 @@ fn streamed_layers_from_the_lanes_match_the_cpu() {
                             layer: l,
                             base: layer_base,
                             order: &order,
+                            means: 0,
                         };
                         let stats = gpu_ffn
                             .forward_layer(
@@ -288,6 +289,7 @@ fn streamed_layer_ends_on_a_failed_or_stalled_read_and_the_next_is_right() {
                         layer: l,
                         base: base[l],
                         order,
+                        means: 0,
                     }
                 }
                 let e = gpu_ffn.forward_layer(

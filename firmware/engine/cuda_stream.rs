@@ -1,0 +1,481 @@
+//! The CUDA decoder with its FFN streamed from a flash image (LeanStream paper 3.2.1; the CPU's
+//! is `engine::stream_ffn`). Attention, the norms and the logits run as in memory
+//! (`record_attention`, `record_head`); each layer's FFN is the persistent kernel of
+//! `backend::cuda::stream_layer`, fed by the I/O lanes through the weight cache, whose slots are
+//! pinned host memory the GPU reads (a Jetson's one memory) or mirrors (a discrete GPU).
+//!
+//! A step, per layer, readable top to bottom in [`CudaEngine::streamed_step`]:
+//! 1. attention, whose last product leaves the FFN's normed input in `xf`;
+//! 2. which blocks: the oracle and `stale` run the resident gate and up rows (the dense
+//!    products, SwiGLU into `hf`) and keep the neurons at the layer's threshold; a learned
+//!    table ranks blocks from the input (and residual) alone. The host reads back what the
+//!    predictor needs (a few KiB) and orders the wanted blocks, highest priority first;
+//! 3. the persistent kernel computes the blocks as the lanes land them (hits at once), each
+//!    kept neuron less its dropped mean where the thresholds table has means;
+//! 4. `add_norm`: the output and the dropped neurons' mean contribution into the residual,
+//!    normed for the next product.
+//!
+//! The same neurons as the CPU's streamed FFN: those at the layer's calibrated threshold among
+//! the blocks read, every dropped neuron with its mean. A read that fails for good, or a block
+//! that never lands within the kernel's bound, leaves that layer's output partial and is kept
+//! for [`take_error`](GpuStream::take_error): the request ends with it.
+//!
+//! After boot a step allocates nothing.
+
+use super::{cuda, CudaEngine, Finish, Input};
+use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, Gpu, KernelArgs};
+use crate::backend::cuda::stream_layer::{
+    CacheMemory, CacheView, GpuStreamError, GpuStreamedFfn, LayerBlocks,
+};
+use crate::boot::Carver;
+use crate::engine::stream_ffn::{resident_rows, StreamParts, StreamedFfn};
+use crate::engine::{EngineError, StreamOptions, StreamStats};
+use crate::model::flash::FlashImage;
+use crate::model::ggml::GgmlType;
+use crate::model::{Hyper, TensorRef};
+use crate::predict::PredictKind;
+use crate::sparsity::{FfnMode, FfnOptions, Score};
+use crate::stream::{ReadError, ReadErrorKind, RequestError};
+use std::time::Instant;
+
+/// What a streamed GPU engine boots from: the streaming options (image, budget, cache policy,
+/// predictor) and the sparse FFN's (the thresholds and dropped means of its `oracle` mode).
+#[derive(Clone, Copy)]
+pub struct StreamedBoot<'o> {
+    pub stream: &'o StreamOptions,
+    pub ffn: &'o FfnOptions,
+}
+
+/// The image opened and checked before the weights are placed, with the oracle's resident rows.
+pub(super) struct Prepared<'o> {
+    boot: StreamedBoot<'o>,
+    image: FlashImage,
+    resident: Vec<u8>,
+    resident_at: Vec<(usize, usize)>,
+}
+
+fn options(why: String) -> EngineError {
+    EngineError::Options(why)
+}
+
+impl<'o> Prepared<'o> {
+    pub(super) fn new(boot: StreamedBoot<'o>, h: &Hyper) -> Result<Prepared<'o>, EngineError> {
+        let (so, ffn) = (boot.stream, boot.ffn);
+        if ffn.mode != FfnMode::Oracle || ffn.score != Score::Glu {
+            return Err(options(
+                "the GPU's streamed FFN keeps the neurons at the calibrated thresholds of |SiLU(gate) * up|: use --ffn oracle with the glu score".into(),
+            ));
+        }
+        if so.controller.is_some() {
+            return Err(options(
+                "--controller drives the CPU's streamed FFN; the GPU's runs at the board's maxima"
+                    .into(),
+            ));
+        }
+        if so.refine_stages.is_some_and(|k| k > 0) {
+            return Err(options(
+                "--refine-stages: the GPU's streamed FFN does not queue the next layer's reads ahead yet"
+                    .into(),
+            ));
+        }
+        let image = StreamedFfn::open_image(so, h).map_err(EngineError::Flash)?;
+        for l in 0..image.layers() {
+            let Some((g, u, d)) = image.geometry(l).types() else {
+                return Err(EngineError::Unsupported(format!(
+                    "{}: layer {l}'s FFN blocks hold rows of an unknown type",
+                    so.image.display()
+                )));
+            };
+            if let Some(ty) = [g, u, d]
+                .into_iter()
+                .find(|t| !matches!(t, GgmlType::F16 | GgmlType::Q8_0))
+            {
+                return Err(EngineError::Unsupported(format!(
+                    "{}: layer {l}'s FFN blocks hold {ty:?} rows; the GPU streams F16 and Q8_0 (write the image with `leanstream flash --precision w8a8` or f16)",
+                    so.image.display()
+                )));
+            }
+        }
+        let (resident, resident_at) = match so.predict {
+            PredictKind::Oracle | PredictKind::Stale => resident_rows(&image),
+            _ => (Vec::new(), Vec::new()),
+        };
+        Ok(Prepared {
+            boot,
+            image,
+            resident,
+            resident_at,
+        })
+    }
+
+    /// Layer `l`'s resident gate and up rows (neuron order), when the predictor needs them.
+    pub(super) fn resident_gate_up(&self, l: usize) -> Option<[TensorRef<'_>; 2]> {
+        let &(ga, ua) = self.resident_at.get(l)?;
+        let g = self.image.geometry(l);
+        let (gt, ut, _) = g.types().expect("checked at open");
+        let (gb, ub, _) = g.part_bytes().expect("checked at open");
+        let n = g.neurons as usize;
+        let rows = |ty, at: usize, bytes: usize| TensorRef {
+            ty,
+            cols: g.dim as usize,
+            rows: n,
+            data: &self.resident[at..at + n * bytes],
+        };
+        Some([rows(gt, ga, gb), rows(ut, ua, ub)])
+    }
+
+    /// Bytes of the resident rows (outside the board's budgets, as the CPU's copy).
+    pub(super) fn resident_bytes(&self) -> usize {
+        self.resident.len()
+    }
+}
+
+/// The streamed FFN's state on a GPU engine. Fields drop in order: the cache, which borrows
+/// `memory`'s mapping, goes before it.
+pub(super) struct GpuStream<'a> {
+    ffn: GpuStreamedFfn,
+    parts: StreamParts<'a>,
+    view: CacheView,
+    /// Per layer: the calibrated threshold of |SiLU(gate) * up|.
+    thresholds: Vec<f32>,
+    /// Per layer: the dropped-neuron means by image slot (`slot_floats` each), and their
+    /// contribution down x means (dim each); None: a dropped neuron counts as zero.
+    dropped: Option<(DeviceBuffer, DeviceBuffer)>,
+    slot_floats: usize,
+    /// The oracle and `stale` choose from every neuron's activation (the resident rows).
+    resident: bool,
+    // Host scratch, made at boot: the residual and the FFN's input, every neuron's activation
+    // (resident), the FFN's output (tables reading it), per block its priority and whether a
+    // chosen neuron uses it, the blocks in priority order, the chosen neurons.
+    residual: Vec<f32>,
+    input: Vec<f32>,
+    act: Vec<f32>,
+    out: Vec<f32>,
+    prio: Vec<f32>,
+    used_mark: Vec<bool>,
+    used: Vec<u32>,
+    order: Vec<u32>,
+    idx: Vec<u32>,
+    h: Vec<f32>,
+    stats: StreamStats,
+    error: Option<ReadError>,
+    /// The cache's arena; held, not read.
+    _memory: CacheMemory,
+}
+
+/// `b`, a byte view of floats (downloads land in it).
+fn f32_bytes(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: f32 has no invalid bit patterns and u8 alignment 1; the length is exact.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) }
+}
+
+fn upload_f32(gpu: &Gpu, dst: u64, v: &[f32]) -> CudaResult<()> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    gpu.upload(dst, &bytes)
+}
+
+impl<'a> GpuStream<'a> {
+    /// The stream for engine `e` (booted without one): the cache in pinned memory of the
+    /// image's budget, at most `ffn_budget` bytes (the board's `ffn_cache`), the lanes' flags
+    /// and buffers from their arenas, the predictor's buffers from `scratch`.
+    pub(super) fn boot(
+        e: &CudaEngine<'_>,
+        p: Prepared<'_>,
+        ffn_budget: usize,
+        flags: &'a mut [u32],
+        staging: &'a mut [u8],
+        scratch: &mut Carver<'a>,
+    ) -> Result<GpuStream<'a>, EngineError> {
+        let Prepared { boot, image, .. } = p;
+        let (so, ffn_opts) = (boot.stream, boot.ffn);
+        let gpu = &e.gpu;
+        let h = &e.hyper;
+        let (slots, slot_bytes) = StreamedFfn::slots(&image, so.budget);
+        let stride = slot_bytes.div_ceil(crate::boot::SLICE_ALIGN) * crate::boot::SLICE_ALIGN;
+        // More than the budget is refused by the cache itself, naming both.
+        let bytes = stride.saturating_mul(slots).min(ffn_budget).max(1);
+        let mut memory = CacheMemory::new(gpu, e.memory, bytes).map_err(cuda)?;
+        let (arena, view) = memory.split();
+        // SAFETY: the arena is `memory`'s pinned mapping, which lives as long as the
+        // `GpuStream` that owns both and is dropped after `parts` (fields drop in order); no
+        // other reference to it is made while `parts.cache` holds this one.
+        let arena: &'a mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(arena.as_mut_ptr(), arena.len()) };
+        let parts = StreamParts::boot(image, so, arena, flags, staging, scratch)
+            .map_err(EngineError::Stream)?;
+        let image = &parts.image;
+        let per_block = (0..image.layers())
+            .map(|l| image.geometry(l).per_block as usize)
+            .max()
+            .unwrap_or(1);
+        let ffn = GpuStreamedFfn::new(
+            gpu,
+            e.memory,
+            h.dim,
+            parts.largest,
+            per_block,
+            1,
+            parts.cache.slots(),
+        )
+        .map_err(cuda)?;
+        let thresholds = ffn_opts
+            .thresholds
+            .clone()
+            .ok_or_else(|| options("the streamed FFN needs the thresholds table".into()))?;
+        let slot_floats = parts.largest * per_block;
+        let dropped = match &ffn_opts.dropped {
+            None => None,
+            Some(d) => {
+                let n = h.hidden_dim;
+                let mut by_slot = vec![0f32; image.layers() * slot_floats];
+                for l in 0..image.layers() {
+                    for j in 0..n {
+                        let (b, i) = image.slot_of(l, j);
+                        let k = image.geometry(l).per_block as usize;
+                        by_slot[l * slot_floats + b * k + i] = d.mean[l * n + j];
+                    }
+                }
+                let means = gpu.alloc(4 * by_slot.len()).map_err(cuda)?;
+                upload_f32(gpu, means.ptr, &by_slot).map_err(cuda)?;
+                let offsets = gpu.alloc(4 * d.offset.len()).map_err(cuda)?;
+                upload_f32(gpu, offsets.ptr, &d.offset).map_err(cuda)?;
+                Some((means, offsets))
+            }
+        };
+        let blocks = parts.largest;
+        Ok(GpuStream {
+            ffn,
+            view,
+            thresholds,
+            dropped,
+            slot_floats,
+            resident: matches!(so.predict, PredictKind::Oracle | PredictKind::Stale),
+            residual: vec![0.0; h.dim],
+            input: vec![0.0; h.dim],
+            act: vec![0.0; h.hidden_dim],
+            out: vec![0.0; h.dim],
+            prio: vec![0.0; blocks],
+            used_mark: vec![false; blocks],
+            used: Vec::with_capacity(blocks),
+            order: Vec::with_capacity(blocks),
+            idx: Vec::with_capacity(h.hidden_dim),
+            h: Vec::with_capacity(h.hidden_dim),
+            stats: StreamStats::default(),
+            error: None,
+            parts,
+            _memory: memory,
+        })
+    }
+
+    pub(super) fn stats(&self) -> StreamStats {
+        StreamStats {
+            cache: self.parts.cache.stats(),
+            ..self.stats
+        }
+    }
+
+    pub(super) fn take_error(&mut self) -> Option<ReadError> {
+        self.error.take()
+    }
+
+    pub(super) fn begin_sequence(&mut self) {
+        self.parts.predictor.reset();
+    }
+
+    /// Layer `l`'s blocks for the input now in `input`/`residual` (and `act`, resident), into
+    /// `order`, highest priority first. `first`: the sequence's first position, where every
+    /// block is read (the attention sink: engine/stream_ffn.rs says why).
+    fn choose(&mut self, l: usize, first: bool) {
+        let image = &self.parts.image;
+        let blocks = image.blocks(l);
+        let prio = &mut self.prio[..blocks];
+        self.idx.clear();
+        self.h.clear();
+        self.used.clear();
+        if self.resident {
+            let thr = self.thresholds[l];
+            for (j, &a) in self.act.iter().enumerate() {
+                if a.abs() >= thr {
+                    self.idx.push(j as u32);
+                    self.h.push(a);
+                    let b = image.block_of(l, j);
+                    if !self.used_mark[b] {
+                        self.used_mark[b] = true;
+                        self.used.push(b as u32);
+                    }
+                }
+            }
+            for &b in &self.used {
+                self.used_mark[b as usize] = false;
+            }
+        }
+        self.parts.predictor.priorities(
+            l,
+            0,
+            &self.input,
+            &self.residual,
+            (&self.idx, &self.h),
+            &self.used,
+            image,
+            prio,
+        );
+        if first && self.parts.predictor.is_learned() {
+            prio.fill(1.0);
+        }
+        self.order.clear();
+        self.order
+            .extend((0..blocks as u32).filter(|&b| prio[b as usize] > 0.0));
+        // Highest priority first, ties by block (an unstable sort: no buffer to allocate).
+        self.order.sort_unstable_by(|&a, &b| {
+            prio[b as usize]
+                .total_cmp(&prio[a as usize])
+                .then(a.cmp(&b))
+        });
+        if self.resident {
+            let missed = self
+                .idx
+                .iter()
+                .filter(|&&j| prio[image.block_of(l, j as usize)] <= 0.0)
+                .count();
+            self.stats.chosen += self.idx.len() as u64;
+            self.stats.missed += missed as u64;
+        }
+    }
+
+    /// Keeps the first failure of the request (the step goes on; the request ends with it).
+    fn fail(&mut self, e: GpuStreamError) -> CudaResult<()> {
+        let err = match e {
+            GpuStreamError::Cuda(e) => return Err(e),
+            GpuStreamError::Read(r) => r,
+            GpuStreamError::Missing { block } => ReadError {
+                block,
+                file: self.parts.file,
+                offset: 0,
+                len: 0,
+                attempts: 1,
+                kind: ReadErrorKind::Stalled,
+            },
+            GpuStreamError::Io(io) => ReadError {
+                block: 0,
+                file: self.parts.file,
+                offset: 0,
+                len: 0,
+                attempts: 1,
+                kind: ReadErrorKind::Io(io.raw_os_error().unwrap_or(libc_eio())),
+            },
+            GpuStreamError::Request(RequestError::Full { .. }) | GpuStreamError::Request(_) => {
+                panic!("a checked image's block read was refused: {e}")
+            }
+            GpuStreamError::Type { .. } => unreachable!("types are checked at boot: {e}"),
+        };
+        self.error.get_or_insert(err);
+        Ok(())
+    }
+}
+
+/// EIO, for a backend failure that carries no errno.
+fn libc_eio() -> i32 {
+    5
+}
+
+impl CudaEngine<'_> {
+    /// One step at `pos` with the FFN streamed (the token is in the device state).
+    pub(super) fn streamed_step(&mut self, pos: usize) -> CudaResult<()> {
+        let mut s = self.stream.take().expect("a streamed engine");
+        let done = self.streamed_layers(&mut s, pos);
+        s.stats.tokens += 1;
+        self.stream = Some(s);
+        done
+    }
+
+    fn streamed_layers(&self, s: &mut GpuStream<'_>, pos: usize) -> CudaResult<()> {
+        let (g, a, h) = (&self.gpu, &self.a, &self.hyper);
+        self.record_embed()?;
+        for (l, w) in self.layers.iter().enumerate() {
+            // 1. Attention; its last product leaves the FFN's normed input in xf.
+            self.record_attention(l, w)?;
+
+            // 2. Which blocks.
+            if s.resident {
+                for (i, &(m, off)) in w.gate_up.iter().enumerate() {
+                    let fin = if w.gate_up_tiled {
+                        Finish::SwiGluTiles
+                    } else if i + 1 == w.gate_up.len() {
+                        Finish::SwiGlu
+                    } else {
+                        Finish::None
+                    };
+                    self.matvec(&m, Input::Prepared, a.gu + off as u64 * 4, 0, false, fin)?;
+                }
+                g.download_async(f32_bytes(&mut s.act), a.hf)?;
+            }
+            g.download_async(f32_bytes(&mut s.input), a.xf)?;
+            g.download_async(f32_bytes(&mut s.residual), a.x)?;
+            g.sync()?;
+            s.choose(l, pos == 0);
+
+            // 3. The blocks, computed as they land.
+            let req = LayerBlocks {
+                image: &s.parts.image,
+                file: s.parts.file,
+                layer: l,
+                base: s.parts.base[l],
+                order: &s.order,
+                means: s.dropped.as_ref().map_or(0, |(m, _)| {
+                    m.ptr + (4 * l * s.slot_floats) as u64
+                }),
+            };
+            let started = Instant::now();
+            let ran = s.ffn.run_layer(
+                g,
+                s.view,
+                req,
+                1,
+                a.xf,
+                s.thresholds[l],
+                &mut s.parts.lanes,
+                &mut s.parts.cache,
+                &mut |_, _, _, _| {},
+            );
+            s.stats.io_wait_ns += started.elapsed().as_nanos() as u64;
+            if let Err(e) = ran {
+                s.fail(e)?;
+            }
+            if s.parts.predictor.reads_ffn_output() {
+                g.download_async(f32_bytes(&mut s.out), s.ffn.output())?;
+                g.sync()?;
+                s.parts.predictor.after_ffn(0, &s.residual, &s.out);
+            }
+
+            // 4. Into the residual, normed for the next product.
+            let next_norm = self
+                .layers
+                .get(l + 1)
+                .map_or(self.output_norm, |n| n.attn_norm);
+            let offset = s
+                .dropped
+                .as_ref()
+                .map_or(0, |(_, o)| o.ptr + (4 * l * h.dim) as u64);
+            g.launch(
+                self.k.add_norm,
+                1,
+                1024,
+                KernelArgs::default()
+                    .ptr(a.x)
+                    .ptr(s.ffn.output())
+                    .ptr(offset)
+                    .i32(h.dim as i32)
+                    .ptr(next_norm)
+                    .f32(h.norm_eps)
+                    .ptr(a.xf)
+                    .ptr(a.xq),
+            )?;
+        }
+        self.record_head()
+    }
+
+    /// What the streamed FFN has done since boot (None: the FFN is in memory).
+    pub fn stream_stats(&self) -> Option<StreamStats> {
+        self.stream.as_ref().map(GpuStream::stats)
+    }
+}
