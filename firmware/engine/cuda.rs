@@ -406,10 +406,9 @@ impl<'a> CudaEngine<'a> {
                 };
                 let down = match &streamed {
                     Some(_) => None,
-                    None => Some(w.matrix(
-                        &[layer(i, "ffn_down.weight")?],
-                        role(i, "ffn_down.weight"),
-                    )),
+                    None => {
+                        Some(w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight")))
+                    }
                 };
                 let bias = if h.qkv_bias {
                     Some(w.vector(&[
@@ -555,8 +554,7 @@ impl<'a> CudaEngine<'a> {
             // A streamed FFN's bytes are the lanes' (the stream's statistics count them).
             bytes_per_token += qkv.iter().map(|(l, _)| l.bytes).sum::<usize>() + wo.bytes;
             if let Some(down) = down {
-                bytes_per_token +=
-                    gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>() + down.bytes;
+                bytes_per_token += gate_up.iter().map(|(l, _)| l.bytes).sum::<usize>() + down.bytes;
             }
             layers.push(GpuLayer {
                 attn_norm: at(*norm),

@@ -421,9 +421,10 @@ impl CudaEngine<'_> {
                 layer: l,
                 base: s.parts.base[l],
                 order: &s.order,
-                means: s.dropped.as_ref().map_or(0, |(m, _)| {
-                    m.ptr + (4 * l * s.slot_floats) as u64
-                }),
+                means: s
+                    .dropped
+                    .as_ref()
+                    .map_or(0, |(m, _)| m.ptr + (4 * l * s.slot_floats) as u64),
             };
             let started = Instant::now();
             let ran = s.ffn.run_layer(

@@ -161,7 +161,9 @@ impl fmt::Display for ReadError {
             ReadErrorKind::Short { got } => write!(f, "short read ({got} of {len} bytes)"),
             ReadErrorKind::PastEnd => write!(f, "the file ends before the block (truncated?)"),
             ReadErrorKind::NoSlot => write!(f, "every cache slot is pinned"),
-            ReadErrorKind::Stalled => write!(f, "it did not land within the GPU kernel's time bound"),
+            ReadErrorKind::Stalled => {
+                write!(f, "it did not land within the GPU kernel's time bound")
+            }
         }
     }
 }
