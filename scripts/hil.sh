@@ -16,8 +16,7 @@ test_bin=$(cargo test --release --test cuda --no-run --message-format=json 2>/de
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="cuda" and m.get("executable"): print(m["executable"])' | tail -1)
-# (leanstreamd stays behind: nothing here runs it, and the call carries at most 64 MiB with the tree.)
-cp target/hil/release/leanstream "$out/"
+cp target/hil/release/leanstream target/hil/release/leanstreamd "$out/"
 cp "$test_bin" "$out/cuda-tests"
 
 # Parity models: stories260K whole, SmolLM2-135M and Qwen2.5-0.5B cut to a few layers (and
@@ -31,17 +30,17 @@ fi
 if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
   python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut1.gguf" --layers 1 --vocab 4096
 fi
-strip "$out/leanstream" "$out/cuda-tests" 2>/dev/null || true
+strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" 2>/dev/null || true
 # The binaries embed the PTX as text: compressed, they leave room under the call's 64 MiB
 # (hil-run.sh unpacks them).
-gzip -9 -f "$out/leanstream" "$out/cuda-tests"
+gzip -9 -f "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests"
 # The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 # A self-contained copy (scripts, shapes, wheel) so hil-out/ alone can travel, e.g. from a
 # checkout that is not the one the device call sends: `HIL_DIR=. bash DIR/scripts/hil-run.sh`.
 mkdir -p "$out/scripts" "$out/.whl"
-cp scripts/hil-run.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-gpu-stream.sh scripts/synth-gguf.py "$out/scripts/"
+cp scripts/hil-run.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-gpu-stream.sh scripts/hil-daemon-stream.sh scripts/synth-gguf.py "$out/scripts/"
 cp -r bench-shapes "$out/"
 cp .whl/gguf-*.whl "$out/.whl/"
 du -sh "$out"; ls -la "$out" "$out/models"

@@ -429,6 +429,9 @@ fn cuda_runs_k_quants_in_their_stored_blocks_as_the_cpu() {
 #[path = "cuda/stream_layer.rs"]
 mod stream_layer;
 
+#[path = "cuda/stream_engine.rs"]
+mod stream_engine;
+
 use leanstream::backend::cuda::driver::DeviceBuffer;
 use leanstream::backend::cuda::stream_ffn::{reference, FfnShape, StreamFfn, StreamFfnError};
 use leanstream::model::ggml::f32_to_f16;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// The GGUF parity models named in $LEANSTREAM_HIL_MODELS, as w8a8 flash images for this
 /// board in a temporary folder.
-fn w8_images() -> Option<Vec<(String, PathBuf)>> {
+pub(super) fn w8_images() -> Option<Vec<(String, PathBuf)>> {
     let Ok(list) = std::env::var("LEANSTREAM_HIL_MODELS") else {
         eprintln!("skipped: LEANSTREAM_HIL_MODELS names no parity models");
         return None;

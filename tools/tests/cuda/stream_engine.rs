@@ -1,0 +1,274 @@
+//! The CUDA decoder with its FFN streamed from a flash image (engine/cuda_stream.rs), against
+//! the CPU's streamed FFN on the same image (engine/stream_ffn.rs): each parity model's w8a8
+//! image, the same thresholds and dropped-neuron means, a cache of 30% of the FFN, in both
+//! memory models, with the oracle and with `stale` (which leaves neurons out): the logits of
+//! a prompt within the int8 parity gate of the CPU backend's (cuda.rs) and the greedy tokens
+//! printed with how far they agree; the GPU reads blocks and hits the cache; a block whose
+//! reads fail ends the request with that block named, and the next request is right.
+
+use super::stream_layer::w8_images;
+use leanstream::board::MemoryModel;
+use leanstream::engine::cuda::{CudaEngine, StreamedBoot};
+use leanstream::engine::cuda_options::CudaOptions;
+use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamOptions};
+use leanstream::model::ModelFile;
+use leanstream::predict::PredictKind;
+use leanstream::sparsity::{DroppedMean, FfnMode, FfnOptions, Score};
+use leanstream::stream::fault::{Fault, FaultKind};
+use leanstream::stream::{CacheBudget, Policy};
+use leanstream_tools::bench::rel_err;
+use leanstream_tools::offline::flash::BUNDLE_DOWN;
+use std::path::Path;
+
+/// The thresholds and dropped means both engines run: a threshold that drops about half of a
+/// random-input layer's neurons, and small means (their offsets made up too: both engines add
+/// what they are given, which is what is compared).
+fn ffn_options(file: &ModelFile, thr: f32) -> FfnOptions {
+    let h = file.hyper().unwrap();
+    let mut rng = super::Rng(7);
+    FfnOptions {
+        mode: FfnMode::Oracle,
+        score: Score::Glu,
+        sparsity: 0.5,
+        thresholds: Some(vec![thr; h.n_layers]),
+        bundle_down: BUNDLE_DOWN,
+        dropped: Some(DroppedMean {
+            mean: (0..h.n_layers * h.hidden_dim)
+                .map(|_| 0.002 * rng.unit())
+                .collect(),
+            offset: (0..h.n_layers * h.dim).map(|_| 0.01 * rng.unit()).collect(),
+        }),
+    }
+}
+
+fn stream_options(image: &Path, predict: PredictKind, faults: Vec<Fault>) -> StreamOptions {
+    StreamOptions {
+        image: image.to_path_buf(),
+        budget: CacheBudget::Fraction(0.3),
+        policy: Policy::Lru,
+        predict,
+        predictor: None,
+        eviction: None,
+        refine_stages: None,
+        controller: None,
+        hot: Vec::new(),
+        faults,
+        shuffle: None,
+    }
+}
+
+/// The prompt's logits and `gen` greedy tokens after it, from `d`; each token's read failure
+/// (if any) beside it.
+fn run(d: &mut dyn Decoder, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    d.begin_sequence();
+    let mut logits = Vec::new();
+    for (p, &t) in prompt.iter().enumerate() {
+        logits.push(d.forward(t, p).to_vec());
+        assert!(d.take_error().is_none(), "token {p} failed");
+    }
+    let mut tok = leanstream::engine::sample::argmax(logits.last().unwrap());
+    let mut out = Vec::new();
+    for i in 0..gen {
+        out.push(tok);
+        tok = d.forward_greedy(tok, prompt.len() + i);
+        assert!(
+            d.take_error().is_none(),
+            "token {} failed",
+            prompt.len() + i
+        );
+    }
+    (logits, out)
+}
+
+#[test]
+fn gpu_streamed_decoder_matches_the_cpu_streamed_decoder() {
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    for (name, image) in &images {
+        let file = ModelFile::open(image).expect("the image's dense part opens");
+        let vocab = file.hyper().unwrap().vocab_size as u32;
+        let prompt: Vec<u32> = (0..8u32).map(|i| (1 + i * 7919) % vocab).collect();
+        for predict in [PredictKind::Oracle, PredictKind::Stale] {
+            let ffn = ffn_options(&file, 0.01);
+            let stream = stream_options(image, predict, Vec::new());
+            let (cpu_logits, cpu_tokens) = {
+                let mut arenas = Arenas::from_board().unwrap();
+                let opts = EngineOptions {
+                    context: 64,
+                    ffn: ffn.clone(),
+                    stream: Some(stream.clone()),
+                    ..Default::default()
+                };
+                let mut cpu = Engine::boot(&mut arenas, &file, opts).expect("CPU boots");
+                run(&mut cpu, &prompt, 24)
+            };
+            for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+                let mut arenas = Arenas::from_board().unwrap();
+                let opts = CudaOptions {
+                    memory,
+                    context: 64,
+                    ..CudaOptions::default()
+                };
+                let boot = StreamedBoot {
+                    stream: &stream,
+                    ffn: &ffn,
+                };
+                let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot)
+                    .expect("GPU boots streamed");
+                let (gpu_logits, gpu_tokens) = run(&mut gpu, &prompt, 24);
+                let worst = gpu_logits
+                    .iter()
+                    .zip(&cpu_logits)
+                    .map(|(g, c)| rel_err(g, c))
+                    .fold(0f64, f64::max);
+                let agree = gpu_tokens
+                    .iter()
+                    .zip(&cpu_tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let st = gpu.stream_stats().expect("streamed");
+                eprintln!(
+                    "{name} {predict:?} {memory:?}: logits rel {worst:.2e}, greedy {agree}/24 agree, {} bytes read, hit ratio {:.3}, chosen {} missed {}",
+                    st.cache.bytes_read,
+                    st.hit_ratio(),
+                    st.chosen,
+                    st.missed
+                );
+                // The CPU backend's int8 gate (cuda.rs): both quantize, sum in other orders,
+                // and a neuron at its threshold may fall either way.
+                assert!(
+                    worst < 5e-2,
+                    "{name} {predict:?} {memory:?}: logits rel {worst}"
+                );
+                assert!(
+                    agree >= 4,
+                    "{name} {predict:?} {memory:?}: greedy agree {agree}"
+                );
+                assert!(st.cache.bytes_read > 0 && st.hit_ratio() > 0.0);
+                assert_eq!(st.tokens, (prompt.len() + 24) as u64);
+                if predict == PredictKind::Stale {
+                    assert!(st.missed > 0, "stale leaves some chosen neurons out");
+                } else {
+                    assert_eq!(st.missed, 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    let (name, image) = &images[0];
+    let file = ModelFile::open(image).unwrap();
+    let ffn = ffn_options(&file, 0.0);
+    // Layer 0's block 1 fails on every attempt (threshold 0 reads every block).
+    let fault = Fault {
+        block: 1,
+        attempts: u32::MAX,
+        kind: FaultKind::Eio,
+    };
+    for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+        let stream = stream_options(image, PredictKind::Oracle, vec![fault]);
+        let mut arenas = Arenas::from_board().unwrap();
+        let opts = CudaOptions {
+            memory,
+            context: 64,
+            ..CudaOptions::default()
+        };
+        let boot = StreamedBoot {
+            stream: &stream,
+            ffn: &ffn,
+        };
+        let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+        gpu.begin_sequence();
+        gpu.forward(1, 0);
+        let err = gpu.take_error().expect("the failed block ends the request");
+        eprintln!("{name} {memory:?}: {err}");
+        assert_eq!(err.block, 1, "{err}");
+        assert!(err.to_string().contains("block 1"), "{err}");
+        // The next token runs (the block fails again, named again): the engine still serves.
+        gpu.forward(2, 1);
+        assert_eq!(gpu.take_error().map(|e| e.block), Some(1));
+    }
+}
+
+/// What the GPU's streamed FFN cannot do is refused at boot in a sentence: a dense FFN mode
+/// (no thresholds to stream by), the controller's LUT, look-ahead stages, and an image whose
+/// blocks hold rows the kernel does not compute (a Q4_1 model flashed at native).
+#[test]
+fn gpu_streamed_decoder_refuses_what_it_cannot_run() {
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    let (_, image) = &images[0];
+    let file = ModelFile::open(image).unwrap();
+    let boot_err = |stream: &StreamOptions, ffn: &FfnOptions, file: &ModelFile| {
+        let mut arenas = Arenas::from_board().unwrap();
+        let boot = StreamedBoot { stream, ffn };
+        match CudaEngine::boot_streamed(&mut arenas, file, CudaOptions::default(), boot) {
+            Ok(_) => panic!("booted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let ffn = ffn_options(&file, 0.01);
+    let stream = stream_options(image, PredictKind::Oracle, Vec::new());
+    let dense = FfnOptions {
+        mode: FfnMode::Dense,
+        thresholds: None,
+        dropped: None,
+        ..ffn.clone()
+    };
+    let e = boot_err(&stream, &dense, &file);
+    assert!(e.contains("--ffn oracle"), "{e}");
+    let lut = StreamOptions {
+        controller: Some("x.lut".into()),
+        ..stream.clone()
+    };
+    let e = boot_err(&lut, &ffn, &file);
+    assert!(e.contains("--controller"), "{e}");
+    let ahead = StreamOptions {
+        refine_stages: Some(2),
+        ..stream.clone()
+    };
+    let e = boot_err(&ahead, &ffn, &file);
+    assert!(e.contains("--refine-stages"), "{e}");
+
+    // SmolLM2 (Q4_1) at native: its own 4-bit rows in the blocks.
+    let list = std::env::var("LEANSTREAM_HIL_MODELS").unwrap();
+    let Some(gguf) = list
+        .split(',')
+        .find(|p| p.ends_with(".gguf") && p.to_lowercase().contains("smollm2"))
+    else {
+        eprintln!("skipped: the native-image refusal needs the SmolLM2 parity model");
+        return;
+    };
+    let native = image.with_extension("native.flash");
+    let o = leanstream_tools::offline::flash::FlashOptions {
+        board: leanstream_tools::offline::flash::BoardTarget::load(leanstream::board::NAME)
+            .unwrap(),
+        precision: leanstream::quant::Precision::Native,
+        placement: leanstream_tools::offline::placement::PlacementKind::Identity,
+        thresholds: None,
+        trace: None,
+        eval_trace: None,
+        active: leanstream_tools::offline::placement::Active::TopK { keep: 0.2 },
+        block_units: 1,
+    };
+    leanstream_tools::offline::flash::write_image(Path::new(gguf), &native, &o, &mut |_, _| {})
+        .unwrap();
+    let native_file = ModelFile::open(&native).unwrap();
+    let s = stream_options(&native, PredictKind::Oracle, Vec::new());
+    let e = boot_err(&s, &ffn_options(&native_file, 0.01), &native_file);
+    eprintln!("{e}");
+    assert!(
+        e.contains("F16 and Q8_0") && e.contains("--precision w8a8"),
+        "{e}"
+    );
+}
