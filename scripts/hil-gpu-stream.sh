@@ -9,6 +9,9 @@
 #   usage: bash scripts/hil-gpu-stream.sh SHAPE SETS... [-- gpu-stream-bench args]
 #   e.g.   bash scripts/hil-gpu-stream.sh qwen2.5-1.5b hil-out/sets/q15-s0.5.sets -- --budgets 10,20,50
 # Results land in $OUT (else hil-out/results): gpu-stream-<sets>.md and .json.
+# HIL_DECODE=1 runs whole decode steps instead (`leanstream gpu-decode-bench`: the streamed
+# GPU decoder replaying every set file, beside the same GGUF with every weight in memory):
+# gpu-decode-<SHAPE>.md and .json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
@@ -27,6 +30,12 @@ gguf=$syn/$shape-q8_0.gguf
 img=$syn/$shape.w8.flash
 [ -f "$img" ] || "$h/leanstream" flash "$gguf" --board h200-hil --precision w8a8 --out "$img" 2>&1 | tail -3
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "${HIL_DECODE:-0}" = 1 ]; then
+  echo "== gpu-decode-bench $shape"
+  "$h/leanstream" gpu-decode-bench --image "$img" --model "$gguf" --sets "$(IFS=,; echo "${sets[*]}")" \
+    --markdown "$res/gpu-decode-$shape.md" --json "$res/gpu-decode-$shape.json" "$@" 2>&1 | tee "$res/gpu-decode-$shape.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 for s in "${sets[@]}"; do
   n=$(basename "$s" .sets)
   echo "== gpu-stream-bench $n"

@@ -97,7 +97,9 @@ impl<'o> Prepared<'o> {
             }
         }
         let (resident, resident_at) = match so.predict {
-            PredictKind::Oracle | PredictKind::Stale => resident_rows(&image),
+            PredictKind::Oracle | PredictKind::Stale if so.replay.is_none() => {
+                resident_rows(&image)
+            }
             _ => (Vec::new(), Vec::new()),
         };
         Ok(Prepared {
@@ -249,7 +251,8 @@ impl<'a> GpuStream<'a> {
             thresholds,
             dropped,
             slot_floats,
-            resident: matches!(so.predict, PredictKind::Oracle | PredictKind::Stale),
+            resident: so.replay.is_none()
+                && matches!(so.predict, PredictKind::Oracle | PredictKind::Stale),
             residual: vec![0.0; h.dim],
             input: vec![0.0; h.dim],
             act: vec![0.0; h.hidden_dim],
@@ -319,7 +322,7 @@ impl<'a> GpuStream<'a> {
             image,
             prio,
         );
-        if first && self.parts.predictor.is_learned() {
+        if first && self.parts.predictor.reads_all_at_first() {
             prio.fill(1.0);
         }
         self.order.clear();
@@ -475,8 +478,17 @@ impl CudaEngine<'_> {
         self.record_head()
     }
 
-    /// What the streamed FFN has done since boot (None: the FFN is in memory).
+    /// What the streamed FFN has done since boot or the last reset (None: the FFN is in
+    /// memory).
     pub fn stream_stats(&self) -> Option<StreamStats> {
         self.stream.as_ref().map(GpuStream::stats)
+    }
+
+    /// Starts the streamed FFN's counts again (a benchmark's warm-up is over).
+    pub fn reset_stream_stats(&mut self) {
+        if let Some(s) = self.stream.as_mut() {
+            s.parts.cache.reset_stats();
+            s.stats = StreamStats::default();
+        }
     }
 }

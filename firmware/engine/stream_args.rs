@@ -103,6 +103,7 @@ impl StreamArgs {
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
+            replay: None,
         })
     }
 }
@@ -134,6 +135,11 @@ pub struct StreamOptions {
     /// when a seed is given.
     pub faults: Vec<Fault>,
     pub shuffle: Option<u64>,
+    /// Benchmarks: each layer-step's blocks (global ids) as a real model's decode asked for
+    /// them over an image of this geometry (`stream-bench --record-sets`), asked for again in
+    /// the same order, step after step, instead of predicting: the values come from the real
+    /// model, the reads, cache and compute are this run's (`gpu-decode-bench`).
+    pub replay: Option<std::sync::Arc<Vec<Vec<BlockId>>>>,
 }
 
 /// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).

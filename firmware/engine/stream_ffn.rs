@@ -210,7 +210,7 @@ impl<'a> StreamedFfn<'a> {
             base,
             largest,
         } = StreamParts::boot(image, opts, ffn, flags, staging, scratch)?;
-        let (resident, resident_at) = if opts.predict.needs_table() {
+        let (resident, resident_at) = if opts.predict.needs_table() || opts.replay.is_some() {
             (Vec::new(), Vec::new())
         } else {
             resident_rows(&image)
@@ -403,7 +403,7 @@ impl<'a> StreamedFfn<'a> {
                 self.predictor
                     .priorities(l, t, x, residual, (&[], &[]), &[], &self.image, prio);
             }
-            if first {
+            if first && self.predictor.reads_all_at_first() {
                 // The first position is the attention sink: a few neurons fire there by the
                 // hundreds and almost nowhere else (Qwen2.5-0.5B: 110-284 at layers 2, 3 and
                 // 21, under 1 at every other position), once per sequence, too rare for a

@@ -86,6 +86,14 @@ impl std::fmt::Display for PredictorBootError {
 /// The predictor the streamed FFN runs, with its per-token buffers (carved at boot).
 pub enum BlockPredictor<'a> {
     Oracle,
+    /// A recorded decode's blocks, asked for again (`StreamOptions::replay`): the sets are
+    /// recorded layer-major per token (step s is layer s % layers of token s / layers), and
+    /// layer l's k-th request takes token k's step (from the first again once they run out).
+    Replay {
+        steps: std::sync::Arc<Vec<Vec<crate::stream::BlockId>>>,
+        /// Per layer, the requests so far.
+        calls: Vec<usize>,
+    },
     Stale(Stale<'a>),
     Hash {
         table: HashPredictorTable,
@@ -234,6 +242,17 @@ impl<'a> BlockPredictor<'a> {
     pub fn is_learned(&self) -> bool {
         matches!(
             self,
+            BlockPredictor::Hash { .. }
+                | BlockPredictor::Mlp { .. }
+                | BlockPredictor::Replay { .. }
+        )
+    }
+
+    /// Whether the sequence's first position reads every block (the attention sink, which a
+    /// table cannot learn: engine/stream_ffn.rs); a replay asks for what was recorded there.
+    pub fn reads_all_at_first(&self) -> bool {
+        matches!(
+            self,
             BlockPredictor::Hash { .. } | BlockPredictor::Mlp { .. }
         )
     }
@@ -272,6 +291,21 @@ impl<'a> BlockPredictor<'a> {
         prio: &mut [f32],
     ) {
         match self {
+            BlockPredictor::Replay { steps, calls } => {
+                prio.fill(0.0);
+                let layers = image.layers();
+                let tokens = (steps.len() / layers).max(1);
+                let s = (calls[l] % tokens) * layers + l;
+                calls[l] += 1;
+                let base: usize = (0..l).map(|k| image.blocks(k)).sum();
+                let set = steps.get(s).map_or(&[][..], |v| &v[..]);
+                for (i, &b) in set.iter().enumerate() {
+                    // Recorded ascending: the first asked for first.
+                    if let Some(p) = (b as usize).checked_sub(base).and_then(|b| prio.get_mut(b)) {
+                        *p = (set.len() - i) as f32;
+                    }
+                }
+            }
             BlockPredictor::Oracle => {
                 prio.fill(0.0);
                 for (&n, hv) in chosen.0.iter().zip(chosen.1) {

@@ -173,6 +173,7 @@ impl Rig {
             hot: Vec::new(),
             faults: Vec::new(),
             shuffle: None,
+            replay: None,
         };
         Ok(Rig {
             tokens: all[s.skip_tokens..need].to_vec(),

@@ -286,6 +286,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         hot: Vec::new(),
                         faults: Vec::new(),
                         shuffle: None,
+                        replay: None,
                     };
                     let mut o = engine_options(threads, context, ffn.clone());
                     o.stream = Some(so);

@@ -14,6 +14,7 @@ mod cmd_client;
 mod cmd_controller;
 mod cmd_flash;
 mod cmd_generate;
+mod cmd_gpu_decode_bench;
 mod cmd_gpu_stream_bench;
 mod cmd_inspect;
 mod cmd_perplexity;
@@ -121,6 +122,10 @@ enum Command {
     /// (stream-bench --record-sets): FFN time per token, hit ratio and bytes read per memory
     /// model and budget, beside the reads alone and every block resident.
     GpuStreamBench(cmd_gpu_stream_bench::GpuStreamBenchArgs),
+    /// Whole decode steps on the GPU with the FFN streamed from a flash image, replaying block
+    /// sets recorded from a real decode, per memory model, sets, cache policy and budget,
+    /// beside the same model with every weight in memory.
+    GpuDecodeBench(cmd_gpu_decode_bench::GpuDecodeBenchArgs),
     /// The streaming controller (LeanStream 3.2.3): profile plans, solve the LUT, compare.
     #[command(subcommand)]
     Controller(cmd_controller::ControllerCommand),
@@ -232,6 +237,7 @@ fn main() -> ExitCode {
         Command::CacheSim(a) => cmd_cache_sim::cmd_cache_sim(a),
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::GpuStreamBench(a) => cmd_gpu_stream_bench::cmd_gpu_stream_bench(a),
+        Command::GpuDecodeBench(a) => cmd_gpu_decode_bench::cmd_gpu_decode_bench(a),
         Command::Controller(c) => cmd_controller::cmd_controller(c),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),

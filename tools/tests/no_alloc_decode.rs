@@ -293,6 +293,7 @@ fn main() {
                 hot: Vec::new(),
                 faults: Vec::new(),
                 shuffle: None,
+                replay: None,
             };
             let (n, allocs, _) = allocations_from_prompt(
                 &image,

@@ -110,6 +110,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         hot: Vec::new(),
         faults: Vec::new(),
         shuffle: None,
+        replay: None,
     }
 }
 

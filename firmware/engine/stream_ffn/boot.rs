@@ -103,13 +103,19 @@ impl<'a> StreamParts<'a> {
             };
         let mut lanes = Lanes::new(cfg, staging, total, backend)?;
         let file = lanes.open(&opts.image)?;
-        let predictor = BlockPredictor::new(
-            opts.predict,
-            opts.predictor.as_deref(),
-            &image,
-            largest,
-            scratch,
-        )?;
+        let predictor = match &opts.replay {
+            Some(steps) => BlockPredictor::Replay {
+                steps: steps.clone(),
+                calls: vec![0; layers],
+            },
+            None => BlockPredictor::new(
+                opts.predict,
+                opts.predictor.as_deref(),
+                &image,
+                largest,
+                scratch,
+            )?,
+        };
         Ok(StreamParts {
             image,
             file,

@@ -8,6 +8,7 @@ mod root;
 pub use root::*;
 
 pub mod daemon;
+pub mod smol_image;
 
 use std::path::{Path, PathBuf};
 

@@ -63,6 +63,7 @@ fn stream_options(image: &Path, predict: PredictKind, faults: Vec<Fault>) -> Str
         hot: Vec::new(),
         faults,
         shuffle: None,
+        replay: None,
     }
 }
 

@@ -1,0 +1,380 @@
+//! `leanstream gpu-decode-bench`: whole decode steps on the GPU with the FFN streamed from a
+//! flash image on this machine's disk (engine/cuda_stream.rs), the blocks each layer-step asks
+//! for replayed from sets recorded from a real model's decode (`stream-bench --record-sets`,
+//! possibly on another machine: a same-geometry image replays them block for block), against
+//! the same model decoded with every weight in memory. Per memory model, set file (a predictor's
+//! choices), cache policy and FFN budget: decode tok/s, bytes read per token beside Belady's
+//! floor for that cache and those sets, the hit ratio, and the share of the step spent in the
+//! streamed FFN. Each memory model's streamed decoder is first checked against the CPU's
+//! streamed decoder over the same replayed blocks (one token's logits).
+
+use super::*;
+
+#[derive(Args)]
+pub struct GpuDecodeBenchArgs {
+    /// The flash image (w8a8 or F16 blocks: `flash --precision w8a8`).
+    #[arg(long)]
+    image: PathBuf,
+    /// The GGUF the image was written from: decoded with every weight in memory (`dense`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Block sets to replay, comma-separated (`stream-bench --record-sets`); each is named by
+    /// its file stem, or `NAME=PATH`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    sets: Vec<String>,
+    /// FFN budgets in percent of the image's FFN bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,50,100")]
+    budgets: Vec<f64>,
+    /// Cache policies, comma-separated: lru, lfu, hot (the sets' most used blocks pinned, as
+    /// PowerInfer-2's offline profile would pin them; the rest LFU).
+    #[arg(long, value_delimiter = ',', default_value = "lru")]
+    cache: Vec<String>,
+    /// Memory models, comma-separated: discrete (device copies of the cache) and unified (the
+    /// kernel reads the cache in mapped host memory, as on a Jetson).
+    #[arg(long, value_delimiter = ',', default_value = "discrete")]
+    memory: Vec<String>,
+    /// Tokens decoded before measuring (the cache fills).
+    #[arg(long, default_value_t = 8)]
+    warm_tokens: usize,
+    /// Tokens measured.
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Markdown table output.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// JSON output.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn cmd_gpu_decode_bench(_: GpuDecodeBenchArgs) -> Result<(), String> {
+    Err("this build has no CUDA backend (built without the cuda feature)".into())
+}
+
+#[cfg(feature = "cuda")]
+pub fn cmd_gpu_decode_bench(a: GpuDecodeBenchArgs) -> Result<(), String> {
+    gpu::run(a)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use leanstream::board::MemoryModel;
+    use leanstream::engine::cuda::{CudaEngine, StreamedBoot};
+    use leanstream::engine::cuda_options::CudaOptions;
+    use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamOptions, StreamedFfn};
+    use leanstream::model::flash::FlashImage;
+    use leanstream::predict::PredictKind;
+    use leanstream::sparsity::{FfnMode, FfnOptions, Score};
+    use leanstream::stream::{sim, BlockId, CacheBudget, LaneConfig, Policy};
+    use leanstream_tools::bench::rel_err;
+    use leanstream_tools::bench::sets::BlockSets;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// The int8 parity gate of the CUDA backend against the CPU's (tests/cuda.rs).
+    const GATE: f64 = 5e-2;
+
+    #[derive(serde::Serialize)]
+    struct Row {
+        memory: String,
+        sets: String,
+        cache: String,
+        budget: f64,
+        tok_s: f64,
+        vs_dense: f64,
+        mib_read_per_token: f64,
+        belady_mib_per_token: f64,
+        hit_ratio: f64,
+        ffn_share: f64,
+    }
+
+    fn err(e: impl std::fmt::Display) -> String {
+        e.to_string()
+    }
+
+    /// The FFN options every configuration runs: the kernel keeps every neuron of the blocks
+    /// read (the weights are random: which neurons a threshold keeps means nothing here; what
+    /// is read is the sets').
+    fn ffn(layers: usize) -> FfnOptions {
+        FfnOptions {
+            mode: FfnMode::Oracle,
+            score: Score::Glu,
+            sparsity: 0.0,
+            thresholds: Some(vec![0.0; layers]),
+            bundle_down: leanstream_tools::offline::flash::BUNDLE_DOWN,
+            dropped: None,
+        }
+    }
+
+    /// PowerInfer-2's pinned set: the blocks the sets use most, as many as the engine's `hot`
+    /// policy takes from a profile (half the slots, a whole layer and the reads in flight
+    /// still free).
+    fn hot_blocks(img: &FlashImage, steps: &[Vec<BlockId>], budget: CacheBudget) -> Vec<BlockId> {
+        let (slots, slot_bytes) = StreamedFfn::slots(img, budget);
+        let largest = (0..img.layers()).map(|l| img.blocks(l)).max().unwrap_or(0);
+        let cfg = LaneConfig::from_board(slot_bytes);
+        let n = (slots / 2).min(slots.saturating_sub(largest + cfg.lanes * cfg.queue_depth));
+        let total: usize = (0..img.layers()).map(|l| img.blocks(l)).sum();
+        let mut freq = vec![0u32; total];
+        for &b in steps.iter().flatten() {
+            freq[b as usize] += 1;
+        }
+        let mut order: Vec<BlockId> = (0..total as BlockId).collect();
+        order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
+        order.truncate(n);
+        order
+    }
+
+    fn stream_options(
+        image: &Path,
+        budget: CacheBudget,
+        policy: Policy,
+        replay: &Arc<Vec<Vec<BlockId>>>,
+        hot: Vec<BlockId>,
+    ) -> StreamOptions {
+        StreamOptions {
+            image: image.to_path_buf(),
+            budget,
+            policy,
+            predict: PredictKind::Oracle,
+            predictor: None,
+            eviction: None,
+            refine_stages: None,
+            controller: None,
+            hot,
+            faults: Vec::new(),
+            shuffle: None,
+            replay: Some(replay.clone()),
+        }
+    }
+
+    /// Greedy decoding of positions `range` from `tok`; the last token.
+    fn decode(
+        d: &mut dyn Decoder,
+        mut tok: u32,
+        range: std::ops::Range<usize>,
+    ) -> Result<u32, String> {
+        for pos in range {
+            tok = d.forward_greedy(tok, pos);
+            if let Some(e) = d.take_error() {
+                return Err(format!("token {pos}: {e}"));
+            }
+        }
+        Ok(tok)
+    }
+
+    fn memory_model(m: &str) -> Result<MemoryModel, String> {
+        match m {
+            "discrete" => Ok(MemoryModel::Discrete),
+            "unified" => Ok(MemoryModel::Unified),
+            other => Err(format!("--memory: unified or discrete, not {other}")),
+        }
+    }
+
+    pub fn run(a: GpuDecodeBenchArgs) -> Result<(), String> {
+        let img = FlashImage::open(&a.image).map_err(|e| format!("{}: {e}", a.image.display()))?;
+        img.check_board(leanstream::board::NAME)
+            .map_err(|e| format!("{}: {e}", a.image.display()))?;
+        let dense_part = img.dense_model().map_err(err)?;
+        let layers = img.layers();
+        let context = a.warm_tokens + a.tokens + 1;
+        let mut sets = Vec::new();
+        for s in &a.sets {
+            let (name, path) = match s.split_once('=') {
+                Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+                None => (
+                    Path::new(s)
+                        .file_stem()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    PathBuf::from(s),
+                ),
+            };
+            let bs = BlockSets::read(&path)?;
+            bs.check_image(&img)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if bs.steps.len() < layers {
+                return Err(format!(
+                    "{}: fewer steps than the image has layers",
+                    path.display()
+                ));
+            }
+            sets.push((name, Arc::new(bs.steps)));
+        }
+        let block_bytes = img.geometry(0).block_bytes as f64;
+        let mib = 1048576.0;
+        let mut rows = Vec::new();
+        for m in &a.memory {
+            let memory = memory_model(m)?;
+            let cuda = CudaOptions {
+                memory,
+                context,
+                ..CudaOptions::default()
+            };
+            // Every weight in memory: the same-shape GGUF.
+            let dense_tok_s = match &a.model {
+                Some(p) => {
+                    let file = leanstream::model::ModelFile::open(p).map_err(err)?;
+                    let mut arenas = Arenas::from_board().map_err(err)?;
+                    let mut e = CudaEngine::boot(&mut arenas, &file, cuda).map_err(err)?;
+                    let tok = decode(&mut e, 1, 0..a.warm_tokens)?;
+                    let started = Instant::now();
+                    decode(&mut e, tok, a.warm_tokens..a.warm_tokens + a.tokens)?;
+                    let t = a.tokens as f64 / started.elapsed().as_secs_f64();
+                    eprintln!("{m} dense: {t:.1} tok/s");
+                    Some(t)
+                }
+                None => None,
+            };
+            // The parity gate: one token's logits, GPU against CPU, the same blocks replayed.
+            {
+                let (name, steps) = &sets[0];
+                let so = stream_options(
+                    &a.image,
+                    CacheBudget::Fraction(1.0),
+                    Policy::Lru,
+                    steps,
+                    Vec::new(),
+                );
+                let f = ffn(layers);
+                let cpu_logits = {
+                    let mut arenas = Arenas::from_board().map_err(err)?;
+                    let opts = EngineOptions {
+                        context,
+                        ffn: f.clone(),
+                        stream: Some(so.clone()),
+                        ..Default::default()
+                    };
+                    let mut e = Engine::boot(&mut arenas, &dense_part, opts).map_err(err)?;
+                    e.forward(1, 0).to_vec()
+                };
+                let mut arenas = Arenas::from_board().map_err(err)?;
+                let boot = StreamedBoot {
+                    stream: &so,
+                    ffn: &f,
+                };
+                let mut e =
+                    CudaEngine::boot_streamed(&mut arenas, &dense_part, cuda, boot).map_err(err)?;
+                let r = rel_err(e.forward(1, 0), &cpu_logits);
+                eprintln!(
+                    "{m} parity ({name}): logits rel {r:.2e} against the CPU's streamed decoder"
+                );
+                if r.is_nan() || r > GATE {
+                    return Err(format!(
+                        "{m}: the GPU's streamed decode is {r:.2e} from the CPU's (gate {GATE})"
+                    ));
+                }
+            }
+            for (name, steps) in &sets {
+                for c in &a.cache {
+                    let policy: Policy = c.parse()?;
+                    for &b in &a.budgets {
+                        let budget = CacheBudget::Fraction(b / 100.0);
+                        let hot = if policy == Policy::Hot {
+                            hot_blocks(&img, steps, budget)
+                        } else {
+                            Vec::new()
+                        };
+                        let so = stream_options(&a.image, budget, policy, steps, hot);
+                        let f = ffn(layers);
+                        let mut arenas = Arenas::from_board().map_err(err)?;
+                        let boot = StreamedBoot {
+                            stream: &so,
+                            ffn: &f,
+                        };
+                        let mut e =
+                            match CudaEngine::boot_streamed(&mut arenas, &dense_part, cuda, boot) {
+                                Ok(e) => e,
+                                Err(e) => {
+                                    eprintln!("{m} {name} {c} {b}%: skipped: {e}");
+                                    continue;
+                                }
+                            };
+                        e.begin_sequence();
+                        let tok = decode(&mut e, 1, 0..a.warm_tokens)?;
+                        // Timed from a warm cache, the counts from there.
+                        e.reset_stream_stats();
+                        let t = Instant::now();
+                        decode(&mut e, tok, a.warm_tokens..a.warm_tokens + a.tokens)?;
+                        let secs = t.elapsed().as_secs_f64();
+                        let st = e.stream_stats().expect("streamed");
+                        let tok_s = a.tokens as f64 / secs;
+                        let (slots, _) = StreamedFfn::slots(&img, budget);
+                        let floor = sim::belady_from(slots, steps, a.warm_tokens * layers);
+                        let measured_steps =
+                            (steps.len() - (a.warm_tokens * layers).min(steps.len())).max(1);
+                        let floor_per_token = floor.misses as f64 * block_bytes * layers as f64
+                            / measured_steps as f64;
+                        let row = Row {
+                            memory: m.clone(),
+                            sets: name.clone(),
+                            cache: c.clone(),
+                            budget: b,
+                            tok_s,
+                            vs_dense: dense_tok_s.map_or(f64::NAN, |d| tok_s / d),
+                            mib_read_per_token: st.bytes_per_token() / mib,
+                            belady_mib_per_token: floor_per_token / mib,
+                            hit_ratio: st.hit_ratio(),
+                            ffn_share: st.io_wait_ns as f64 / 1e9 / secs,
+                        };
+                        eprintln!(
+                            "{m} {name} {c} {b}%: {:.2} tok/s, {:.2} MiB read/token (Belady {:.2}), hit {:.3}",
+                            row.tok_s, row.mib_read_per_token, row.belady_mib_per_token, row.hit_ratio
+                        );
+                        rows.push(row);
+                    }
+                }
+            }
+            if let Some(d) = dense_tok_s {
+                rows.push(Row {
+                    memory: m.clone(),
+                    sets: "dense".into(),
+                    cache: "-".into(),
+                    budget: 100.0,
+                    tok_s: d,
+                    vs_dense: 1.0,
+                    mib_read_per_token: 0.0,
+                    belady_mib_per_token: 0.0,
+                    hit_ratio: 1.0,
+                    ffn_share: f64::NAN,
+                });
+            }
+        }
+        let mut md = format!(
+            "{}: {} layers, {} measured tokens after {} warm-up tokens, replayed sets; reads with O_DIRECT.\n\n\
+             | memory | sets | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
+             |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            a.image.display(),
+            layers,
+            a.tokens,
+            a.warm_tokens
+        );
+        for r in &rows {
+            md += &format!(
+                "| {} | {} | {} | {}% | {:.2} | {:.2}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
+                r.memory,
+                r.sets,
+                r.cache,
+                r.budget,
+                r.tok_s,
+                r.vs_dense,
+                r.mib_read_per_token,
+                r.belady_mib_per_token,
+                r.hit_ratio,
+                100.0 * r.ffn_share
+            );
+        }
+        print!("{md}");
+        if let Some(p) = &a.markdown {
+            std::fs::write(p, &md).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        if let Some(p) = &a.json {
+            let j = serde_json::to_string_pretty(&rows).map_err(err)?;
+            std::fs::write(p, j).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        Ok(())
+    }
+}
