@@ -10,8 +10,8 @@
 #      on the GPU in each memory model, and streams the same greedy request through each over
 #      its socket (HTTP, server-sent events);
 #   3. checks the GPU's text follows the CPU's (at least half of it the same: the int8 gate's
-#      noise may part two nearly tied tokens) and that every daemon's /metrics count FFN bytes
-#      read from the image.
+#      noise may part two nearly tied tokens), and that every daemon's /metrics count FFN bytes
+#      read from the image and no heap allocation after boot (the streamed request included).
 # Exits non-zero on any mismatch. Results land in $OUT (else hil-out/results): daemon-stream.txt.
 # HIL_BOARD (h200-hil) is the board the binaries were built for; HIL_DAEMON_RUNS picks runs
 # (cpu,cuda-discrete,cuda-unified); HIL_DAEMON_MODEL the GGUF.
@@ -105,7 +105,10 @@ for name, args in runs:
         p.terminate(); p.wait(timeout=30)
     read = metric(metrics, "leanstream_ffn_bytes_read_total")
     per_token = metric(metrics, "leanstream_ffn_bytes_read_per_token")
-    print(f"{name}: HTTP {status}, finish {finish}, {dt:.2f} s, ffn bytes read {read}, per token {per_token}")
+    allocs = metric(metrics, "leanstream_heap_allocations_after_boot_total")
+    print(f"{name}: HTTP {status}, finish {finish}, {dt:.2f} s, ffn bytes read {read}, per token {per_token}, heap allocations after boot {allocs}")
+    if allocs != 0:
+        print(f"FAIL {name}: the serving path allocated after boot"); failed = True
     print(f"  text: {text!r}")
     texts[name] = text
     if status != 200 or not text or finish is None:

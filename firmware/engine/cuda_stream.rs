@@ -35,7 +35,7 @@ use crate::model::ggml::GgmlType;
 use crate::model::{Hyper, TensorRef};
 use crate::predict::PredictKind;
 use crate::sparsity::{FfnMode, FfnOptions, Score};
-use crate::stream::{ReadError, ReadErrorKind, RequestError};
+use crate::stream::{ReadError, ReadErrorKind};
 use std::time::Instant;
 
 /// What a streamed GPU engine boots from: the streaming options (image, budget, cache policy,
@@ -364,9 +364,9 @@ impl<'a> GpuStream<'a> {
                 offset: 0,
                 len: 0,
                 attempts: 1,
-                kind: ReadErrorKind::Io(io.raw_os_error().unwrap_or(libc_eio())),
+                kind: ReadErrorKind::Io(io.raw_os_error().unwrap_or(EIO)),
             },
-            GpuStreamError::Request(RequestError::Full { .. }) | GpuStreamError::Request(_) => {
+            GpuStreamError::Request(_) => {
                 panic!("a checked image's block read was refused: {e}")
             }
             GpuStreamError::Type { .. } => unreachable!("types are checked at boot: {e}"),
@@ -377,9 +377,7 @@ impl<'a> GpuStream<'a> {
 }
 
 /// EIO, for a backend failure that carries no errno.
-fn libc_eio() -> i32 {
-    5
-}
+const EIO: i32 = 5;
 
 impl CudaEngine<'_> {
     /// One step at `pos` with the FFN streamed (the token is in the device state).
