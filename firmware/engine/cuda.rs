@@ -808,101 +808,97 @@ impl<'a> CudaEngine<'a> {
         let head_dim = h.head_dim;
         let kv_dim = h.n_kv_heads * head_dim;
         let ctx = self.context;
-        {
-            // Layer l's part of the cache (and of its scales: int8).
-            let value_bytes = if self.int8_kv { 1 } else { 4 };
-            let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-            let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-            let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
-                b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
+        // Layer l's part of the cache (and of its scales: int8).
+        let value_bytes = if self.int8_kv { 1 } else { 4 };
+        let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+        let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+        let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
+            b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
+        };
+        let per_layer_scales = ctx * h.n_kv_heads * (head_dim / 32);
+        let ks = scales_at(&self.kv.k_scales, per_layer_scales);
+        let vs = scales_at(&self.kv.v_scales, per_layer_scales);
+        let key_scale = scales_at(&self.kv.key_scale, kv_dim);
+        // Attention: q, k, v of the normed input.
+        for &(m, off) in &w.qkv {
+            let bias = if w.qkv_bias != 0 {
+                w.qkv_bias + off as u64 * 4
+            } else {
+                0
             };
-            let per_layer_scales = ctx * h.n_kv_heads * (head_dim / 32);
-            let ks = scales_at(&self.kv.k_scales, per_layer_scales);
-            let vs = scales_at(&self.kv.v_scales, per_layer_scales);
-            let key_scale = scales_at(&self.kv.key_scale, kv_dim);
-            // Attention: q, k, v of the normed input.
-            for &(m, off) in &w.qkv {
-                let bias = if w.qkv_bias != 0 {
-                    w.qkv_bias + off as u64 * 4
-                } else {
-                    0
-                };
-                let out = a.qkv + off as u64 * 4;
-                self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
-            }
-            // Each head rotates its q and k, attends over positions 0..=pos of its KV head
-            // (storing k and v of pos; split over up to `max_slices` blocks once the context
-            // is long), and writes wo's input; meanwhile at least `pf_blocks` more blocks pull
-            // the weights from wo on into L2.
-            let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
-            let grid = (h.n_heads * self.max_slices).max(h.n_heads + pf_blocks);
-            g.launch(
-                k.attention,
-                grid as u32,
-                1024,
-                KernelArgs::default()
-                    .ptr(a.qkv)
-                    .i32(h.n_heads as i32)
-                    .i32(h.n_kv_heads as i32)
-                    .i32(head_dim as i32)
-                    .f32(h.rope_base)
-                    .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
-                    .ptr(a.state)
-                    .ptr(kc)
-                    .ptr(vc)
-                    .ptr(ks)
-                    .ptr(vs)
-                    .ptr(key_scale)
-                    .ptr(a.xf)
-                    .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
-                    .ptr(pf_from)
-                    .i32(pf_lines as i32)
-                    .ptr(a.apart)
-                    .ptr(a.acount)
-                    .i32(self.max_slices as i32)
-                    .i32(self.attention_slice as i32)
-                    .i32(self.pdl),
-            )?;
-            // Added to the residual (whose norm is the FFN's input).
-            self.matvec(
-                &w.wo,
-                Input::Prepared,
-                a.x,
-                0,
-                true,
-                self.norm_tail(w.ffn_norm),
-            )?;
+            let out = a.qkv + off as u64 * 4;
+            self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
         }
+        // Each head rotates its q and k, attends over positions 0..=pos of its KV head
+        // (storing k and v of pos; split over up to `max_slices` blocks once the context
+        // is long), and writes wo's input; meanwhile at least `pf_blocks` more blocks pull
+        // the weights from wo on into L2.
+        let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
+        let grid = (h.n_heads * self.max_slices).max(h.n_heads + pf_blocks);
+        g.launch(
+            k.attention,
+            grid as u32,
+            1024,
+            KernelArgs::default()
+                .ptr(a.qkv)
+                .i32(h.n_heads as i32)
+                .i32(h.n_kv_heads as i32)
+                .i32(head_dim as i32)
+                .f32(h.rope_base)
+                .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
+                .ptr(a.state)
+                .ptr(kc)
+                .ptr(vc)
+                .ptr(ks)
+                .ptr(vs)
+                .ptr(key_scale)
+                .ptr(a.xf)
+                .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
+                .ptr(pf_from)
+                .i32(pf_lines as i32)
+                .ptr(a.apart)
+                .ptr(a.acount)
+                .i32(self.max_slices as i32)
+                .i32(self.attention_slice as i32)
+                .i32(self.pdl),
+        )?;
+        // Added to the residual (whose norm is the FFN's input).
+        self.matvec(
+            &w.wo,
+            Input::Prepared,
+            a.x,
+            0,
+            true,
+            self.norm_tail(w.ffn_norm),
+        )?;
         Ok(())
     }
 
     /// Layer `l`'s FFN in memory, added to the residual, whose norm it leaves for the next.
     fn record_ffn(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
         let a = &self.a;
-        {
-            // Feed-forward: gate and up, then SwiGLU: tile by tile as the blocks finish, or by
-            // the last block of the last launch; down is added to the residual and norms it
-            // for the next layer (or the output).
-            let n_gu = w.gate_up.len();
-            for (i, &(m, off)) in w.gate_up.iter().enumerate() {
-                let out = a.gu + off as u64 * 4;
-                let fin = if w.gate_up_tiled {
-                    Finish::SwiGluTiles
-                } else if i + 1 == n_gu {
-                    Finish::SwiGlu
-                } else {
-                    Finish::None
-                };
-                self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin)?;
-            }
-            let next_norm = self
-                .layers
-                .get(l + 1)
-                .map_or(self.output_norm, |n| n.attn_norm);
-            let fin = self.norm_tail(next_norm);
-            let down = w.down.as_ref().expect("an FFN in memory");
-            self.matvec(down, Input::FfnHidden, a.x, 0, true, fin)?;
+        // Feed-forward: gate and up, then SwiGLU: tile by tile as the blocks finish, or by
+        // the last block of the last launch; down is added to the residual and norms it
+        // for the next layer (or the output).
+        let n_gu = w.gate_up.len();
+        for (i, &(m, off)) in w.gate_up.iter().enumerate() {
+            let out = a.gu + off as u64 * 4;
+            let fin = if w.gate_up_tiled {
+                Finish::SwiGluTiles
+            } else if i + 1 == n_gu {
+                Finish::SwiGlu
+            } else {
+                Finish::None
+            };
+            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin)?;
         }
+        let next_norm = self
+            .layers
+            .get(l + 1)
+            .map_or(self.output_norm, |n| n.attn_norm);
+        let fin = self.norm_tail(next_norm);
+        let down = w.down.as_ref().expect("an FFN in memory");
+        self.matvec(down, Input::FfnHidden, a.x, 0, true, fin)?;
         Ok(())
     }
 
