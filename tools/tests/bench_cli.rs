@@ -55,8 +55,8 @@ fn bench_writes_json_markdown_and_png_for_every_configuration() {
 use common::leanstream;
 
 /// `stream-bench --record-sets` writes the blocks every layer-step of a real streamed decode
-/// asked for, in the image's geometry, and `gpu-stream-bench` refuses sets recorded over an
-/// image of another geometry in one sentence (before it needs a GPU).
+/// asked for, in the image's geometry, and `gpu-stream-bench` and `gpu-decode-bench` refuse sets
+/// recorded over an image of another geometry in one sentence (before they need a GPU).
 #[test]
 fn stream_bench_records_block_sets_that_name_their_image() {
     use leanstream::model::flash::FlashImage;
@@ -153,13 +153,28 @@ fn stream_bench_records_block_sets_that_name_their_image() {
         "--sets",
         other_path.to_str().unwrap(),
     ]);
+    let geometry = format!(
+        "layer 0 had {b0} blocks of {} bytes there, {b0} of {bytes0} here",
+        2 * bytes0
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains(&format!(
-            "layer 0 had {b0} blocks of {} bytes there, {b0} of {bytes0} here",
-            2 * bytes0
-        )) || err.contains("no CUDA backend"),
+        err.contains(&geometry) || err.contains("no CUDA backend"),
+        "{err}"
+    );
+    // And by the whole-step replay, naming the file too (also before it needs a GPU).
+    let out = leanstream(&[
+        "gpu-decode-bench",
+        "--image",
+        img,
+        "--sets",
+        &format!("mine={}", other_path.display()),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        (err.contains(&geometry) && err.contains("other.sets")) || err.contains("no CUDA backend"),
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
