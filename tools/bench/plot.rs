@@ -63,32 +63,38 @@ pub fn decode_bars(rows: &[Row], title: &str, path: &Path) -> Result<(), String>
     Ok(())
 }
 
-/// One streamed run for [`stream_lines`]: its series (placement and policy), budget (percent)
-/// and figures.
+/// One streamed run for [`budget_lines`]: its series (placement and policy, or sets and
+/// policy), budget (percent), decode speed, and the right panel's figure with its floor
+/// (Belady's, on the same requests).
 pub struct StreamPoint {
     pub series: String,
     pub budget: f64,
     pub tok_per_s: f64,
-    pub miss_ratio: f64,
-    pub belady: f64,
+    pub right: f64,
+    pub floor: f64,
 }
 
-/// Two panels against the FFN budget: decode tok/s per series, with the in-memory dense and
-/// oracle speeds as flat lines; and the miss ratio per series, each with its Belady floor
+/// What [`budget_lines`] draws besides the points: flat reference speeds (each a value and a
+/// name; black, then red), whether the speed axis is logarithmic (references far above the
+/// points), and the right panel's axis name and top (1 for a ratio).
+pub struct BudgetPlot<'a> {
+    pub title: &'a str,
+    pub references: &'a [(f64, &'a str)],
+    pub log_speed: bool,
+    pub right_desc: &'a str,
+    pub right_max: f64,
+}
+
+/// Two panels against the FFN budget: decode tok/s per series, with the references as flat
+/// lines; and the right figure per series (miss ratio, or bytes read), each with its floor
 /// (dashed, same colour).
-pub fn stream_lines(
-    points: &[StreamPoint],
-    title: &str,
-    dense: f64,
-    oracle: f64,
-    path: &Path,
-) -> Result<(), String> {
+pub fn budget_lines(points: &[StreamPoint], plot: &BudgetPlot, path: &Path) -> Result<(), String> {
     let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root
-        .titled(title, ("sans-serif", 20))
+        .titled(plot.title, ("sans-serif", 20))
         .map_err(|e| err(&e))?;
     let (left, right) = root.split_horizontally(700);
     let mut series: Vec<&str> = Vec::new();
@@ -98,12 +104,14 @@ pub fn stream_lines(
         }
     }
     let max_budget = points.iter().map(|p| p.budget).fold(100.0, f64::max);
-    let max_tps = points
-        .iter()
-        .map(|p| p.tok_per_s)
-        .chain([dense, oracle])
-        .fold(1.0, f64::max)
-        * 1.15;
+    let speeds = || {
+        points
+            .iter()
+            .map(|p| p.tok_per_s)
+            .chain(plot.references.iter().map(|r| r.0))
+    };
+    let max_tps = speeds().fold(1.0, f64::max) * 1.15;
+    let min_tps = speeds().filter(|v| *v > 0.0).fold(max_tps, f64::min) / 1.5;
     // Past the first two picks, which are the reference lines' black and red.
     let colour = |i: usize| Palette99::pick(i + 2).to_rgba();
     let line = |s: &str, f: &dyn Fn(&StreamPoint) -> f64| -> Vec<(f64, f64)> {
@@ -116,77 +124,89 @@ pub fn stream_lines(
         v
     };
 
-    let mut c = ChartBuilder::on(&left)
-        .margin(15)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0f64..max_budget, 0f64..max_tps)
-        .map_err(|e| err(&e))?;
-    c.configure_mesh()
-        .x_desc("FFN budget (% of the FFN's bytes)")
-        .y_desc("decode tokens/s")
-        .label_style(("sans-serif", 13))
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (value, name, col) in [
-        (dense, "dense in memory", BLACK),
-        (oracle, "sparse in memory", RED),
-    ] {
-        c.draw_series(LineSeries::new(
-            [(0.0, value), (max_budget, value)],
-            col.stroke_width(1),
-        ))
-        .map_err(|e| err(&e))?
-        .label(format!("{name} {value:.1}"))
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
+    let speed_desc = if plot.log_speed {
+        "decode tokens/s (log)"
+    } else {
+        "decode tokens/s"
+    };
+    macro_rules! speed_panel {
+        ($c:expr) => {{
+            let mut c = $c;
+            c.configure_mesh()
+                .x_desc("FFN budget (% of the FFN's bytes)")
+                .y_desc(speed_desc)
+                .label_style(("sans-serif", 13))
+                .draw()
+                .map_err(|e| err(&e))?;
+            for (&(value, name), col) in plot.references.iter().zip([BLACK, RED]) {
+                c.draw_series(LineSeries::new(
+                    [(0.0, value), (max_budget, value)],
+                    col.stroke_width(1),
+                ))
+                .map_err(|e| err(&e))?
+                .label(format!("{name} {value:.1}"))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
+            }
+            for (i, s) in series.iter().enumerate() {
+                let col = colour(i);
+                c.draw_series(LineSeries::new(
+                    line(s, &|p| p.tok_per_s),
+                    col.stroke_width(2),
+                ))
+                .map_err(|e| err(&e))?
+                .label(*s)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
+                c.draw_series(
+                    line(s, &|p| p.tok_per_s)
+                        .into_iter()
+                        .map(|xy| Circle::new(xy, 3, col.filled())),
+                )
+                .map_err(|e| err(&e))?;
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 12))
+                .draw()
+                .map_err(|e| err(&e))?;
+        }};
     }
-    for (i, s) in series.iter().enumerate() {
-        let col = colour(i);
-        c.draw_series(LineSeries::new(
-            line(s, &|p| p.tok_per_s),
-            col.stroke_width(2),
-        ))
-        .map_err(|e| err(&e))?
-        .label(*s)
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
-        c.draw_series(
-            line(s, &|p| p.tok_per_s)
-                .into_iter()
-                .map(|xy| Circle::new(xy, 3, col.filled())),
-        )
-        .map_err(|e| err(&e))?;
+    let chart = || {
+        let mut b = ChartBuilder::on(&left);
+        b.margin(15).x_label_area_size(35).y_label_area_size(55);
+        b
+    };
+    if plot.log_speed {
+        speed_panel!(chart()
+            .build_cartesian_2d(0f64..max_budget, (min_tps..max_tps).log_scale())
+            .map_err(|e| err(&e))?);
+    } else {
+        speed_panel!(chart()
+            .build_cartesian_2d(0f64..max_budget, 0f64..max_tps)
+            .map_err(|e| err(&e))?);
     }
-    c.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .draw()
-        .map_err(|e| err(&e))?;
 
     let mut c = ChartBuilder::on(&right)
         .margin(15)
         .x_label_area_size(35)
         .y_label_area_size(55)
-        .build_cartesian_2d(0f64..max_budget, 0f64..1.0f64)
+        .build_cartesian_2d(0f64..max_budget, 0f64..plot.right_max)
         .map_err(|e| err(&e))?;
     c.configure_mesh()
         .x_desc("FFN budget (% of the FFN's bytes)")
-        .y_desc("miss ratio (dashed: Belady on the same requests)")
+        .y_desc(plot.right_desc)
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(|e| err(&e))?;
     for (i, s) in series.iter().enumerate() {
         let col = colour(i);
-        c.draw_series(LineSeries::new(
-            line(s, &|p| p.miss_ratio),
-            col.stroke_width(2),
-        ))
-        .map_err(|e| err(&e))?
-        .label(*s)
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
+        c.draw_series(LineSeries::new(line(s, &|p| p.right), col.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(*s)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], col));
         c.draw_series(DashedLineSeries::new(
-            line(s, &|p| p.belady),
+            line(s, &|p| p.floor),
             6,
             4,
             col.stroke_width(1),

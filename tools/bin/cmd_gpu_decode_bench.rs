@@ -45,16 +45,134 @@ pub struct GpuDecodeBenchArgs {
     /// JSON output.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// PNG output: decode tok/s against the budget per sets and policy (the in-memory speed
+    /// as a line), and bytes read per token with Belady's floor.
+    #[arg(long)]
+    png: Option<PathBuf>,
+    /// Runs nothing: the table and PNG again from a run's --json (no GPU needed).
+    #[arg(long, value_name = "JSON", conflicts_with = "json")]
+    replot: Option<PathBuf>,
+}
+
+/// One configuration's figures (a JSON row).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Row {
+    memory: String,
+    sets: String,
+    cache: String,
+    budget: f64,
+    tok_s: f64,
+    vs_dense: f64,
+    mib_read_per_token: f64,
+    belady_mib_per_token: f64,
+    hit_ratio: f64,
+    /// NaN for the in-memory row (JSON null).
+    #[serde(deserialize_with = "null_is_nan")]
+    ffn_share: f64,
+}
+
+fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+pub fn cmd_gpu_decode_bench(a: GpuDecodeBenchArgs) -> Result<(), String> {
+    if let Some(p) = &a.replot {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let rows: Vec<Row> =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        return report(&a, &format!("{} (replotted)", p.display()), &rows);
+    }
+    run(a)
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn cmd_gpu_decode_bench(_: GpuDecodeBenchArgs) -> Result<(), String> {
+fn run(_: GpuDecodeBenchArgs) -> Result<(), String> {
     Err("this build has no CUDA backend (built without the cuda feature)".into())
 }
 
 #[cfg(feature = "cuda")]
-pub fn cmd_gpu_decode_bench(a: GpuDecodeBenchArgs) -> Result<(), String> {
+fn run(a: GpuDecodeBenchArgs) -> Result<(), String> {
     gpu::run(a)
+}
+
+/// The table (printed, and --markdown), --json and --png of `rows`; `header` names the run.
+fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), String> {
+    use leanstream_tools::bench::plot::{budget_lines, BudgetPlot, StreamPoint};
+    let mut md = format!(
+        "{header}\n\n\
+         | memory | sets | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows {
+        md += &format!(
+            "| {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
+            r.memory,
+            r.sets,
+            r.cache,
+            r.budget,
+            r.tok_s,
+            r.vs_dense,
+            r.mib_read_per_token,
+            r.belady_mib_per_token,
+            r.hit_ratio,
+            100.0 * r.ffn_share
+        );
+    }
+    print!("{md}");
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, &md).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(p) = &a.json {
+        let j = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
+        std::fs::write(p, j).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(p) = &a.png {
+        let memories: Vec<&str> = rows.iter().fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r.memory.as_str()) {
+                v.push(&r.memory);
+            }
+            v
+        });
+        let points: Vec<StreamPoint> = rows
+            .iter()
+            .filter(|r| r.sets != "dense")
+            .map(|r| StreamPoint {
+                series: if memories.len() > 1 {
+                    format!("{} {} {}", r.memory, r.sets, r.cache)
+                } else {
+                    format!("{} {}", r.sets, r.cache)
+                },
+                budget: r.budget,
+                tok_per_s: r.tok_s,
+                right: r.mib_read_per_token,
+                floor: r.belady_mib_per_token,
+            })
+            .collect();
+        let dense: Vec<(f64, String)> = rows
+            .iter()
+            .filter(|r| r.sets == "dense")
+            .map(|r| (r.tok_s, format!("{} in memory", r.memory)))
+            .collect();
+        let references: Vec<(f64, &str)> = dense.iter().map(|(v, n)| (*v, n.as_str())).collect();
+        let right_max = points.iter().map(|p| p.right).fold(1.0, f64::max) * 1.1;
+        let title = format!(
+            "{}: decode with the FFN streamed on the GPU, replayed sets",
+            header.split(':').next().unwrap_or(header)
+        );
+        budget_lines(
+            &points,
+            &BudgetPlot {
+                title: &title,
+                references: &references,
+                log_speed: true,
+                right_desc: "MiB read per token (dashed: Belady on the same requests)",
+                right_max,
+            },
+            p,
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
@@ -75,20 +193,6 @@ mod gpu {
 
     /// The int8 parity gate of the CUDA backend against the CPU's (tests/cuda.rs).
     const GATE: f64 = 5e-2;
-
-    #[derive(serde::Serialize)]
-    struct Row {
-        memory: String,
-        sets: String,
-        cache: String,
-        budget: f64,
-        tok_s: f64,
-        vs_dense: f64,
-        mib_read_per_token: f64,
-        belady_mib_per_token: f64,
-        hit_ratio: f64,
-        ffn_share: f64,
-    }
 
     fn err(e: impl std::fmt::Display) -> String {
         e.to_string()
@@ -343,38 +447,13 @@ mod gpu {
                 });
             }
         }
-        let mut md = format!(
-            "{}: {} layers, {} measured tokens after {} warm-up tokens, replayed sets; reads with O_DIRECT.\n\n\
-             | memory | sets | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
-             |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        let header = format!(
+            "{}: {} layers, {} measured tokens after {} warm-up tokens, replayed sets; reads with O_DIRECT.",
             a.image.display(),
             layers,
             a.tokens,
             a.warm_tokens
         );
-        for r in &rows {
-            md += &format!(
-                "| {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
-                r.memory,
-                r.sets,
-                r.cache,
-                r.budget,
-                r.tok_s,
-                r.vs_dense,
-                r.mib_read_per_token,
-                r.belady_mib_per_token,
-                r.hit_ratio,
-                100.0 * r.ffn_share
-            );
-        }
-        print!("{md}");
-        if let Some(p) = &a.markdown {
-            std::fs::write(p, &md).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
-        if let Some(p) = &a.json {
-            let j = serde_json::to_string_pretty(&rows).map_err(err)?;
-            std::fs::write(p, j).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
-        Ok(())
+        report(&a, &header, &rows)
     }
 }

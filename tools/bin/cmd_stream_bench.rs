@@ -11,7 +11,7 @@ use leanstream::predict::PredictKind;
 use leanstream::sparsity::{BundleDown, SparsityError};
 use leanstream::stream::sim::belady_from;
 use leanstream::stream::{CacheBudget, Policy};
-use leanstream_tools::bench::plot::{stream_lines, StreamPoint};
+use leanstream_tools::bench::plot::{budget_lines, BudgetPlot, StreamPoint};
 use leanstream_tools::bench::sets::BlockSets;
 
 #[derive(Args)]
@@ -433,18 +433,26 @@ fn write_outputs(
                 },
                 budget: r.budget,
                 tok_per_s: r.tok_per_s,
-                miss_ratio: r.miss_ratio,
-                belady: r.belady,
+                right: r.miss_ratio,
+                floor: r.belady,
             })
             .collect();
-        stream_lines(
+        let title = format!(
+            "{name}, {} at sparsity {s}: streamed FFN on this disk",
+            a.ffn
+        );
+        budget_lines(
             &points,
-            &format!(
-                "{name}, {} at sparsity {s}: streamed FFN on this disk",
-                a.ffn
-            ),
-            dense_tps,
-            oracle_tps[i],
+            &BudgetPlot {
+                title: &title,
+                references: &[
+                    (dense_tps, "dense in memory"),
+                    (oracle_tps[i], "sparse in memory"),
+                ],
+                log_speed: false,
+                right_desc: "miss ratio (dashed: Belady on the same requests)",
+                right_max: 1.0,
+            },
             &with_ext(&format!("-{s}.png")),
         )?;
     }
