@@ -179,3 +179,54 @@ fn stream_bench_records_block_sets_that_name_their_image() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gpu-decode-bench --replot` redraws a run's table and plot from its JSON with no GPU: the
+/// rows come back in the table, the in-memory row's missing FFN share too, and the PNG is one.
+#[test]
+fn gpu_decode_bench_replots_a_run_from_its_json() {
+    let dir = std::env::temp_dir().join(format!("leanstream-replot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let row = |sets: &str, cache: &str, budget: f64, tok_s: f64, share: &str| {
+        format!(
+            r#"{{"memory":"discrete","sets":"{sets}","cache":"{cache}","budget":{budget},"tok_s":{tok_s},"vs_dense":0.01,"mib_read_per_token":60.0,"belady_mib_per_token":40.0,"hit_ratio":0.2,"ffn_share":{share}}}"#
+        )
+    };
+    let rows = [
+        row("smol-oracle", "lfu", 20.0, 7.0, "0.99"),
+        row("smol-oracle", "lfu", 50.0, 9.5, "0.98"),
+        row("dense", "-", 100.0, 1606.0, "null"),
+    ];
+    std::fs::write(&json, format!("[{}]", rows.join(","))).unwrap();
+    let (png, md) = (dir.join("run.png"), dir.join("run.md"));
+    let out = leanstream(&[
+        "gpu-decode-bench",
+        "--image",
+        "unused.flash",
+        "--sets",
+        "unused.sets",
+        "--replot",
+        json.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+        "--markdown",
+        md.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        table.contains("| discrete | smol-oracle | lfu | 50% | 9.50 |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| discrete | dense | - | 100% | 1606.00 |"),
+        "{table}"
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+    let _ = std::fs::remove_dir_all(&dir);
+}
