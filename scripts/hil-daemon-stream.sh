@@ -14,7 +14,8 @@
 #      read from the image and no heap allocation after boot (the streamed request included).
 # Exits non-zero on any mismatch. Results land in $OUT (else hil-out/results): daemon-stream.txt.
 # HIL_BOARD (h200-hil) is the board the binaries were built for; HIL_DAEMON_RUNS picks runs
-# (cpu,cuda-discrete,cuda-unified); HIL_DAEMON_MODEL the GGUF.
+# (cpu,cuda-discrete,cuda-unified); HIL_DAEMON_MODEL the GGUF; HIL_DAEMON_TEXT the calibration
+# text (a self-contained copy of hil-out/ has no docs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
@@ -24,7 +25,9 @@ for b in leanstream leanstreamd; do
 done
 model=${HIL_DAEMON_MODEL:-$h/models/smollm2-135m-q4_1-cut4.gguf}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$h/leanstream" calibrate --model "$model" --file docs/STREAMING.md --tokens 1024 --ctx 256 \
+text=${HIL_DAEMON_TEXT:-docs/STREAMING.md}  # any English text: the thresholds' calibration
+[ -f "$text" ] || { echo "no calibration text at $text: set HIL_DAEMON_TEXT" >&2; exit 2; }
+"$h/leanstream" calibrate --model "$model" --file "$text" --tokens 1024 --ctx 256 \
   --sparsity 0.5 --out "$tmp/model.thresh" 2>&1 | tail -2
 "$h/leanstream" flash "$model" --board "${HIL_BOARD:-h200-hil}" --precision w8a8 --thresholds "$tmp/model.thresh" \
   --out "$tmp/model.flash" 2>&1 | tail -2
