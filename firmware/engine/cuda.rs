@@ -690,9 +690,7 @@ impl<'a> CudaEngine<'a> {
             key_scale: scales(key_scale_bytes)?,
         };
         if let Some(buf) = &kv.key_scale {
-            let f = key_scales(model, &h)?;
-            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-            gpu.upload(buf.ptr, &bytes).map_err(cuda)?;
+            upload_f32(&gpu, buf.ptr, &key_scales(model, &h)?).map_err(cuda)?;
         }
         let host_tokens = gpu.alloc_mapped(4 * context).map_err(cuda)?;
 
@@ -1110,6 +1108,12 @@ impl<'a> CudaEngine<'a> {
 fn bytemuck_step(s: &[i32; 2]) -> &[u8; 8] {
     // SAFETY: [i32; 2] is 8 plain bytes with no padding; u8 has alignment 1.
     unsafe { &*(s as *const [i32; 2] as *const [u8; 8]) }
+}
+
+/// Floats to the device at boot (a synchronous copy through a byte buffer).
+fn upload_f32(gpu: &Gpu, dst: u64, v: &[f32]) -> CudaResult<()> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    gpu.upload(dst, &bytes)
 }
 
 fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {

@@ -22,8 +22,8 @@
 //!
 //! After boot a step allocates nothing.
 
-use super::{cuda, CudaEngine, Finish, Input};
-use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, Gpu, KernelArgs};
+use super::{cuda, f32_bytes_mut as f32_bytes, upload_f32, CudaEngine, Finish, Input};
+use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, KernelArgs};
 use crate::backend::cuda::stream_layer::{
     CacheMemory, CacheView, GpuStreamError, GpuStreamedFfn, LayerBlocks,
 };
@@ -163,17 +163,6 @@ pub(super) struct GpuStream<'a> {
     error: Option<ReadError>,
     /// The cache's arena; held, not read.
     _memory: CacheMemory,
-}
-
-/// `b`, a byte view of floats (downloads land in it).
-fn f32_bytes(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: f32 has no invalid bit patterns and u8 alignment 1; the length is exact.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) }
-}
-
-fn upload_f32(gpu: &Gpu, dst: u64, v: &[f32]) -> CudaResult<()> {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    gpu.upload(dst, &bytes)
 }
 
 impl<'a> GpuStream<'a> {
@@ -411,7 +400,10 @@ impl CudaEngine<'_> {
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;
             }
             g.download_async(f32_bytes(&mut s.input), a.xf)?;
-            g.download_async(f32_bytes(&mut s.residual), a.x)?;
+            // The residual only for a table that reads the previous FFN's output.
+            if s.parts.predictor.reads_ffn_output() {
+                g.download_async(f32_bytes(&mut s.residual), a.x)?;
+            }
             g.sync()?;
             s.choose(l, pos == 0);
 

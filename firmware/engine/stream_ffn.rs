@@ -53,7 +53,7 @@ mod boot;
 mod control;
 mod refine;
 
-pub use boot::{resident_rows, StreamParts};
+pub use boot::{hot_count, most_used, resident_rows, StreamParts};
 
 use control::{run_capped, Control};
 

@@ -181,6 +181,7 @@ mod gpu {
     use leanstream::board::MemoryModel;
     use leanstream::engine::cuda::{CudaEngine, StreamedBoot};
     use leanstream::engine::cuda_options::CudaOptions;
+    use leanstream::engine::stream_ffn::{hot_count, most_used};
     use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamOptions, StreamedFfn};
     use leanstream::model::flash::FlashImage;
     use leanstream::predict::PredictKind;
@@ -219,16 +220,13 @@ mod gpu {
         let (slots, slot_bytes) = StreamedFfn::slots(img, budget);
         let largest = (0..img.layers()).map(|l| img.blocks(l)).max().unwrap_or(0);
         let cfg = LaneConfig::from_board(slot_bytes);
-        let n = (slots / 2).min(slots.saturating_sub(largest + cfg.lanes * cfg.queue_depth));
         let total: usize = (0..img.layers()).map(|l| img.blocks(l)).sum();
         let mut freq = vec![0u32; total];
         for &b in steps.iter().flatten() {
             freq[b as usize] += 1;
         }
-        let mut order: Vec<BlockId> = (0..total as BlockId).collect();
-        order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
-        order.truncate(n);
-        order
+        let busy = largest + cfg.lanes * cfg.queue_depth;
+        most_used(&freq, hot_count(slots, busy))
     }
 
     fn stream_options(

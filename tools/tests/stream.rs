@@ -6,7 +6,9 @@
 
 mod common;
 
-use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions, StreamOptions};
+use common::smol_image::{logits, opts, TmpDir};
+
+use leanstream::engine::{Arenas, Decoder, Engine, EngineError, StreamOptions};
 use leanstream::model::flash::FlashImage;
 use leanstream::model::ModelFile;
 use leanstream::predict::hash::{HashNet, HashPredictorTable, PredictorInput};
@@ -19,24 +21,6 @@ use leanstream::stream::{CacheBudget, Policy};
 use leanstream_tools::offline::flash::{write_image, BoardTarget, FlashOptions, BUNDLE_DOWN};
 use leanstream_tools::offline::placement::{Active, PlacementKind};
 use std::path::{Path, PathBuf};
-
-/// A folder for one test, removed when the test ends (passed or not).
-struct TmpDir(PathBuf);
-
-impl TmpDir {
-    fn new(test: &str) -> TmpDir {
-        let dir =
-            std::env::temp_dir().join(format!("leanstream-stream-{}-{test}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TmpDir(dir)
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// An image of `model` with its committed thresholds table, in `dir`.
 fn image(dir: &TmpDir, model: &Path, table: &Path) -> PathBuf {
@@ -112,29 +96,6 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         shuffle: None,
         replay: None,
     }
-}
-
-fn opts(ffn: FfnOptions, stream: Option<StreamOptions>) -> EngineOptions {
-    EngineOptions {
-        threads: 2,
-        context: 64,
-        ffn,
-        stream,
-        ..Default::default()
-    }
-}
-
-/// Every token's logits, fed one by one.
-fn logits(e: &mut dyn Decoder, tokens: &[u32]) -> Vec<Vec<f32>> {
-    tokens
-        .iter()
-        .enumerate()
-        .map(|(p, &t)| {
-            let l = e.forward(t, p).to_vec();
-            assert!(e.take_error().is_none(), "token {p} failed");
-            l
-        })
-        .collect()
 }
 
 fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {

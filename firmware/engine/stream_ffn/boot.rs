@@ -57,11 +57,7 @@ impl<'a> StreamParts<'a> {
         let hot = match opts.policy {
             Policy::Hot if opts.hot.is_empty() => {
                 let freq = image.block_frequency().ok_or(StreamBootError::NoProfile)?;
-                let n = (slots / 2).min(slots.saturating_sub(busy));
-                let mut order: Vec<BlockId> = (0..total as BlockId).collect();
-                order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
-                order.truncate(n);
-                order
+                most_used(&freq[..total], hot_count(slots, busy))
             }
             Policy::Hot => opts.hot.clone(),
             _ => Vec::new(),
@@ -126,6 +122,21 @@ impl<'a> StreamParts<'a> {
             largest,
         })
     }
+}
+
+/// How many blocks the `hot` policy pins in `slots` when `busy` must stay free (a whole layer and
+/// the reads in flight): half the slots at most.
+pub fn hot_count(slots: usize, busy: usize) -> usize {
+    (slots / 2).min(slots.saturating_sub(busy))
+}
+
+/// The `n` blocks used most by `freq` (one count per global block), most used first, ties by
+/// block: the `hot` policy's pinned set from a profile.
+pub fn most_used(freq: &[u32], n: usize) -> Vec<BlockId> {
+    let mut order: Vec<BlockId> = (0..freq.len() as BlockId).collect();
+    order.sort_by_key(|&b| std::cmp::Reverse(freq[b as usize]));
+    order.truncate(n);
+    order
 }
 
 /// The oracle's resident gate and up rows, gathered from the image into neuron order, and per
