@@ -21,7 +21,7 @@ use crate::quant::{Precision, Role};
 
 #[path = "cuda_stream.rs"]
 mod stream;
-pub use stream::StreamedBoot;
+pub use stream::{Prioritization, StreamedBoot};
 
 /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
 fn pdl_kernel_mode(d: DependentLaunch) -> i32 {

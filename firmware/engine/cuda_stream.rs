@@ -9,7 +9,8 @@
 //! 2. which blocks: the oracle and `stale` run the resident gate and up rows (the dense
 //!    products, SwiGLU into `hf`) and keep the neurons at the layer's threshold; a learned
 //!    table ranks blocks from the input (and residual) alone. The host reads back what the
-//!    predictor needs (a few KiB) and orders the wanted blocks, highest priority first;
+//!    predictor needs (a few KiB) and lists the wanted blocks (in layout order:
+//!    [`Prioritization`]);
 //! 3. the persistent kernel computes the blocks as the lanes land them (hits at once), each
 //!    kept neuron less its dropped mean where the thresholds table has means;
 //! 4. `add_norm`: the output and the dropped neurons' mean contribution into the residual,
@@ -44,6 +45,30 @@ use std::time::Instant;
 pub struct StreamedBoot<'o> {
     pub stream: &'o StreamOptions,
     pub ffn: &'o FfnOptions,
+}
+
+/// The paper's prioritization (its figure 11), each part switchable for the ablation
+/// (`gpu-decode-bench --ablation`). The default is what measured fastest here: compute as the
+/// blocks land, reads in layout order. A layer ends only when all its blocks are in (nothing
+/// here cuts a layer's reads short or re-ranks them), so asking by priority changes no byte
+/// read, and it costs: ascending offsets read 5-30% faster on the GPU machine's disk
+/// (docs/STREAMING.md, "The ablation of figure 11").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prioritization {
+    /// The persistent kernel computes each block as it lands; off: once the layer's blocks are
+    /// all in (a layer-wise schedule).
+    pub compute: bool,
+    /// Reads are asked for highest priority first; off: in the image's layout order.
+    pub loading: bool,
+}
+
+impl Default for Prioritization {
+    fn default() -> Prioritization {
+        Prioritization {
+            compute: true,
+            loading: false,
+        }
+    }
 }
 
 /// The image opened and checked before the weights are placed, with the oracle's resident rows.
@@ -161,6 +186,7 @@ pub(super) struct GpuStream<'a> {
     h: Vec<f32>,
     stats: StreamStats,
     error: Option<ReadError>,
+    loading_by_priority: bool,
     /// The cache's arena; held, not read.
     _memory: CacheMemory,
 }
@@ -254,6 +280,7 @@ impl<'a> GpuStream<'a> {
             h: Vec::with_capacity(h.hidden_dim),
             stats: StreamStats::default(),
             error: None,
+            loading_by_priority: Prioritization::default().loading,
             parts,
             _memory: memory,
         })
@@ -275,8 +302,9 @@ impl<'a> GpuStream<'a> {
     }
 
     /// Layer `l`'s blocks for the input now in `input`/`residual` (and `act`, resident), into
-    /// `order`, highest priority first. `first`: the sequence's first position, where every
-    /// block is read (the attention sink: engine/stream_ffn.rs says why).
+    /// `order` (highest priority first when loading by priority, else ascending). `first`: the
+    /// sequence's first position, where every block is read (the attention sink:
+    /// engine/stream_ffn.rs says why).
     fn choose(&mut self, l: usize, first: bool) {
         let image = &self.parts.image;
         let blocks = image.blocks(l);
@@ -317,12 +345,15 @@ impl<'a> GpuStream<'a> {
         self.order.clear();
         self.order
             .extend((0..blocks as u32).filter(|&b| prio[b as usize] > 0.0));
-        // Highest priority first, ties by block (an unstable sort: no buffer to allocate).
-        self.order.sort_unstable_by(|&a, &b| {
-            prio[b as usize]
-                .total_cmp(&prio[a as usize])
-                .then(a.cmp(&b))
-        });
+        // Highest priority first, ties by block (an unstable sort: no buffer to allocate);
+        // without prioritized loading, in layout order as filtered.
+        if self.loading_by_priority {
+            self.order.sort_unstable_by(|&a, &b| {
+                prio[b as usize]
+                    .total_cmp(&prio[a as usize])
+                    .then(a.cmp(&b))
+            });
+        }
         if self.resident {
             let missed = self
                 .idx
@@ -472,6 +503,14 @@ impl CudaEngine<'_> {
     /// memory).
     pub fn stream_stats(&self) -> Option<StreamStats> {
         self.stream.as_ref().map(GpuStream::stats)
+    }
+
+    /// Switches the prioritization's parts (the ablation); nothing when the FFN is in memory.
+    pub fn set_prioritization(&mut self, p: Prioritization) {
+        if let Some(s) = self.stream.as_mut() {
+            s.ffn.whole_layer_first = !p.compute;
+            s.loading_by_priority = p.loading;
+        }
     }
 
     /// Starts the streamed FFN's counts again (a benchmark's warm-up is over).

@@ -300,7 +300,7 @@ impl<'a> BlockPredictor<'a> {
                 let base: usize = (0..l).map(|k| image.blocks(k)).sum();
                 let set = steps.get(s).map_or(&[][..], |v| &v[..]);
                 for (i, &b) in set.iter().enumerate() {
-                    // Recorded ascending: the first asked for first.
+                    // Recorded highest priority first (ascending in old files).
                     if let Some(p) = (b as usize).checked_sub(base).and_then(|b| prio.get_mut(b)) {
                         *p = (set.len() - i) as f32;
                     }

@@ -5,22 +5,27 @@
 //!
 //! File: magic `LSSETS\0\0`, version (u32), then per image layer its block count and block
 //! bytes, then the steps (layer-major within a token: step s is layer s mod layers), each a
-//! count and that many global block ids, ascending, as the gaps between them (the first from
-//! 0) in LEB128 varints; u32s little-endian; last the FNV-1a 64 of everything before it.
+//! count and that many global block ids in the order they were asked for (highest priority
+//! first: the order a replay asks for them again), each as its difference from the one before
+//! (the first from 0), zigzag-coded, in LEB128 varints; u32s little-endian; last the FNV-1a 64
+//! of everything before it. Version 2 (still read) held each step ascending, as plain gaps:
+//! its replays ask in block order.
 
 use leanstream::model::checksum::fnv64;
 use leanstream::model::flash::FlashImage;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"LSSETS\0\0";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// Ascending ids as gaps (no order kept).
+const VERSION_ASCENDING: u32 = 2;
 
 /// The recorded sets of one run and the geometry of the image they index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockSets {
     /// Per layer: (blocks, block bytes).
     pub layers: Vec<(u32, u32)>,
-    /// Per layer-step, the global block ids asked for.
+    /// Per layer-step, the global block ids asked for, in the order asked.
     pub steps: Vec<Vec<u32>>,
 }
 
@@ -43,20 +48,17 @@ impl BlockSets {
             put(&mut v, bytes);
         }
         put(&mut v, self.steps.len() as u32);
-        let mut sorted = Vec::new();
         for s in &self.steps {
             put(&mut v, s.len() as u32);
-            sorted.clear();
-            sorted.extend_from_slice(s);
-            sorted.sort_unstable();
-            let mut last = 0;
-            for &id in &sorted {
-                let mut gap = id - last;
-                last = id;
+            let mut last = 0i64;
+            for &id in s {
+                let d = id as i64 - last;
+                last = id as i64;
+                let mut z = ((d << 1) ^ (d >> 63)) as u64;
                 loop {
-                    let byte = (gap & 0x7f) as u8;
-                    gap >>= 7;
-                    if gap == 0 {
+                    let byte = (z & 0x7f) as u8;
+                    z >>= 7;
+                    if z == 0 {
                         v.push(byte);
                         break;
                     }
@@ -86,9 +88,9 @@ impl BlockSets {
             Ok(u32::from_le_bytes(w.try_into().expect("4 bytes")))
         }
         let version = word(body, &mut at)?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_ASCENDING {
             return Err(format!(
-                "block-sets format version {version}; this build reads {VERSION}"
+                "block-sets format version {version}; this build reads {VERSION_ASCENDING} and {VERSION}"
             ));
         }
         let n = word(body, &mut at)? as usize;
@@ -102,7 +104,7 @@ impl BlockSets {
         for _ in 0..steps_n {
             let k = word(body, &mut at)? as usize;
             let mut s = Vec::with_capacity(k.min(1 << 20));
-            let mut id = 0u64;
+            let mut id = 0i64;
             for _ in 0..k {
                 let (mut gap, mut shift) = (0u64, 0);
                 loop {
@@ -117,8 +119,11 @@ impl BlockSets {
                         return Err("a block id in the block-sets file is malformed".into());
                     }
                 }
-                id += gap;
-                if id >= total {
+                id += match version {
+                    VERSION_ASCENDING => gap as i64,
+                    _ => (gap >> 1) as i64 ^ -((gap & 1) as i64),
+                };
+                if id < 0 || id as u64 >= total {
                     return Err(format!("block {id} past the {total} blocks the file names"));
                 }
                 s.push(id as u32);
@@ -185,10 +190,23 @@ mod tests {
         };
         let b = s.to_bytes();
         assert_eq!(BlockSets::from_bytes(&b).unwrap(), s);
-        // Any order in, ascending out.
+        // The order asked for is kept.
         let mut shuffled = s.clone();
         shuffled.steps[1] = vec![200, 4, 9];
-        assert_eq!(BlockSets::from_bytes(&shuffled.to_bytes()).unwrap(), s);
+        assert_eq!(
+            BlockSets::from_bytes(&shuffled.to_bytes()).unwrap(),
+            shuffled
+        );
+        // Version 2: ascending gaps.
+        let mut v2 = MAGIC.to_vec();
+        for w in [2u32, 1, 300, 8192, 1, 3] {
+            v2.extend_from_slice(&w.to_le_bytes());
+        }
+        v2.extend_from_slice(&[4, 0x81, 0x01, 3]);
+        let sum = fnv64(&v2);
+        v2.extend_from_slice(&sum.to_le_bytes());
+        let old = BlockSets::from_bytes(&v2).unwrap();
+        assert_eq!(old.steps, vec![vec![4, 133, 136]]);
         let mut bad = b.clone();
         bad[14] ^= 1;
         assert!(BlockSets::from_bytes(&bad).unwrap_err().contains("damaged"));

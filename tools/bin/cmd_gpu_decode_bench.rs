@@ -26,9 +26,21 @@ pub struct GpuDecodeBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "10,20,50,100")]
     budgets: Vec<f64>,
     /// Cache policies, comma-separated: lru, lfu, hot (the sets' most used blocks pinned, as
-    /// PowerInfer-2's offline profile would pin them; the rest LFU).
+    /// PowerInfer-2's offline profile would pin them; the rest LFU), learned (needs
+    /// --eviction).
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     cache: Vec<String>,
+    /// The `learned` policy's reuse-distance table (`leanstream train-eviction`), trained on
+    /// the real model's access stream: keyed again to this image (as the sets replay that
+    /// model's requests over it).
+    #[arg(long)]
+    eviction: Option<PathBuf>,
+    /// Also runs the ablation of the paper's figure 11 over each sets file and budget:
+    /// `layer-wise` (reads in layout order, the kernel once the layer is in, LRU), then
+    /// +prioritized compute (each block computed as it lands), +prioritized loading (reads
+    /// highest priority first), +prioritized caching (this policy).
+    #[arg(long, value_name = "POLICY")]
+    ablation: Option<String>,
     /// Memory models, comma-separated: discrete (device copies of the cache) and unified (the
     /// kernel reads the cache in mapped host memory, as on a Jetson).
     #[arg(long, value_delimiter = ',', default_value = "discrete")]
@@ -59,6 +71,10 @@ pub struct GpuDecodeBenchArgs {
 struct Row {
     memory: String,
     sets: String,
+    /// `default` (the engine's schedule: `Prioritization::default`), or the ablation's step;
+    /// runs from before the ablation read as `prioritized` (they asked by priority).
+    #[serde(default = "prioritized")]
+    schedule: String,
     cache: String,
     budget: f64,
     tok_s: f64,
@@ -69,6 +85,10 @@ struct Row {
     /// NaN for the in-memory row (JSON null).
     #[serde(deserialize_with = "null_is_nan")]
     ffn_share: f64,
+}
+
+fn prioritized() -> String {
+    "prioritized".into()
 }
 
 fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
@@ -101,14 +121,15 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
     use leanstream_tools::bench::plot::{budget_lines, BudgetPlot, StreamPoint};
     let mut md = format!(
         "{header}\n\n\
-         | memory | sets | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+         | memory | sets | schedule | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
+         |---|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
         md += &format!(
-            "| {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
+            "| {} | {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
             r.memory,
             r.sets,
+            if r.sets == "dense" { "-" } else { &r.schedule },
             r.cache,
             r.budget,
             r.tok_s,
@@ -136,7 +157,10 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
         });
         let points: Vec<StreamPoint> = rows
             .iter()
-            .filter(|r| r.sets != "dense")
+            // The ablation's steps are in the table only.
+            .filter(|r| {
+                r.sets != "dense" && matches!(r.schedule.as_str(), "default" | "prioritized")
+            })
             .map(|r| StreamPoint {
                 series: if memories.len() > 1 {
                     format!("{} {} {}", r.memory, r.sets, r.cache)
@@ -179,11 +203,12 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
 mod gpu {
     use super::*;
     use leanstream::board::MemoryModel;
-    use leanstream::engine::cuda::{CudaEngine, StreamedBoot};
+    use leanstream::engine::cuda::{CudaEngine, Prioritization, StreamedBoot};
     use leanstream::engine::cuda_options::CudaOptions;
     use leanstream::engine::stream_ffn::{hot_count, most_used};
     use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamOptions, StreamedFfn};
     use leanstream::model::flash::FlashImage;
+    use leanstream::predict::reuse::ReuseTable;
     use leanstream::predict::PredictKind;
     use leanstream::sparsity::{FfnMode, FfnOptions, Score};
     use leanstream::stream::{sim, BlockId, CacheBudget, LaneConfig, Policy};
@@ -275,6 +300,118 @@ mod gpu {
         }
     }
 
+    /// What every configuration of one memory model shares.
+    struct Run<'r> {
+        a: &'r GpuDecodeBenchArgs,
+        img: &'r FlashImage,
+        dense_part: &'r leanstream::model::ModelFile,
+        cuda: CudaOptions,
+        memory: &'r str,
+        dense_tok_s: Option<f64>,
+        eviction: Option<&'r Path>,
+    }
+
+    impl Run<'_> {
+        /// One configuration's row (None: it does not boot at this budget, said on stderr).
+        fn measure(
+            &self,
+            name: &str,
+            steps: &Arc<Vec<Vec<BlockId>>>,
+            policy: Policy,
+            b: f64,
+            p: Prioritization,
+            schedule: &str,
+        ) -> Result<Option<Row>, String> {
+            let (a, img, m) = (self.a, self.img, self.memory);
+            let layers = img.layers();
+            let c = policy.name();
+            let budget = CacheBudget::Fraction(b / 100.0);
+            let hot = if policy == Policy::Hot {
+                hot_blocks(img, steps, budget)
+            } else {
+                Vec::new()
+            };
+            let mut so = stream_options(&a.image, budget, policy, steps, hot);
+            if policy == Policy::Learned {
+                so.eviction = Some(
+                    self.eviction
+                        .ok_or("the learned cache policy needs its table: --eviction")?
+                        .to_path_buf(),
+                );
+            }
+            let f = ffn(layers);
+            let mut arenas = Arenas::from_board().map_err(err)?;
+            let boot = StreamedBoot {
+                stream: &so,
+                ffn: &f,
+            };
+            let mut e =
+                match CudaEngine::boot_streamed(&mut arenas, self.dense_part, self.cuda, boot) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        eprintln!("{m} {name} {schedule} {c} {b}%: skipped: {e}");
+                        return Ok(None);
+                    }
+                };
+            e.set_prioritization(p);
+            e.begin_sequence();
+            let tok = decode(&mut e, 1, 0..a.warm_tokens)?;
+            // Timed from a warm cache, the counts from there.
+            e.reset_stream_stats();
+            let t = Instant::now();
+            decode(&mut e, tok, a.warm_tokens..a.warm_tokens + a.tokens)?;
+            let secs = t.elapsed().as_secs_f64();
+            let st = e.stream_stats().expect("streamed");
+            let tok_s = a.tokens as f64 / secs;
+            let (slots, _) = StreamedFfn::slots(img, budget);
+            let floor = sim::belady_from(slots, steps, a.warm_tokens * layers);
+            let measured_steps = (steps.len() - (a.warm_tokens * layers).min(steps.len())).max(1);
+            let block_bytes = img.geometry(0).block_bytes as f64;
+            let floor_per_token =
+                floor.misses as f64 * block_bytes * layers as f64 / measured_steps as f64;
+            let mib = 1048576.0;
+            let row = Row {
+                memory: m.to_string(),
+                sets: name.to_string(),
+                schedule: schedule.to_string(),
+                cache: c.to_string(),
+                budget: b,
+                tok_s,
+                vs_dense: self.dense_tok_s.map_or(f64::NAN, |d| tok_s / d),
+                mib_read_per_token: st.bytes_per_token() / mib,
+                belady_mib_per_token: floor_per_token / mib,
+                hit_ratio: st.hit_ratio(),
+                ffn_share: st.io_wait_ns as f64 / 1e9 / secs,
+            };
+            eprintln!(
+                "{m} {name} {schedule} {c} {b}%: {:.2} tok/s, {:.2} MiB read/token (Belady {:.2}), hit {:.3}",
+                row.tok_s, row.mib_read_per_token, row.belady_mib_per_token, row.hit_ratio
+            );
+            Ok(Some(row))
+        }
+    }
+
+    /// The `learned` policy's table `path` (made for the real model) keyed again to `img`, in
+    /// a file beside the system's temporary files; its path.
+    fn rekeyed_eviction(path: &Path, img: &FlashImage) -> Result<PathBuf, String> {
+        let at = |e: &dyn std::fmt::Display| format!("--eviction {}: {e}", path.display());
+        let bytes = leanstream::tables::read_bytes(path).map_err(|e| at(&e))?;
+        // The header's model identity (tables/mod.rs: magic, kind, version, then it).
+        let id = bytes
+            .get(16..24)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .ok_or_else(|| at(&"not a LeanStream table file"))?;
+        let table = ReuseTable::decode(&bytes, id).map_err(|e| at(&e))?;
+        let out = std::env::temp_dir().join(format!(
+            "leanstream-eviction-{}-{:016x}.reuse",
+            std::process::id(),
+            img.header.tables_identity
+        ));
+        std::fs::write(&out, table.encode(img.header.tables_identity))
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        Ok(out)
+    }
+
     pub fn run(a: GpuDecodeBenchArgs) -> Result<(), String> {
         let img = FlashImage::open(&a.image).map_err(|e| format!("{}: {e}", a.image.display()))?;
         img.check_board(leanstream::board::NAME)
@@ -306,8 +443,11 @@ mod gpu {
             }
             sets.push((name, Arc::new(bs.steps)));
         }
-        let block_bytes = img.geometry(0).block_bytes as f64;
-        let mib = 1048576.0;
+        let wants_learned = a.cache.iter().chain(&a.ablation).any(|c| c == "learned");
+        let eviction = match &a.eviction {
+            Some(p) if wants_learned => Some(rekeyed_eviction(p, &img)?),
+            _ => None,
+        };
         let mut rows = Vec::new();
         for m in &a.memory {
             let memory = memory_model(m)?;
@@ -370,63 +510,34 @@ mod gpu {
                     ));
                 }
             }
+            let run = Run {
+                a: &a,
+                img: &img,
+                dense_part: &dense_part,
+                cuda,
+                memory: m,
+                dense_tok_s,
+                eviction: eviction.as_deref(),
+            };
             for (name, steps) in &sets {
                 for c in &a.cache {
                     let policy: Policy = c.parse()?;
                     for &b in &a.budgets {
-                        let budget = CacheBudget::Fraction(b / 100.0);
-                        let hot = if policy == Policy::Hot {
-                            hot_blocks(&img, steps, budget)
-                        } else {
-                            Vec::new()
-                        };
-                        let so = stream_options(&a.image, budget, policy, steps, hot);
-                        let f = ffn(layers);
-                        let mut arenas = Arenas::from_board().map_err(err)?;
-                        let boot = StreamedBoot {
-                            stream: &so,
-                            ffn: &f,
-                        };
-                        let mut e =
-                            match CudaEngine::boot_streamed(&mut arenas, &dense_part, cuda, boot) {
-                                Ok(e) => e,
-                                Err(e) => {
-                                    eprintln!("{m} {name} {c} {b}%: skipped: {e}");
-                                    continue;
-                                }
-                            };
-                        e.begin_sequence();
-                        let tok = decode(&mut e, 1, 0..a.warm_tokens)?;
-                        // Timed from a warm cache, the counts from there.
-                        e.reset_stream_stats();
-                        let t = Instant::now();
-                        decode(&mut e, tok, a.warm_tokens..a.warm_tokens + a.tokens)?;
-                        let secs = t.elapsed().as_secs_f64();
-                        let st = e.stream_stats().expect("streamed");
-                        let tok_s = a.tokens as f64 / secs;
-                        let (slots, _) = StreamedFfn::slots(&img, budget);
-                        let floor = sim::belady_from(slots, steps, a.warm_tokens * layers);
-                        let measured_steps =
-                            (steps.len() - (a.warm_tokens * layers).min(steps.len())).max(1);
-                        let floor_per_token = floor.misses as f64 * block_bytes * layers as f64
-                            / measured_steps as f64;
-                        let row = Row {
-                            memory: m.clone(),
-                            sets: name.clone(),
-                            cache: c.clone(),
-                            budget: b,
-                            tok_s,
-                            vs_dense: dense_tok_s.map_or(f64::NAN, |d| tok_s / d),
-                            mib_read_per_token: st.bytes_per_token() / mib,
-                            belady_mib_per_token: floor_per_token / mib,
-                            hit_ratio: st.hit_ratio(),
-                            ffn_share: st.io_wait_ns as f64 / 1e9 / secs,
-                        };
-                        eprintln!(
-                            "{m} {name} {c} {b}%: {:.2} tok/s, {:.2} MiB read/token (Belady {:.2}), hit {:.3}",
-                            row.tok_s, row.mib_read_per_token, row.belady_mib_per_token, row.hit_ratio
-                        );
-                        rows.push(row);
+                        let p = Prioritization::default();
+                        rows.extend(run.measure(name, steps, policy, b, p, "default")?);
+                    }
+                }
+                let Some(last) = &a.ablation else { continue };
+                let last: Policy = last.parse()?;
+                for &b in &a.budgets {
+                    for (step, policy, compute, loading) in [
+                        ("layer-wise", Policy::Lru, false, false),
+                        ("+compute", Policy::Lru, true, false),
+                        ("+loading", Policy::Lru, true, true),
+                        ("+caching", last, true, true),
+                    ] {
+                        let p = Prioritization { compute, loading };
+                        rows.extend(run.measure(name, steps, policy, b, p, step)?);
                     }
                 }
             }
@@ -434,6 +545,7 @@ mod gpu {
                 rows.push(Row {
                     memory: m.clone(),
                     sets: "dense".into(),
+                    schedule: "-".into(),
                     cache: "-".into(),
                     budget: 100.0,
                     tok_s: d,

@@ -204,6 +204,10 @@ pub struct GpuStreamedFfn {
     batch: Option<MappedHost>,
     /// The kernel's wait for a next block, and the host's (twice it).
     pub timeout: Duration,
+    /// The kernel starts once every block of the layer is in, instead of computing each as it
+    /// lands: the layer-wise schedule of DejaVu-style systems (the figure-11 ablation's
+    /// baseline: `gpu-decode-bench --ablation`).
+    pub whole_layer_first: bool,
 }
 
 /// A synchronous copy of the first `k` bytes of pinned `staging` to `dst`: it returns once the
@@ -275,6 +279,7 @@ impl GpuStreamedFfn {
             stage_count: gpu.alloc(4 * max_stages)?,
             order: gpu.alloc(4 * max_blocks)?,
             generation: 0,
+            whole_layer_first: false,
             grid: (per_sm.max(1) * gpu.sm_count as u32).max(1),
             staging: gpu.alloc_mapped(4 * max_blocks.max(dim).max(max_stages))?,
             position: vec![NONE; max_blocks],
@@ -420,39 +425,61 @@ impl GpuStreamedFfn {
             per_block: g.per_block as usize,
             blocks: n,
         };
-        gpu.launch_shared(
+        // The launch, now (each block computed as it lands) or once the layer is in.
+        let (persistent, grid, acc, flag_of, claimed) = (
             self.kernels.persistent,
-            self.grid.min(n as u32),
-            THREADS,
-            shape.shared_bytes(),
-            KernelArgs::default()
-                .ptr(mem.kernel_base)
-                .u64(cache.slot_stride() as u64)
-                .ptr(slot_of)
-                .i32(n as i32)
-                .i32(g.per_block as i32)
-                .i32(dim as i32)
-                .i32(gi)
-                .i32(ui)
-                .i32(di)
-                .ptr(x)
-                .f32(thr)
-                .ptr(self.acc.ptr)
-                .ptr(arrive)
-                .ptr(self.flag_of.ptr)
-                .i32(want as i32)
-                .ptr(self.claimed.ptr)
-                .ptr(self.stage_of.ptr)
-                .ptr(self.stage_size.ptr)
-                .ptr(self.stage_count.ptr)
-                .ptr(self.stage_flags.device_ptr())
-                .ptr(self.snapshots.dev)
-                .u64(self.timeout.as_nanos() as u64)
-                .ptr(error)
-                .ptr(report)
-                .ptr(self.order.ptr)
-                .ptr(req.means),
-        )?;
+            self.grid,
+            self.acc.ptr,
+            self.flag_of.ptr,
+            self.claimed.ptr,
+        );
+        let (stage_of, stage_size, stage_count, stage_flags, snapshots, order) = (
+            self.stage_of.ptr,
+            self.stage_size.ptr,
+            self.stage_count.ptr,
+            self.stage_flags.device_ptr(),
+            self.snapshots.dev,
+            self.order.ptr,
+        );
+        let (timeout, slot_stride) = (self.timeout.as_nanos() as u64, cache.slot_stride() as u64);
+        let launch = || {
+            gpu.launch_shared(
+                persistent,
+                grid.min(n as u32),
+                THREADS,
+                shape.shared_bytes(),
+                KernelArgs::default()
+                    .ptr(mem.kernel_base)
+                    .u64(slot_stride)
+                    .ptr(slot_of)
+                    .i32(n as i32)
+                    .i32(g.per_block as i32)
+                    .i32(dim as i32)
+                    .i32(gi)
+                    .i32(ui)
+                    .i32(di)
+                    .ptr(x)
+                    .f32(thr)
+                    .ptr(acc)
+                    .ptr(arrive)
+                    .ptr(flag_of)
+                    .i32(want as i32)
+                    .ptr(claimed)
+                    .ptr(stage_of)
+                    .ptr(stage_size)
+                    .ptr(stage_count)
+                    .ptr(stage_flags)
+                    .ptr(snapshots)
+                    .u64(timeout)
+                    .ptr(error)
+                    .ptr(report)
+                    .ptr(order)
+                    .ptr(req.means),
+            )
+        };
+        if !self.whole_layer_first {
+            launch()?;
+        }
 
         // Ask for every block, highest priority first: hits are flagged at once (discrete: in
         // one batch once all are asked for).
@@ -530,6 +557,11 @@ impl GpuStreamedFfn {
                     self.abort(u32::MAX)?;
                 }
             }
+        }
+        if self.whole_layer_first {
+            // Every block is in (or the layer failed: the kernel then ends at the first block
+            // not in, which the error word names).
+            launch()?;
         }
         if waiting > 0 && failure.is_none() && self.error.get(0) == 0 {
             // The host's bound passed with reads still out: end the kernel too.

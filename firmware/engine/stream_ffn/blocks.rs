@@ -4,17 +4,15 @@
 use super::*;
 
 impl StreamedFfn<'_> {
-    /// Records layer `l`'s wanted blocks (those of priority above 0), when recording.
+    /// Records layer `l`'s wanted blocks (those of priority above 0), highest priority first
+    /// (ties by block), when recording: a replay asks for them in that order again.
     pub(super) fn record(&mut self, l: usize) {
         if let Some(rec) = self.recorded.as_mut() {
             let base = self.base[l];
             let prio = &self.prio[..self.image.blocks(l)];
-            rec.push(
-                (0..prio.len())
-                    .filter(|&b| prio[b] > 0.0)
-                    .map(|b| base + b as BlockId)
-                    .collect(),
-            );
+            let mut wanted: Vec<usize> = (0..prio.len()).filter(|&b| prio[b] > 0.0).collect();
+            wanted.sort_by(|&a, &b| prio[b].total_cmp(&prio[a]).then(a.cmp(&b)));
+            rec.push(wanted.into_iter().map(|b| base + b as BlockId).collect());
         }
     }
 

@@ -5,11 +5,12 @@
 //! memory models, with the oracle and with `stale` (which leaves neurons out): the logits of
 //! a prompt within the int8 parity gate of the CPU backend's (cuda.rs) and the greedy tokens
 //! printed with how far they agree; the GPU reads blocks and hits the cache; a block whose
-//! reads fail ends the request with that block named, and the next request is right.
+//! reads fail ends the request with that block named, and the next request is right; the
+//! figure-11 ablation's schedules (no prioritized compute or loading) give the same logits.
 
 use super::stream_layer::w8_images;
 use leanstream::board::MemoryModel;
-use leanstream::engine::cuda::{CudaEngine, StreamedBoot};
+use leanstream::engine::cuda::{CudaEngine, Prioritization, StreamedBoot};
 use leanstream::engine::cuda_options::CudaOptions;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineOptions, StreamOptions};
 use leanstream::model::ModelFile;
@@ -162,6 +163,57 @@ fn gpu_streamed_decoder_matches_the_cpu_streamed_decoder() {
                     assert!(st.missed > 0, "stale leaves some chosen neurons out");
                 } else {
                     assert_eq!(st.missed, 0);
+                }
+            }
+        }
+    }
+}
+
+/// The ablation's schedules change when blocks are read and computed, never what is computed:
+/// reads in layout order and the kernel started once a layer is in give the prompt's logits of
+/// the default schedule, in both memory models, up to the order of the sums.
+#[test]
+fn gpu_streamed_decoder_schedules_compute_the_same() {
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    let (name, image) = &images[0];
+    let file = dense(image);
+    let vocab = file.hyper().unwrap().vocab_size as u32;
+    let prompt: Vec<u32> = (0..6u32).map(|i| (3 + i * 7919) % vocab).collect();
+    let ffn = ffn_options(&file, 0.01);
+    let stream = stream_options(image, PredictKind::Oracle, Vec::new());
+    for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+        let mut reference: Option<Vec<Vec<f32>>> = None;
+        for (compute, loading) in [(true, true), (false, false), (true, false), (false, true)] {
+            let mut arenas = Arenas::from_board().unwrap();
+            let opts = CudaOptions {
+                memory,
+                context: 64,
+                ..CudaOptions::default()
+            };
+            let boot = StreamedBoot {
+                stream: &stream,
+                ffn: &ffn,
+            };
+            let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+            gpu.set_prioritization(Prioritization { compute, loading });
+            let (logits, _) = run(&mut gpu, &prompt, 0);
+            let st = gpu.stream_stats().expect("streamed");
+            assert!(st.cache.bytes_read > 0);
+            match &reference {
+                None => reference = Some(logits),
+                Some(r) => {
+                    let worst = logits
+                        .iter()
+                        .zip(r)
+                        .map(|(g, c)| rel_err(g, c))
+                        .fold(0f64, f64::max);
+                    eprintln!(
+                        "{name} {memory:?} compute {compute} loading {loading}: logits rel {worst:.2e} to the prioritized schedule"
+                    );
+                    assert!(worst < 1e-3, "{memory:?} {compute} {loading}: {worst}");
                 }
             }
         }
