@@ -7,8 +7,8 @@ mod stream_common;
 use leanstream::stream::backend::{Completion, ReadBackend, Submission, UringBackend};
 use leanstream::stream::fault::{Fault, FaultBackend, FaultKind};
 use leanstream::stream::{
-    flags_from_words, Arrival, BlockId, BlockRead, FileId, Lanes, Policy, ReadErrorKind,
-    RequestError, Requested, WeightCache, FLAG_EMPTY, FLAG_FAILED, FLAG_READY,
+    flags_from_words, Arrival, BlockId, BlockRead, FileId, LaneConfig, Lanes, Policy,
+    ReadErrorKind, RequestError, Requested, WeightCache, FLAG_EMPTY, FLAG_FAILED, FLAG_READY,
 };
 use std::collections::HashSet;
 use stream_common::*;
@@ -35,190 +35,206 @@ fn drain(lanes: &mut Lanes, cache: &mut WeightCache) -> Vec<Arrival> {
 fn shuffled_completion_order_yields_every_block_once_with_its_bytes() {
     const N: u32 = 160;
     let (_dir, path) = block_file(N);
-    let cfg = config(3, 8);
-    for inner in backends(&cfg, "shuffled completion order") {
-        let name = inner.name();
-        let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
-        let backend = FaultBackend::new(inner, N as usize, 24).shuffled(0xfeed);
-        let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(backend)).unwrap();
-        let file = lanes.open(&path).unwrap();
-        if !lanes.is_direct(file) {
-            eprintln!(
-                "note: O_DIRECT refused under {}: reading through the page cache",
-                path.display()
-            );
-        }
-        for b in 0..N {
-            let p = 1.0 + ((b * 37) % N) as f32;
-            assert_eq!(
-                lanes.request(read(file, b), p, &mut cache),
-                Ok(Requested::Queued)
-            );
-        }
-        let mut seen = HashSet::new();
-        let mut order = Vec::new();
-        while let Some(a) = lanes.wait_next(&mut cache).unwrap() {
-            let slot = a.result.unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert!(seen.insert(a.block), "{name}: block {} twice", a.block);
-            assert_eq!(cache.flag(a.block), FLAG_READY);
-            assert_eq!(
-                cache.slot(slot),
-                &block_bytes(a.block)[..],
-                "{name}: block {}",
-                a.block
-            );
-            // No flag is set ahead of its block.
-            for b in 0..N {
-                if !seen.contains(&b) {
-                    assert_ne!(cache.flag(b), FLAG_READY, "{name}: block {b} flagged early");
-                }
-            }
-            order.push(a.block);
-        }
-        assert_eq!(seen.len(), N as usize, "{name}");
-        let by_priority: Vec<BlockId> = {
-            let mut v: Vec<BlockId> = (0..N).collect();
-            v.sort_by_key(|&b| std::cmp::Reverse((b * 37) % N));
-            v
+    // A read a block, then up to 8 adjacent blocks a read.
+    for merge in [1, 8] {
+        let cfg = LaneConfig {
+            merge_blocks: merge,
+            ..config(3, 8)
         };
-        assert_ne!(
-            order, by_priority,
-            "{name}: the completions were not reordered"
-        );
-        let s = cache.stats();
-        assert_eq!(
-            (s.misses, s.hits, s.bytes_read),
-            (N as u64, 0, N as u64 * BLOCK as u64)
-        );
-        assert!(s.max_queue_depth >= N as u64 - 1, "{s:?}");
-        // A second pass is all hits and reads nothing.
-        for b in 0..N {
-            assert!(matches!(
-                lanes.request(read(file, b), 1.0, &mut cache),
-                Ok(Requested::Cached(_))
-            ));
+        for inner in backends(&cfg, "shuffled completion order") {
+            let name = format!("{} merging {merge}", inner.name());
+            let mut rig = Rig::new(&cfg, N as usize, N as usize);
+            let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
+            let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
+            let mut cache =
+                WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
+            let staging = rig
+                .staging
+                .carver()
+                .take::<u8>(cfg.staging_bytes())
+                .unwrap();
+            let backend = FaultBackend::new(inner, N as usize, 24).shuffled(0xfeed);
+            let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(backend)).unwrap();
+            let file = lanes.open(&path).unwrap();
+            if !lanes.is_direct(file) {
+                eprintln!(
+                    "note: O_DIRECT refused under {}: reading through the page cache",
+                    path.display()
+                );
+            }
+            for b in 0..N {
+                let p = 1.0 + ((b * 37) % N) as f32;
+                assert_eq!(
+                    lanes.request(read(file, b), p, &mut cache),
+                    Ok(Requested::Queued)
+                );
+            }
+            let mut seen = HashSet::new();
+            let mut order = Vec::new();
+            while let Some(a) = lanes.wait_next(&mut cache).unwrap() {
+                let slot = a.result.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert!(seen.insert(a.block), "{name}: block {} twice", a.block);
+                assert_eq!(cache.flag(a.block), FLAG_READY);
+                assert_eq!(
+                    cache.slot(slot),
+                    &block_bytes(a.block)[..],
+                    "{name}: block {}",
+                    a.block
+                );
+                // No flag is set ahead of its block's bytes. A read a block flags it as it is
+                // handed out; a merged read flags its blocks together, each whole in its slot.
+                for b in 0..N {
+                    if !seen.contains(&b) && cache.flag(b) == FLAG_READY {
+                        assert!(merge > 1, "{name}: block {b} flagged early");
+                        let slot = cache.slot_of(b).expect("a flagged block has a slot");
+                        assert_eq!(cache.slot(slot), &block_bytes(b)[..], "{name}: block {b}");
+                    }
+                }
+                order.push(a.block);
+            }
+            assert_eq!(seen.len(), N as usize, "{name}");
+            let by_priority: Vec<BlockId> = {
+                let mut v: Vec<BlockId> = (0..N).collect();
+                v.sort_by_key(|&b| std::cmp::Reverse((b * 37) % N));
+                v
+            };
+            assert_ne!(
+                order, by_priority,
+                "{name}: the completions were not reordered"
+            );
+            let s = cache.stats();
+            assert_eq!(
+                (s.misses, s.hits, s.bytes_read),
+                (N as u64, 0, N as u64 * BLOCK as u64)
+            );
+            assert!(s.max_queue_depth >= N as u64 - 1, "{s:?}");
+            // A second pass is all hits and reads nothing.
+            for b in 0..N {
+                assert!(matches!(
+                    lanes.request(read(file, b), 1.0, &mut cache),
+                    Ok(Requested::Cached(_))
+                ));
+            }
+            assert!(lanes.poll(&mut cache).unwrap().is_none());
+            assert_eq!(cache.stats().hits, N as u64);
         }
-        assert!(lanes.poll(&mut cache).unwrap().is_none());
-        assert_eq!(cache.stats().hits, N as u64);
     }
 }
 
 #[test]
 fn each_fault_ends_only_its_read_after_the_retries_and_caches_nothing_of_it() {
     const N: u32 = 48;
-    let (_dir, path) = block_file(N);
-    let cfg = config(2, 4);
-    for inner in backends(&cfg, "faults") {
-        let name = inner.name();
-        let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lfu, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
-        let always = u32::MAX;
-        let backend = FaultBackend::new(inner, N as usize, 8)
-            .with_fault(Fault {
-                block: 3,
-                attempts: always,
-                kind: FaultKind::Eio,
-            })
-            .with_fault(Fault {
-                block: 5,
-                attempts: always,
-                kind: FaultKind::Short(1000),
-            })
-            .with_fault(Fault {
-                block: 7,
-                attempts: 2,
-                kind: FaultKind::Eio,
-            })
-            .with_fault(Fault {
-                block: 9,
-                attempts: 1,
-                kind: FaultKind::Short(512),
-            })
-            .with_fault(Fault {
-                block: 11,
-                attempts: always,
-                kind: FaultKind::Delay(5),
-            })
-            .shuffled(3);
-        let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(backend)).unwrap();
-        let file = lanes.open(&path).unwrap();
-        // The file is cut under the reader, inside block N-8: 1 KiB of it stays, the 7 after it
-        // are gone.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len((N as u64 - 8) * BLOCK as u64 + 1024)
-            .unwrap();
-        for b in 0..N {
-            lanes.request(read(file, b), 1.0, &mut cache).unwrap();
-        }
-        let arrivals = drain(&mut lanes, &mut cache);
-        assert_eq!(arrivals.len(), N as usize, "{name}: one arrival per read");
-        for a in &arrivals {
-            let b = a.block;
-            let want = match b {
-                3 => Some(ReadErrorKind::Io(nix::libc::EIO)),
-                5 => Some(ReadErrorKind::Short { got: 1000 }),
-                b if b == N - 8 => Some(ReadErrorKind::Short { got: 1024 }),
-                b if b > N - 8 => Some(ReadErrorKind::PastEnd),
-                _ => None,
-            };
-            match (want, a.result) {
-                (None, Ok(slot)) => {
-                    assert_eq!(cache.slot(slot), &block_bytes(b)[..], "{name}: block {b}");
-                    assert_eq!(cache.flag(b), FLAG_READY);
-                }
-                (Some(kind), Err(e)) => {
-                    assert_eq!(e.kind, kind, "{name}: block {b}");
-                    assert_eq!((e.block, e.attempts), (b, 3), "{name}: {e}");
-                    assert_eq!(cache.get(b), None, "{name}: block {b} partly cached");
-                    assert_eq!(cache.flag(b), FLAG_FAILED);
-                    let msg = e.to_string();
-                    assert!(msg.starts_with(&format!("reading block {b} ")), "{msg}");
-                    assert!(msg.contains("failed after 3 attempts"), "{msg}");
-                }
-                (want, got) => panic!("{name}: block {b}: wanted {want:?}, got {got:?}"),
+    // A read a block, then up to 4 adjacent blocks a read: a fault inside a merged read ends
+    // only its own block, and its neighbours come in on their own.
+    for merge in [1, 4] {
+        let (_dir, path) = block_file(N);
+        let cfg = LaneConfig {
+            merge_blocks: merge,
+            ..config(2, 4)
+        };
+        for inner in backends(&cfg, "faults") {
+            let name = format!("{} merging {merge}", inner.name());
+            let mut rig = Rig::new(&cfg, N as usize, N as usize);
+            let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
+            let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
+            let mut cache =
+                WeightCache::new(slots, BLOCK, N as usize, Policy::Lfu, flags, &[], None).unwrap();
+            let staging = rig
+                .staging
+                .carver()
+                .take::<u8>(cfg.staging_bytes())
+                .unwrap();
+            let always = u32::MAX;
+            let backend = FaultBackend::new(inner, N as usize, 8)
+                .with_fault(Fault {
+                    block: 3,
+                    attempts: always,
+                    kind: FaultKind::Eio,
+                })
+                .with_fault(Fault {
+                    block: 5,
+                    attempts: always,
+                    kind: FaultKind::Short(1000),
+                })
+                .with_fault(Fault {
+                    block: 7,
+                    attempts: 2,
+                    kind: FaultKind::Eio,
+                })
+                .with_fault(Fault {
+                    block: 9,
+                    attempts: 1,
+                    kind: FaultKind::Short(512),
+                })
+                .with_fault(Fault {
+                    block: 11,
+                    attempts: always,
+                    kind: FaultKind::Delay(5),
+                })
+                .shuffled(3);
+            let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(backend)).unwrap();
+            let file = lanes.open(&path).unwrap();
+            // The file is cut under the reader, inside block N-8: 1 KiB of it stays, the 7 after it
+            // are gone.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len((N as u64 - 8) * BLOCK as u64 + 1024)
+                .unwrap();
+            for b in 0..N {
+                lanes.request(read(file, b), 1.0, &mut cache).unwrap();
             }
-        }
-        assert_eq!(cache.stats().failed_reads, 2 + 8);
-        // A failed block may be asked for again: it is read again (and fails again).
-        assert_eq!(
-            lanes.request(read(file, 3), 1.0, &mut cache),
-            Ok(Requested::Queued)
-        );
-        assert_ne!(cache.flag(3), FLAG_FAILED, "cleared while it is read again");
-        let again = drain(&mut lanes, &mut cache);
-        assert!(matches!(
-            again[..],
-            [Arrival {
-                block: 3,
-                result: Err(_)
-            }]
-        ));
-        // The lanes keep working: blocks that recovered on a retry are cached and hit.
-        for b in [7, 9, 11, 0] {
+            let arrivals = drain(&mut lanes, &mut cache);
+            assert_eq!(arrivals.len(), N as usize, "{name}: one arrival per read");
+            for a in &arrivals {
+                let b = a.block;
+                let want = match b {
+                    3 => Some(ReadErrorKind::Io(nix::libc::EIO)),
+                    5 => Some(ReadErrorKind::Short { got: 1000 }),
+                    b if b == N - 8 => Some(ReadErrorKind::Short { got: 1024 }),
+                    b if b > N - 8 => Some(ReadErrorKind::PastEnd),
+                    _ => None,
+                };
+                match (want, a.result) {
+                    (None, Ok(slot)) => {
+                        assert_eq!(cache.slot(slot), &block_bytes(b)[..], "{name}: block {b}");
+                        assert_eq!(cache.flag(b), FLAG_READY);
+                    }
+                    (Some(kind), Err(e)) => {
+                        assert_eq!(e.kind, kind, "{name}: block {b}");
+                        assert_eq!((e.block, e.attempts), (b, 3), "{name}: {e}");
+                        assert_eq!(cache.get(b), None, "{name}: block {b} partly cached");
+                        assert_eq!(cache.flag(b), FLAG_FAILED);
+                        let msg = e.to_string();
+                        assert!(msg.starts_with(&format!("reading block {b} ")), "{msg}");
+                        assert!(msg.contains("failed after 3 attempts"), "{msg}");
+                    }
+                    (want, got) => panic!("{name}: block {b}: wanted {want:?}, got {got:?}"),
+                }
+            }
+            assert_eq!(cache.stats().failed_reads, 2 + 8);
+            // A failed block may be asked for again: it is read again (and fails again).
+            assert_eq!(
+                lanes.request(read(file, 3), 1.0, &mut cache),
+                Ok(Requested::Queued)
+            );
+            assert_ne!(cache.flag(3), FLAG_FAILED, "cleared while it is read again");
+            let again = drain(&mut lanes, &mut cache);
             assert!(matches!(
-                lanes.request(read(file, b), 1.0, &mut cache),
-                Ok(Requested::Cached(_))
+                again[..],
+                [Arrival {
+                    block: 3,
+                    result: Err(_)
+                }]
             ));
+            // The lanes keep working: blocks that recovered on a retry are cached and hit.
+            for b in [7, 9, 11, 0] {
+                assert!(matches!(
+                    lanes.request(read(file, b), 1.0, &mut cache),
+                    Ok(Requested::Cached(_))
+                ));
+            }
         }
     }
 }
@@ -495,6 +511,8 @@ fn io_uring_reads_with_o_direct_into_registered_buffers() {
             buf: unsafe { p.add(k as usize * BLOCK) },
             buf_index: k,
             block: b,
+            blocks: 1,
+            block_stride: 0,
         })
         .unwrap();
     }
@@ -520,6 +538,8 @@ fn io_uring_reads_with_o_direct_into_registered_buffers() {
         buf: p,
         buf_index: 0,
         block: 0,
+        blocks: 1,
+        block_stride: 0,
     })
     .unwrap();
     ring.flush().unwrap();
@@ -623,5 +643,92 @@ fn the_controllers_caps_bound_the_reads_in_flight_and_every_read_still_arrives()
             // The caps are reached, not only respected: the queue holds 96 reads.
             assert_eq!(seen_peak.0, most.0, "{name} {caps:?}: {seen_peak:?}");
         }
+    }
+}
+
+/// A backend that logs each read it is handed: (first block, blocks, bytes).
+struct Logging {
+    inner: Box<dyn ReadBackend>,
+    log: std::sync::Arc<std::sync::Mutex<Vec<(u32, u16, u32)>>>,
+}
+
+impl ReadBackend for Logging {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn register_buffers(&mut self, lane: usize, bufs: &[(*mut u8, usize)]) -> std::io::Result<()> {
+        self.inner.register_buffers(lane, bufs)
+    }
+    fn submit(&mut self, sub: Submission) -> std::io::Result<()> {
+        self.log
+            .lock()
+            .unwrap()
+            .push((sub.block, sub.blocks, sub.len));
+        self.inner.submit(sub)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn reap(&mut self, out: &mut [Completion], wait: bool) -> std::io::Result<usize> {
+        self.inner.reap(out, wait)
+    }
+}
+
+#[test]
+fn adjacent_queued_blocks_leave_as_one_read_and_arrive_each_on_its_own() {
+    const N: u32 = 128;
+    let (_dir, path) = block_file(N);
+    let cfg = LaneConfig {
+        merge_blocks: 8,
+        ..config(2, 16)
+    };
+    for inner in backends(&cfg, "merged reads") {
+        let name = inner.name();
+        let mut rig = Rig::new(&cfg, N as usize, N as usize);
+        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
+        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
+        let mut cache =
+            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
+        let staging = rig
+            .staging
+            .carver()
+            .take::<u8>(cfg.staging_bytes())
+            .unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let logging = Logging {
+            inner,
+            log: log.clone(),
+        };
+        let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(logging)).unwrap();
+        let file = lanes.open(&path).unwrap();
+        // Blocks 0..64 in one run, highest priority first: reads of up to 8 blocks.
+        for b in 0..64 {
+            lanes
+                .request(read(file, b), 100.0 - b as f32, &mut cache)
+                .unwrap();
+        }
+        let arrivals = drain(&mut lanes, &mut cache);
+        assert_eq!(arrivals.len(), 64, "{name}");
+        for a in &arrivals {
+            let slot = a.result.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(cache.slot(slot), &block_bytes(a.block)[..], "{name}");
+        }
+        let reads = std::mem::take(&mut *log.lock().unwrap());
+        let covered: u32 = reads.iter().map(|r| r.1 as u32).sum();
+        assert_eq!(covered, 64, "{name}: {reads:?}");
+        assert!(reads.len() <= 64 / 8 + 2, "{name}: {} reads", reads.len());
+        for &(first, blocks, len) in &reads {
+            assert!((1..=8).contains(&blocks), "{name}");
+            assert_eq!(len, blocks as u32 * BLOCK as u32, "{name}: read at {first}");
+        }
+        assert_eq!(cache.stats().bytes_read, 64 * BLOCK as u64, "{name}");
+        // Every other block: nothing is next to anything, so a read a block.
+        for b in (64..N).step_by(2) {
+            lanes.request(read(file, b), 1.0, &mut cache).unwrap();
+        }
+        assert_eq!(drain(&mut lanes, &mut cache).len(), 32, "{name}");
+        let reads = std::mem::take(&mut *log.lock().unwrap());
+        assert_eq!(reads.len(), 32, "{name}");
+        assert!(reads.iter().all(|r| r.1 == 1), "{name}");
     }
 }

@@ -7,7 +7,9 @@ mod stream_common;
 
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 use leanstream::stream::fault::{Fault, FaultBackend, FaultKind};
-use leanstream::stream::{flags_from_words, BlockRead, Lanes, Policy, ReadErrorKind, WeightCache};
+use leanstream::stream::{
+    flags_from_words, BlockRead, LaneConfig, Lanes, Policy, ReadErrorKind, WeightCache,
+};
 use stream_common::*;
 
 #[global_allocator]
@@ -18,7 +20,11 @@ const SLOTS: usize = 24;
 
 fn main() {
     let (_dir, path) = block_file(N);
-    let cfg = config(2, 4);
+    // Adjacent blocks leave as merged reads of up to 4 (their split retries included).
+    let cfg = LaneConfig {
+        merge_blocks: 4,
+        ..config(2, 4)
+    };
     for (policy, inner) in [Policy::Lru, Policy::Hot]
         .into_iter()
         .zip(backends(&cfg, "no-alloc"))

@@ -77,6 +77,7 @@ pub struct Io {
     pub lanes: i64,
     pub queue_depth: i64,
     pub block_align: i64,
+    pub merge_blocks: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +112,7 @@ pub struct ValidBoard {
     pub io_lanes: u64,
     pub io_queue_depth: u64,
     pub io_block_align: u64,
+    pub io_merge_blocks: u64,
     pub socket_path: String,
     pub socket_mode: u32,
     pub allowed_uids: Vec<u32>,
@@ -339,6 +341,13 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
     let io_lanes = positive("io.lanes", f.io.lanes)?;
     let io_queue_depth = positive("io.queue_depth", f.io.queue_depth)?;
     let io_block_align = positive("io.block_align", f.io.block_align)?;
+    let io_merge_blocks = positive("io.merge_blocks", f.io.merge_blocks)?;
+    if io_merge_blocks > io_queue_depth {
+        return err(
+            "io.merge_blocks",
+            format!("{io_merge_blocks} must be at most io.queue_depth ({io_queue_depth}): a merged read takes that many of a lane's buffers"),
+        );
+    }
     if !io_block_align.is_power_of_two()
         || io_block_align < 512
         || !ARENA_ALIGN.is_multiple_of(io_block_align)
@@ -408,6 +417,7 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         io_lanes,
         io_queue_depth,
         io_block_align,
+        io_merge_blocks,
         socket_path: s.path.clone(),
         socket_mode: s.mode as u32,
         allowed_uids,
@@ -497,6 +507,10 @@ pub fn emit_consts(v: &ValidBoard) -> String {
     s.push_str(&format!(
         "pub const IO_BLOCK_ALIGN: usize = {};\n",
         v.io_block_align
+    ));
+    s.push_str(&format!(
+        "pub const IO_MERGE_BLOCKS: usize = {};\n",
+        v.io_merge_blocks
     ));
     s.push_str(&format!(
         "pub const SOCKET_PATH: &str = {:?};\n",

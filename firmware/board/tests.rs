@@ -159,6 +159,18 @@ fn io_alignment_is_a_power_of_two() {
 }
 
 #[test]
+fn merged_reads_fit_a_lanes_buffers() {
+    assert_eq!(
+        field_of(&with("merge_blocks = 16", "merge_blocks = 65")),
+        "io.merge_blocks"
+    );
+    assert_eq!(
+        field_of(&with("merge_blocks = 16", "merge_blocks = 0")),
+        "io.merge_blocks"
+    );
+}
+
+#[test]
 fn prefill_batch_is_bounded() {
     assert_eq!(
         field_of(&with("prefill_batch = 16", "prefill_batch = 65")),

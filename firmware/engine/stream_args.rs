@@ -41,6 +41,10 @@ pub struct StreamArgs {
     /// Default: the board's maxima for every layer.
     #[arg(long, value_name = "LUT")]
     pub controller: Option<PathBuf>,
+    /// Adjacent blocks one disk read may cover, 1 to the board's io.queue_depth (1: a read a
+    /// block). Default: the board's io.merge_blocks.
+    #[arg(long, value_name = "N")]
+    pub merge_blocks: Option<usize>,
 }
 
 impl StreamArgs {
@@ -104,6 +108,7 @@ impl StreamArgs {
             faults: Vec::new(),
             shuffle: None,
             replay: None,
+            merge_blocks: self.merge_blocks,
         })
     }
 }
@@ -140,6 +145,9 @@ pub struct StreamOptions {
     /// the same order, step after step, instead of predicting: the values come from the real
     /// model, the reads, cache and compute are this run's (`gpu-decode-bench`).
     pub replay: Option<std::sync::Arc<Vec<Vec<BlockId>>>>,
+    /// Adjacent blocks one read may cover (`--merge-blocks`); None: the board's
+    /// `io.merge_blocks`.
+    pub merge_blocks: Option<usize>,
 }
 
 /// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).
@@ -183,6 +191,7 @@ mod tests {
             eviction: None,
             refine_stages: None,
             controller: None,
+            merge_blocks: None,
         }
     }
 

@@ -19,8 +19,12 @@ pub struct Submission {
     pub len: u32,
     pub buf: *mut u8,
     pub buf_index: u16,
-    /// The block being read (for fault injection and diagnostics).
+    /// The first block being read (for fault injection and diagnostics).
     pub block: u32,
+    /// Blocks the read covers: `block`, `block + 1`, ..., each `block_stride` bytes after the
+    /// last in the file and in the buffer.
+    pub blocks: u16,
+    pub block_stride: u32,
 }
 
 // SAFETY: `buf` points into the I/O staging arena, which outlives the lanes and their backend;
@@ -401,6 +405,8 @@ mod tests {
             buf: ptr,
             buf_index: 0,
             block: 0,
+            blocks: 1,
+            block_stride: 0,
         };
         b.submit(sub(1, fd, 50)).unwrap();
         b.submit(sub(2, -1, 0)).unwrap();

@@ -114,14 +114,28 @@ impl ReadBackend for FaultBackend {
     }
 
     fn submit(&mut self, s: Submission) -> io::Result<()> {
-        let b = s.block as usize;
-        self.attempts[b] += 1;
-        let attempt = self.attempts[b];
+        // A merged read counts an attempt of each block it covers and takes the first fault
+        // among them; a short or missing block cuts the read at that block's place in it.
+        let (first, blocks) = (s.block, s.blocks.max(1) as u32);
+        for b in first..first + blocks {
+            self.attempts[b as usize] += 1;
+        }
+        let attempts = &self.attempts;
         let fault = self
             .faults
             .iter()
-            .find(|f| f.block == s.block && attempt <= f.attempts)
-            .map(|f| f.kind);
+            .find(|f| {
+                (first..first + blocks).contains(&f.block)
+                    && attempts[f.block as usize] <= f.attempts
+            })
+            .map(|f| {
+                let at = (f.block - first) * s.block_stride;
+                match f.kind {
+                    FaultKind::Short(max) => FaultKind::Short(at + max),
+                    FaultKind::PastEnd if at > 0 => FaultKind::Short(at),
+                    k => k,
+                }
+            });
         match fault {
             Some(FaultKind::Eio) => {
                 self.pool.push(Held {

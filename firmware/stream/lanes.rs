@@ -7,9 +7,14 @@
 //! A block that arrived stays pinned in the cache until its arrival is handed out (so the
 //! reads finishing beside it cannot evict it first); the caller pins it if it needs it longer.
 //!
+//! Queued blocks that lie next to each other in one file leave as one read of up to
+//! `merge_blocks` blocks into as many adjacent buffers of a lane: a disk gives far more bytes a
+//! second to a few large reads than to many small ones, and each block still arrives on its own.
+//!
 //! One thread drives the lanes (the engine's I/O thread); other threads watch the flags. A read
 //! that fails (an errno, a short read, nothing past a truncated file's end) is retried on its
-//! buffer up to `retries` more times, then ends with a [`ReadError`] for that block only.
+//! buffers up to `retries` more times, then ends with a [`ReadError`] for each block it did not
+//! bring in whole.
 //!
 //! Nothing is allocated after [`Lanes::new`] and [`Lanes::open`].
 
@@ -38,14 +43,16 @@ pub struct LaneConfig {
     pub retries: u32,
     /// Reads that may wait in the queue.
     pub queue_capacity: usize,
+    /// Adjacent queued blocks one read may cover (1: a read a block); at most `queue_depth`.
+    pub merge_blocks: usize,
 }
 
 /// Open files the lanes hold at most.
 pub const MAX_FILES: usize = 16;
 
 impl LaneConfig {
-    /// The board's lanes, queue depth and alignment; 2 retries; a queue four times the reads
-    /// in flight.
+    /// The board's lanes, queue depth, alignment and merged-read size; 2 retries; a queue four
+    /// times the reads in flight.
     pub fn from_board(block_bytes: usize) -> LaneConfig {
         LaneConfig {
             lanes: board::IO_LANES,
@@ -54,6 +61,7 @@ impl LaneConfig {
             align: board::IO_BLOCK_ALIGN,
             retries: 2,
             queue_capacity: 4 * board::IO_LANES * board::IO_QUEUE_DEPTH,
+            merge_blocks: board::IO_MERGE_BLOCKS,
         }
     }
 
@@ -97,10 +105,13 @@ const IDLE: u8 = 0;
 const QUEUED: u8 = 1;
 const IN_FLIGHT: u8 = 2;
 
+/// The read on a staging buffer. A merged read's first buffer holds its leader (`span` blocks,
+/// the attempts); the buffers after it hold the other blocks (`span` 0).
 #[derive(Clone, Copy)]
 struct Flight {
     read: BlockRead,
     attempts: u32,
+    span: u16,
 }
 
 pub struct Lanes<'a> {
@@ -116,8 +127,11 @@ pub struct Lanes<'a> {
     ahead: Vec<bool>,
     /// Per staging buffer (lane-major): the read using it.
     flights: Vec<Option<Flight>>,
-    /// Per lane: its free buffers (indices within the lane).
-    free: Vec<Vec<u16>>,
+    /// Per lane, `words` u64s: bit k set when the lane's buffer k is free.
+    free: Vec<u64>,
+    words: usize,
+    /// Per lane: its free buffers.
+    free_count: Vec<usize>,
     arrivals: Vec<Arrival>,
     arrivals_head: usize,
     arrivals_len: usize,
@@ -159,6 +173,11 @@ impl<'a> Lanes<'a> {
         if cfg.queue_depth > u16::MAX as usize || cfg.lanes > u32::MAX as usize {
             return Err(StreamError::Config("the queue depth must be below 65536"));
         }
+        if cfg.merge_blocks == 0 || cfg.merge_blocks > cfg.queue_depth {
+            return Err(StreamError::Config(
+                "a merged read covers 1 to queue-depth blocks (a lane's buffers)",
+            ));
+        }
         if !cfg.align.is_power_of_two() || !(staging.as_ptr() as usize).is_multiple_of(cfg.align) {
             return Err(StreamError::Config(
                 "the staging buffers must start on the (power-of-two) O_DIRECT alignment",
@@ -174,32 +193,36 @@ impl<'a> Lanes<'a> {
         let stride = cfg.buffer_bytes();
         let staging = &mut staging[..needed];
         let base = staging.as_mut_ptr();
-        let mut bufs = Vec::with_capacity(cfg.queue_depth);
+        let lane_bytes = cfg.queue_depth * stride;
         for lane in 0..cfg.lanes {
-            bufs.clear();
-            for k in 0..cfg.queue_depth {
-                // SAFETY: in bounds: (lane * depth + k + 1) * stride <= needed.
-                let p = unsafe { base.add((lane * cfg.queue_depth + k) * stride) };
-                bufs.push((p, stride));
-            }
+            // One registered buffer a lane: a merged read spans several of its buffers.
+            // SAFETY: in bounds: (lane + 1) * depth * stride <= needed.
+            let p = unsafe { base.add(lane * lane_bytes) };
             backend
-                .register_buffers(lane, &bufs)
+                .register_buffers(lane, &[(p, lane_bytes)])
                 .map_err(StreamError::Backend)?;
         }
         let in_flight = cfg.lanes * cfg.queue_depth;
+        let words = cfg.queue_depth.div_ceil(64);
+        let mut free = vec![0u64; cfg.lanes * words];
+        for lane in 0..cfg.lanes {
+            for k in 0..cfg.queue_depth {
+                free[lane * words + k / 64] |= 1 << (k % 64);
+            }
+        }
         Ok(Lanes {
             cfg,
             backend,
             staging,
             stride,
             files: Vec::with_capacity(MAX_FILES),
-            queue: ReadQueue::with_capacity(cfg.queue_capacity),
+            queue: ReadQueue::with_capacity(cfg.queue_capacity, blocks),
             state: vec![IDLE; blocks],
             ahead: vec![false; blocks],
             flights: vec![None; in_flight],
-            free: (0..cfg.lanes)
-                .map(|_| (0..cfg.queue_depth as u16).rev().collect())
-                .collect(),
+            free,
+            words,
+            free_count: vec![cfg.queue_depth; cfg.lanes],
             arrivals: vec![
                 Arrival {
                     block: 0,
@@ -461,17 +484,30 @@ impl<'a> Lanes<'a> {
         let floor = self.cfg.queue_depth - self.depth_in_use;
         while !self.queue.is_empty() {
             let Some(lane) = (0..self.lanes_in_use)
-                .filter(|&l| self.free[l].len() > floor)
-                .max_by_key(|&l| self.free[l].len())
+                .filter(|&l| self.free_count[l] > floor)
+                .max_by_key(|&l| self.free_count[l])
             else {
                 break;
             };
             let (read, _) = self.queue.pop().expect("not empty");
-            let k = self.free[lane].pop().expect("free buffer");
-            let idx = lane * self.cfg.queue_depth + k as usize;
-            self.flights[idx] = Some(Flight { read, attempts: 0 });
-            self.in_flight += 1;
-            self.state[read.block as usize] = IN_FLIGHT;
+            let (k, run) = self.free_run(lane, self.free_count[lane] - floor);
+            let idx = lane * self.cfg.queue_depth + k;
+            let mut span = 1;
+            self.take_buffer(idx, read);
+            // The blocks after it, queued and next to it in the file, ride along.
+            while span < run {
+                let next = read.block.wrapping_add(span as u32);
+                let Some(r) = self.queue.get(next) else {
+                    break;
+                };
+                if r.file != read.file || r.offset != read.offset + (span * self.stride) as u64 {
+                    break;
+                }
+                self.queue.remove(next);
+                self.take_buffer(idx + span, r);
+                span += 1;
+            }
+            self.flights[idx].as_mut().expect("leader").span = span as u16;
             self.start(idx, cache);
             any = true;
         }
@@ -481,22 +517,66 @@ impl<'a> Lanes<'a> {
         Ok(())
     }
 
-    /// Starts (another) attempt of the read on staging buffer `idx`.
+    /// The first free buffer of `lane` and how many free buffers follow it in a row (itself
+    /// included), at most `max` and `merge_blocks`.
+    fn free_run(&self, lane: usize, max: usize) -> (usize, usize) {
+        let words = &self.free[lane * self.words..(lane + 1) * self.words];
+        let is_free = |k: usize| words[k / 64] & (1 << (k % 64)) != 0;
+        let w = words.iter().position(|&w| w != 0).expect("a free buffer");
+        let k = w * 64 + words[w].trailing_zeros() as usize;
+        let cap = max.min(self.cfg.merge_blocks);
+        let mut run = 1;
+        while run < cap && k + run < self.cfg.queue_depth && is_free(k + run) {
+            run += 1;
+        }
+        (k, run)
+    }
+
+    /// Puts `read` on staging buffer `idx` (free), as a block of a read about to start.
+    fn take_buffer(&mut self, idx: usize, read: BlockRead) {
+        let (lane, k) = (idx / self.cfg.queue_depth, idx % self.cfg.queue_depth);
+        self.free[lane * self.words + k / 64] &= !(1 << (k % 64));
+        self.free_count[lane] -= 1;
+        self.flights[idx] = Some(Flight {
+            read,
+            attempts: 0,
+            span: 0,
+        });
+        self.in_flight += 1;
+        self.state[read.block as usize] = IN_FLIGHT;
+    }
+
+    /// Gives staging buffer `idx` back to its lane.
+    fn free_buffer(&mut self, idx: usize) {
+        let (lane, k) = (idx / self.cfg.queue_depth, idx % self.cfg.queue_depth);
+        self.flights[idx] = None;
+        self.free[lane * self.words + k / 64] |= 1 << (k % 64);
+        self.free_count[lane] += 1;
+        self.in_flight -= 1;
+    }
+
+    /// Starts (another) attempt of the read led from staging buffer `idx`.
     fn start(&mut self, idx: usize, cache: &mut WeightCache) {
         let depth = self.cfg.queue_depth;
         let f = self.flights[idx].as_mut().expect("read on buffer");
         f.attempts += 1;
-        let read = f.read;
+        let (read, span) = (f.read, f.span as usize);
+        let last = self.flights[idx + span - 1]
+            .expect("block of the read")
+            .read;
         let sub = Submission {
             tag: idx as u64,
             lane: idx / depth,
             fd: self.files[read.file.0 as usize].0.as_raw_fd(),
             offset: read.offset,
-            len: read.len,
-            // SAFETY: idx < lanes * depth, so the buffer lies within `staging`.
+            len: ((span - 1) * self.stride) as u32 + last.len,
+            // SAFETY: idx + span <= (lane + 1) * depth (the buffers of one lane), so the read's
+            // bytes lie within `staging`.
             buf: unsafe { self.staging.as_mut_ptr().add(idx * self.stride) },
-            buf_index: (idx % depth) as u16,
+            buf_index: 0,
             block: read.block,
+            blocks: span as u16,
+            block_stride: self.stride as u32,
         };
         if let Err(e) = self.backend.submit(sub) {
             // Counted as a failed attempt of this read, not of the lanes.
@@ -517,56 +597,80 @@ impl<'a> Lanes<'a> {
         Ok(())
     }
 
-    /// One attempt of the read on buffer `idx` returned `result` (bytes, or -errno).
+    /// One attempt of the read led from buffer `idx` returned `result` (bytes, or -errno). Each
+    /// block it brought in whole arrives; each other one is tried again on its own (a bad block
+    /// must not take its neighbours down) until the retries are spent, then fails.
     fn finish(&mut self, idx: usize, result: i32, cache: &mut WeightCache) {
-        let f = self.flights[idx].expect("completion for an idle buffer");
-        let len = f.read.len;
-        let kind = if result < 0 {
-            Some(ReadErrorKind::Io(-result))
-        } else if result == 0 {
-            Some(ReadErrorKind::PastEnd)
-        } else if (result as u32) < len {
-            Some(ReadErrorKind::Short { got: result as u32 })
-        } else {
-            None
-        };
-        let outcome = match kind {
+        let lead = self.flights[idx].expect("completion for an idle buffer");
+        let retry = lead.attempts <= self.cfg.retries;
+        for j in 0..lead.span as usize {
+            let f = self.flights[idx + j].expect("block of the read");
+            // What came back of block j (at j * stride in the read).
+            let got = result as i64 - (j * self.stride) as i64;
+            let kind = if result < 0 {
+                Some(ReadErrorKind::Io(-result))
+            } else if got <= 0 {
+                Some(ReadErrorKind::PastEnd)
+            } else if got < f.read.len as i64 {
+                Some(ReadErrorKind::Short { got: got as u32 })
+            } else {
+                None
+            };
+            match kind {
+                Some(_) if retry => {
+                    self.flights[idx + j] = Some(Flight {
+                        read: f.read,
+                        attempts: lead.attempts,
+                        span: 1,
+                    });
+                    self.start(idx + j, cache);
+                }
+                _ => self.complete(idx + j, kind, lead.attempts, cache),
+            }
+        }
+    }
+
+    /// The block on buffer `idx` is done: in the cache (pinned until handed out) unless `failed`
+    /// says why not; its arrival is queued and its buffer freed.
+    fn complete(
+        &mut self,
+        idx: usize,
+        failed: Option<ReadErrorKind>,
+        attempts: u32,
+        cache: &mut WeightCache,
+    ) {
+        let read = self.flights[idx].expect("block of the read").read;
+        let outcome = match failed {
             None => {
                 let start = idx * self.stride;
-                let bytes = &self.staging[start..start + len as usize];
+                let bytes = &self.staging[start..start + read.len as usize];
                 // Pinned until handed out: a later completion of the same reap must not evict a
                 // block whose arrival nobody has seen yet.
-                match cache.insert(f.read.block, bytes) {
+                match cache.insert(read.block, bytes) {
                     Some(slot) => {
-                        cache.pin(f.read.block);
+                        cache.pin(read.block);
                         Ok(slot)
                     }
                     None => Err(ReadErrorKind::NoSlot),
                 }
             }
-            Some(_) if f.attempts <= self.cfg.retries => {
-                self.start(idx, cache);
-                return;
-            }
             Some(k) => Err(k),
         };
         let result = outcome.map_err(|kind| {
-            cache.mark_failed(f.read.block);
+            cache.mark_failed(read.block);
             ReadError {
-                block: f.read.block,
-                file: f.read.file,
-                offset: f.read.offset,
-                len,
-                attempts: f.attempts,
+                block: read.block,
+                file: read.file,
+                offset: read.offset,
+                len: read.len,
+                attempts,
                 kind,
             }
         });
-        self.flights[idx] = None;
-        self.in_flight -= 1;
-        self.free[idx / self.cfg.queue_depth].push((idx % self.cfg.queue_depth) as u16);
-        self.state[f.read.block as usize] = IDLE;
+        self.free_buffer(idx);
+        self.state[read.block as usize] = IDLE;
         self.push_arrival(Arrival {
-            block: f.read.block,
+            block: read.block,
             result,
         });
     }

@@ -1,6 +1,8 @@
 //! The queue of block reads not yet submitted: a binary max-heap on priority in a buffer sized
-//! once, whose entries can be re-ranked or dropped in place when the prediction changes.
-//! Equal priorities leave in the order they were pushed.
+//! once, whose entries can be re-ranked or dropped in place when the prediction changes, and
+//! found by block in O(1) (a position index over every block id, so the lanes can take a
+//! block's queued neighbours into one read). Equal priorities leave in the order they were
+//! pushed.
 
 use super::{BlockId, BlockRead};
 
@@ -19,16 +21,23 @@ impl Entry {
     }
 }
 
+/// `pos` of a block not in the queue.
+const ABSENT: u32 = u32::MAX;
+
 pub struct ReadQueue {
     heap: Vec<Entry>,
+    /// Per block id: its index in `heap`, or `ABSENT`.
+    pos: Vec<u32>,
     capacity: usize,
     seq: u64,
 }
 
 impl ReadQueue {
-    pub fn with_capacity(capacity: usize) -> ReadQueue {
+    /// Room for `capacity` reads of blocks `0..blocks`.
+    pub fn with_capacity(capacity: usize, blocks: usize) -> ReadQueue {
         ReadQueue {
             heap: Vec::with_capacity(capacity),
+            pos: vec![ABSENT; blocks],
             capacity,
             seq: 0,
         }
@@ -46,11 +55,19 @@ impl ReadQueue {
         self.capacity
     }
 
-    /// Queues `read` at `priority` (higher leaves first); `Err(read)` when full.
+    /// Queues `read` at `priority` (higher leaves first); `Err(read)` when full. The block must
+    /// be below the queue's `blocks` and not queued already (the lanes check both).
     pub fn push(&mut self, read: BlockRead, priority: f32) -> Result<(), BlockRead> {
         if self.heap.len() == self.capacity {
             return Err(read);
         }
+        let b = read.block as usize;
+        assert!(
+            b < self.pos.len() && self.pos[b] == ABSENT,
+            "block {b} queued twice or beyond the queue's {} blocks",
+            self.pos.len()
+        );
+        self.pos[b] = self.heap.len() as u32;
         self.seq += 1;
         self.heap.push(Entry {
             read,
@@ -66,11 +83,27 @@ impl ReadQueue {
         if self.heap.is_empty() {
             return None;
         }
-        let top = self.heap.swap_remove(0);
+        let top = self.take(0);
         if !self.heap.is_empty() {
             self.sift_down(0);
         }
         Some((top.read, top.priority))
+    }
+
+    /// Removes `heap[i]` (the last entry takes its place, not yet sifted).
+    fn take(&mut self, i: usize) -> Entry {
+        let gone = self.heap.swap_remove(i);
+        self.pos[gone.read.block as usize] = ABSENT;
+        if i < self.heap.len() {
+            self.pos[self.heap[i].read.block as usize] = i as u32;
+        }
+        gone
+    }
+
+    fn swap(&mut self, i: usize, j: usize) {
+        self.heap.swap(i, j);
+        self.pos[self.heap[i].read.block as usize] = i as u32;
+        self.pos[self.heap[j].read.block as usize] = j as u32;
     }
 
     pub fn peek(&self) -> Option<(BlockRead, f32)> {
@@ -78,7 +111,15 @@ impl ReadQueue {
     }
 
     fn position(&self, block: BlockId) -> Option<usize> {
-        self.heap.iter().position(|e| e.read.block == block)
+        match self.pos.get(block as usize) {
+            Some(&i) if i != ABSENT => Some(i as usize),
+            _ => None,
+        }
+    }
+
+    /// The queued read of `block`, left in the queue.
+    pub fn get(&self, block: BlockId) -> Option<BlockRead> {
+        self.position(block).map(|i| self.heap[i].read)
     }
 
     pub fn contains(&self, block: BlockId) -> bool {
@@ -100,7 +141,7 @@ impl ReadQueue {
     /// Drops a queued block; its read, or `None` when it was not queued.
     pub fn remove(&mut self, block: BlockId) -> Option<BlockRead> {
         let i = self.position(block)?;
-        let gone = self.heap.swap_remove(i);
+        let gone = self.take(i);
         if i < self.heap.len() {
             self.sift_up(i);
             self.sift_down(i);
@@ -121,7 +162,7 @@ impl ReadQueue {
                 self.heap[i].priority = p;
                 i += 1;
             } else {
-                dropped(self.heap.swap_remove(i).read);
+                dropped(self.take(i).read);
                 n += 1;
             }
         }
@@ -136,7 +177,7 @@ impl ReadQueue {
         while i > 0 {
             let parent = (i - 1) / 2;
             if self.heap[i].before(&self.heap[parent]) {
-                self.heap.swap(i, parent);
+                self.swap(i, parent);
                 i = parent;
             } else {
                 break;
@@ -158,7 +199,7 @@ impl ReadQueue {
             if best == i {
                 break;
             }
-            self.heap.swap(i, best);
+            self.swap(i, best);
             i = best;
         }
     }
@@ -184,7 +225,7 @@ mod tests {
 
     #[test]
     fn highest_first_fifo_among_equals() {
-        let mut q = ReadQueue::with_capacity(8);
+        let mut q = ReadQueue::with_capacity(8, 64);
         for (b, p) in [(1, 0.5), (2, 2.0), (3, 0.5), (4, 1.0), (5, 2.0)] {
             q.push(read(b), p).unwrap();
         }
@@ -193,7 +234,7 @@ mod tests {
 
     #[test]
     fn full_queue_hands_the_read_back() {
-        let mut q = ReadQueue::with_capacity(2);
+        let mut q = ReadQueue::with_capacity(2, 64);
         q.push(read(1), 1.0).unwrap();
         q.push(read(2), 1.0).unwrap();
         assert_eq!(q.push(read(3), 9.0), Err(read(3)));
@@ -202,7 +243,7 @@ mod tests {
 
     #[test]
     fn set_priority_remove_and_rerank_in_place() {
-        let mut q = ReadQueue::with_capacity(16);
+        let mut q = ReadQueue::with_capacity(16, 64);
         for b in 0..10 {
             q.push(read(b), 1.0 + b as f32).unwrap();
         }
@@ -225,7 +266,7 @@ mod tests {
 
     #[test]
     fn heap_order_holds_under_random_updates() {
-        let mut q = ReadQueue::with_capacity(64);
+        let mut q = ReadQueue::with_capacity(64, 64);
         let mut x = 12345u64;
         let mut rnd = || {
             x ^= x << 13;
@@ -243,10 +284,15 @@ mod tests {
         for b in 0..16 {
             q.remove(b * 3);
         }
+        for b in 0..64 {
+            let queued = q.heap.iter().any(|e| e.read.block == b);
+            assert_eq!(q.get(b), queued.then(|| read(b)), "block {b}");
+        }
         let mut last = f32::INFINITY;
         while let Some((_, p)) = q.pop() {
             assert!(p <= last);
             last = p;
         }
+        assert!((0..64).all(|b| q.get(b).is_none()));
     }
 }

@@ -48,7 +48,7 @@ impl Rig {
     }
 }
 
-/// Small lanes: `lanes` x `depth`, 4 KiB blocks, 2 retries.
+/// Small lanes: `lanes` x `depth`, 4 KiB blocks, 2 retries, a read a block.
 pub fn config(lanes: usize, depth: usize) -> LaneConfig {
     LaneConfig {
         lanes,
@@ -57,6 +57,7 @@ pub fn config(lanes: usize, depth: usize) -> LaneConfig {
         align: 4096,
         retries: 2,
         queue_capacity: 256,
+        merge_blocks: 1,
     }
 }
 

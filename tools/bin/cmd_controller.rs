@@ -174,6 +174,7 @@ impl Rig {
             faults: Vec::new(),
             shuffle: None,
             replay: None,
+            merge_blocks: None,
         };
         Ok(Rig {
             tokens: all[s.skip_tokens..need].to_vec(),

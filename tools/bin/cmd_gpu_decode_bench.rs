@@ -41,6 +41,11 @@ pub struct GpuDecodeBenchArgs {
     /// highest priority first), +prioritized caching (this policy).
     #[arg(long, value_name = "POLICY")]
     ablation: Option<String>,
+    /// Adjacent blocks one disk read may cover, comma-separated: each value runs every
+    /// configuration above (1,16 compares a read a block with merged reads; the ablation runs
+    /// at the first). Default: the board's io.merge_blocks.
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    merge_blocks: Vec<usize>,
     /// Memory models, comma-separated: discrete (device copies of the cache) and unified (the
     /// kernel reads the cache in mapped host memory, as on a Jetson).
     #[arg(long, value_delimiter = ',', default_value = "discrete")]
@@ -75,6 +80,10 @@ struct Row {
     /// runs from before the ablation read as `prioritized` (they asked by priority).
     #[serde(default = "prioritized")]
     schedule: String,
+    /// Adjacent blocks one read could cover; runs from before merged reads read a block at a
+    /// time.
+    #[serde(default = "one")]
+    merge_blocks: usize,
     cache: String,
     budget: f64,
     tok_s: f64,
@@ -85,6 +94,10 @@ struct Row {
     /// NaN for the in-memory row (JSON null).
     #[serde(deserialize_with = "null_is_nan")]
     ffn_share: f64,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn prioritized() -> String {
@@ -121,15 +134,20 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
     use leanstream_tools::bench::plot::{budget_lines, BudgetPlot, StreamPoint};
     let mut md = format!(
         "{header}\n\n\
-         | memory | sets | schedule | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
-         |---|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+         | memory | sets | schedule | merge | cache | FFN budget | decode tok/s | vs dense | MiB read/token | Belady MiB/token | hit ratio | FFN share of the step |\n\
+         |---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
         md += &format!(
-            "| {} | {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
+            "| {} | {} | {} | {} | {} | {}% | {:.2} | {:.4}x | {:.2} | {:.2} | {:.3} | {:.0}% |\n",
             r.memory,
             r.sets,
             if r.sets == "dense" { "-" } else { &r.schedule },
+            if r.sets == "dense" {
+                "-".to_string()
+            } else {
+                r.merge_blocks.to_string()
+            },
             r.cache,
             r.budget,
             r.tok_s,
@@ -155,6 +173,12 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
             }
             v
         });
+        let merges = rows.iter().fold(Vec::new(), |mut v, r| {
+            if r.sets != "dense" && !v.contains(&r.merge_blocks) {
+                v.push(r.merge_blocks);
+            }
+            v
+        });
         let points: Vec<StreamPoint> = rows
             .iter()
             // The ablation's steps are in the table only.
@@ -162,10 +186,16 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
                 r.sets != "dense" && matches!(r.schedule.as_str(), "default" | "prioritized")
             })
             .map(|r| StreamPoint {
-                series: if memories.len() > 1 {
-                    format!("{} {} {}", r.memory, r.sets, r.cache)
-                } else {
-                    format!("{} {}", r.sets, r.cache)
+                series: match (memories.len() > 1, merges.len() > 1) {
+                    (true, true) => {
+                        format!(
+                            "{} {} {} merge {}",
+                            r.memory, r.sets, r.cache, r.merge_blocks
+                        )
+                    }
+                    (true, false) => format!("{} {} {}", r.memory, r.sets, r.cache),
+                    (false, true) => format!("{} {} merge {}", r.sets, r.cache, r.merge_blocks),
+                    (false, false) => format!("{} {}", r.sets, r.cache),
                 },
                 budget: r.budget,
                 tok_per_s: r.tok_s,
@@ -274,6 +304,7 @@ mod gpu {
             faults: Vec::new(),
             shuffle: None,
             replay: Some(replay.clone()),
+            merge_blocks: None,
         }
     }
 
@@ -319,8 +350,8 @@ mod gpu {
             steps: &Arc<Vec<Vec<BlockId>>>,
             policy: Policy,
             b: f64,
-            p: Prioritization,
-            schedule: &str,
+            (p, schedule): (Prioritization, &str),
+            merge: usize,
         ) -> Result<Option<Row>, String> {
             let (a, img, m) = (self.a, self.img, self.memory);
             let layers = img.layers();
@@ -332,6 +363,7 @@ mod gpu {
                 Vec::new()
             };
             let mut so = stream_options(&a.image, budget, policy, steps, hot);
+            so.merge_blocks = Some(merge);
             if policy == Policy::Learned {
                 so.eviction = Some(
                     self.eviction
@@ -349,7 +381,7 @@ mod gpu {
                 match CudaEngine::boot_streamed(&mut arenas, self.dense_part, self.cuda, boot) {
                     Ok(e) => e,
                     Err(e) => {
-                        eprintln!("{m} {name} {schedule} {c} {b}%: skipped: {e}");
+                        eprintln!("{m} {name} {schedule} merge {merge} {c} {b}%: skipped: {e}");
                         return Ok(None);
                     }
                 };
@@ -374,6 +406,7 @@ mod gpu {
                 memory: m.to_string(),
                 sets: name.to_string(),
                 schedule: schedule.to_string(),
+                merge_blocks: merge,
                 cache: c.to_string(),
                 budget: b,
                 tok_s,
@@ -384,7 +417,7 @@ mod gpu {
                 ffn_share: st.io_wait_ns as f64 / 1e9 / secs,
             };
             eprintln!(
-                "{m} {name} {schedule} {c} {b}%: {:.2} tok/s, {:.2} MiB read/token (Belady {:.2}), hit {:.3}",
+                "{m} {name} {schedule} merge {merge} {c} {b}%: {:.2} tok/s, {:.2} MiB read/token (Belady {:.2}), hit {:.3}",
                 row.tok_s, row.mib_read_per_token, row.belady_mib_per_token, row.hit_ratio
             );
             Ok(Some(row))
@@ -519,12 +552,20 @@ mod gpu {
                 dense_tok_s,
                 eviction: eviction.as_deref(),
             };
+            let merges = if a.merge_blocks.is_empty() {
+                vec![leanstream::board::IO_MERGE_BLOCKS]
+            } else {
+                a.merge_blocks.clone()
+            };
             for (name, steps) in &sets {
                 for c in &a.cache {
                     let policy: Policy = c.parse()?;
                     for &b in &a.budgets {
-                        let p = Prioritization::default();
-                        rows.extend(run.measure(name, steps, policy, b, p, "default")?);
+                        for &merge in &merges {
+                            let p = Prioritization::default();
+                            let row = run.measure(name, steps, policy, b, (p, "default"), merge)?;
+                            rows.extend(row);
+                        }
                     }
                 }
                 let Some(last) = &a.ablation else { continue };
@@ -537,7 +578,7 @@ mod gpu {
                         ("+caching", last, true, true),
                     ] {
                         let p = Prioritization { compute, loading };
-                        rows.extend(run.measure(name, steps, policy, b, p, step)?);
+                        rows.extend(run.measure(name, steps, policy, b, (p, step), merges[0])?);
                     }
                 }
             }
@@ -546,6 +587,7 @@ mod gpu {
                     memory: m.clone(),
                     sets: "dense".into(),
                     schedule: "-".into(),
+                    merge_blocks: 1,
                     cache: "-".into(),
                     budget: 100.0,
                     tok_s: d,

@@ -69,6 +69,10 @@ pub struct StreamBenchArgs {
     /// applies per layer (default: the board's maxima).
     #[arg(long, value_name = "LUT")]
     controller: Option<PathBuf>,
+    /// Adjacent blocks one disk read may cover (1: a read a block). Default: the board's
+    /// io.merge_blocks.
+    #[arg(long, value_name = "N")]
+    merge_blocks: Option<usize>,
     /// Worker threads (default: the board's cpu_threads).
     #[arg(long)]
     threads: Option<usize>,
@@ -287,6 +291,7 @@ pub fn cmd_stream_bench(a: StreamBenchArgs) -> Result<(), String> {
                         faults: Vec::new(),
                         shuffle: None,
                         replay: None,
+                        merge_blocks: a.merge_blocks,
                     };
                     let mut o = engine_options(threads, context, ffn.clone());
                     o.stream = Some(so);

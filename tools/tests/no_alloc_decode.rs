@@ -294,6 +294,7 @@ fn main() {
                 faults: Vec::new(),
                 shuffle: None,
                 replay: None,
+                merge_blocks: None,
             };
             let (n, allocs, _) = allocations_from_prompt(
                 &image,

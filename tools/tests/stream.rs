@@ -95,6 +95,7 @@ fn stream(path: &Path, budget: f64, policy: Policy, predict: PredictKind) -> Str
         faults: Vec::new(),
         shuffle: None,
         replay: None,
+        merge_blocks: None,
     }
 }
 

@@ -49,7 +49,10 @@ impl<'a> StreamParts<'a> {
         let flags = flags_from_words(&mut flags[..total]);
         let (slots, slot_bytes) = StreamedFfn::slots(&image, opts.budget);
         let largest = max_blocks(&image);
-        let cfg = LaneConfig::from_board(slot_bytes);
+        let mut cfg = LaneConfig::from_board(slot_bytes);
+        if let Some(m) = opts.merge_blocks {
+            cfg.merge_blocks = m;
+        }
         let in_flight = cfg.lanes * cfg.queue_depth;
         // Pinned at once, at most: a whole layer, each read finished but not yet handed out,
         // and the hot set; every other slot can be evicted.

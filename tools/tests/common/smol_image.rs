@@ -91,6 +91,7 @@ pub fn stream(image: &Path, controller: Option<PathBuf>) -> StreamOptions {
         faults: Vec::new(),
         shuffle: None,
         replay: None,
+        merge_blocks: None,
     }
 }
 

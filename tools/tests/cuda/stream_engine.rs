@@ -65,6 +65,7 @@ fn stream_options(image: &Path, predict: PredictKind, faults: Vec<Fault>) -> Str
         faults,
         shuffle: None,
         replay: None,
+        merge_blocks: None,
     }
 }
 

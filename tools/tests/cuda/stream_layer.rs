@@ -93,6 +93,7 @@ impl Rig {
             align: 4096,
             retries: 1,
             queue_capacity: 4 * total.max(64),
+            merge_blocks: 4,
         };
         // The largest layer plus every read in flight, at least; else the share asked for.
         let slots = ((total as f64 * cache_share) as usize).max(max_blocks + 32 + 8);
