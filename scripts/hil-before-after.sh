@@ -17,7 +17,7 @@ for b in leanstream leanstream-before; do
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 if ! python3 -c 'import gguf' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/gguf-*.whl "$h"/.whl/gguf-*.whl 2>/dev/null | head -1) && export PYTHONPATH=/tmp/site
 fi
 syn=/tmp/synth; mkdir -p $syn
 for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-1.5b}; do

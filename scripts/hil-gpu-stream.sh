@@ -22,7 +22,7 @@ sets=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do sets+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 if ! python3 -c 'import gguf' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/gguf-*.whl "$h"/.whl/gguf-*.whl 2>/dev/null | head -1) && export PYTHONPATH=/tmp/site
 fi
 syn=/tmp/synth; mkdir -p $syn
 gguf=$syn/$shape-q8_0.gguf
