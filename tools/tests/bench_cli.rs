@@ -182,7 +182,7 @@ fn stream_bench_records_block_sets_that_name_their_image() {
 
 /// `gpu-decode-bench --replot` redraws a run's table and plot from its JSON with no GPU: the
 /// rows come back in the table (a run from before the ablation's schedule column as
-/// `prioritized`), the in-memory row's missing FFN share too, and the PNG is one.
+/// `prioritized`, one from before merged reads as merge 1), the in-memory row's missing FFN share too, and the PNG is one.
 #[test]
 fn gpu_decode_bench_replots_a_run_from_its_json() {
     let dir = std::env::temp_dir().join(format!("leanstream-replot-{}", std::process::id()));
@@ -220,11 +220,11 @@ fn gpu_decode_bench_replots_a_run_from_its_json() {
     );
     let table = std::fs::read_to_string(&md).unwrap();
     assert!(
-        table.contains("| discrete | smol-oracle | prioritized | lfu | 50% | 9.50 |"),
+        table.contains("| discrete | smol-oracle | prioritized | 1 | lfu | 50% | 9.50 |"),
         "{table}"
     );
     assert!(
-        table.contains("| discrete | dense | - | - | 100% | 1606.00 |"),
+        table.contains("| discrete | dense | - | - | - | 100% | 1606.00 |"),
         "{table}"
     );
     let bytes = std::fs::read(&png).unwrap();
