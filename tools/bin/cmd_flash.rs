@@ -38,6 +38,12 @@ pub struct FlashArgs {
     /// larger blocks of more bundles (for models whose one bundle nearly fills a read unit).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     block_units: u32,
+    /// With --placement coact: chain its blocks so co-active ones sit side by side for merged
+    /// reads of N adjacent blocks (the board's `io.merge_blocks`). Default: the clustering's
+    /// order, hottest first (it read less on the real models measured). The cost line counts
+    /// reads as the board's lanes merge them either way.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    run_blocks: Option<u32>,
     /// Where to write it (default: <model stem>.<board>.<precision>.flash beside the model).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -87,6 +93,7 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
         eval_trace: a.eval_trace.clone(),
         active: active.clone(),
         block_units: a.block_units as usize,
+        run_blocks: a.run_blocks.map(|r| r as usize),
     };
     // A bar on a terminal (indicatif draws nothing when stderr is not one).
     let bar = indicatif::ProgressBar::new(0);
@@ -149,7 +156,7 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
             Active::Threshold(_) => format!("calibrated thresholds at sparsity {sparsity}"),
         };
         eprintln!(
-            "  on the {} ({rule}; {:.0} neurons per token): identity {:.1} blocks/token, {:.0} bytes per useful neuron; {} {:.1} blocks/token, {:.0} bytes per useful neuron",
+            "  on the {} ({rule}; {:.0} neurons per token): identity {:.1} blocks/token, {:.1} reads/token (merging {}), {:.0} bytes per useful neuron; {} {:.1} blocks/token, {:.1} reads/token, {:.0} bytes per useful neuron",
             if a.eval_trace.is_some() {
                 "evaluation trace"
             } else {
@@ -157,9 +164,12 @@ pub fn cmd_flash(a: FlashArgs) -> Result<(), String> {
             },
             id.useful_per_token,
             id.blocks_per_token,
+            id.reads_per_token,
+            id.run,
             id.bytes_per_useful_neuron,
             h.placement,
             placed.blocks_per_token,
+            placed.reads_per_token,
             placed.bytes_per_useful_neuron
         );
     }

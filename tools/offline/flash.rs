@@ -46,6 +46,8 @@ pub struct BoardTarget {
     pub ffn_cache: u64,
     /// Bytes a block is a whole number of: 4 KiB, or the board's `block_align` when larger.
     pub read_unit: usize,
+    /// Adjacent blocks its lanes read as one (`io.merge_blocks`): what `coact` chains blocks for.
+    pub merge_blocks: usize,
 }
 
 impl BoardTarget {
@@ -90,6 +92,7 @@ impl BoardTarget {
             dense_weights: budget("dense_weights"),
             ffn_cache: budget("ffn_cache"),
             read_unit: (v.io_block_align as usize).max(PAGE).next_multiple_of(PAGE),
+            merge_blocks: v.io_merge_blocks as usize,
         })
     }
 }
@@ -146,6 +149,10 @@ pub struct FlashOptions {
     /// more bundles: fewer, larger reads, and room for placement to group co-active neurons
     /// where one bundle nearly fills a read unit.
     pub block_units: usize,
+    /// `coact` only: chain its blocks so co-active ones sit side by side for reads of this
+    /// many adjacent blocks (`offline::coact::chain`). None keeps the clustering's order
+    /// (hottest first), which read fewer times on the real models measured (docs/STREAMING.md).
+    pub run_blocks: Option<usize>,
 }
 
 /// What `flash` wrote.
@@ -319,6 +326,9 @@ pub fn write_image(
 
     // The placement, and its cost on the trace.
     let per_block: Vec<usize> = geometry.iter().map(|g| g.per_block as usize).collect();
+    // Reads are counted as the board's lanes make them: up to `merge_blocks` adjacent blocks
+    // in one.
+    let merge = o.board.merge_blocks.max(1);
     let block_bytes: Vec<usize> = geometry.iter().map(|g| g.block_bytes as usize).collect();
     let active_sets = |p: &Path| -> Result<ActiveSets, String> {
         let t = TraceReader::open(p)?;
@@ -341,7 +351,7 @@ pub fn write_image(
     let placement = match (o.placement, &active) {
         (PlacementKind::Identity, _) => Placement::identity(h.n_layers, h.hidden_dim),
         (PlacementKind::Greedy, Some(a)) => greedy(a, &per_block),
-        (PlacementKind::Coact, Some(a)) => coact(a, &per_block),
+        (PlacementKind::Coact, Some(a)) => coact(a, &per_block, o.run_blocks.unwrap_or(1)),
         (kind, None) => {
             return Err(format!(
             "--placement {} places by co-activation: give a trace with --trace (leanstream trace)",
@@ -355,9 +365,10 @@ pub fn write_image(
                 &Placement::identity(h.n_layers, h.hidden_dim),
                 &per_block,
                 &block_bytes,
+                merge,
                 a,
             ),
-            cost(&placement, &per_block, &block_bytes, a),
+            cost(&placement, &per_block, &block_bytes, merge, a),
         )
     });
 
@@ -680,6 +691,7 @@ mod tests {
             dense_weights: 1 << 20,
             ffn_cache: 1 << 20,
             read_unit: 4096,
+            merge_blocks: 16,
         };
         check_board(&small, 1 << 20, 1 << 20).unwrap();
         let e = check_board(&small, 2 << 20, 0).unwrap_err();

@@ -55,15 +55,18 @@ impl Placement {
 }
 
 /// The learned co-activation placement (`offline::coact`, default settings) of every layer,
-/// in blocks of `per_block[l]` neurons.
-pub fn coact(active: &ActiveSets, per_block: &[usize]) -> Placement {
+/// in blocks of `per_block[l]` neurons, the blocks chained for reads of up to `run` adjacent
+/// blocks (`offline::coact::chain`; 1 keeps the clustering's order, hottest first).
+pub fn coact(active: &ActiveSets, per_block: &[usize], run: usize) -> Placement {
     let settings = super::coact::Settings::default();
     Placement {
         layers: active
             .sets
             .iter()
             .zip(per_block)
-            .map(|(sets, &k)| super::coact::placement(sets, active.neurons, k.max(1), &settings))
+            .map(|(sets, &k)| {
+                super::coact::placement(sets, active.neurons, k.max(1), run, &settings)
+            })
             .collect(),
     }
 }
@@ -147,18 +150,26 @@ pub struct Cost {
     pub bytes_per_useful_neuron: f64,
     /// Neurons needed per token, summed over the layers.
     pub useful_per_token: f64,
+    /// Reads per token, summed over the layers, when up to `run` adjacent blocks go in one
+    /// read (the lanes' merged reads).
+    pub reads_per_token: f64,
+    /// The `run` those reads were counted at.
+    pub run: usize,
 }
 
 /// The cost of `placement` with `per_block` neurons a block of `block_bytes` (per layer), with
-/// every block a token needs read once (no cache: the placement's own figure).
+/// every block a token needs read once (no cache: the placement's own figure), in reads of up
+/// to `run` adjacent blocks.
 pub fn cost(
     placement: &Placement,
     per_block: &[usize],
     block_bytes: &[usize],
+    run: usize,
     active: &ActiveSets,
 ) -> Cost {
-    let (mut blocks, mut bytes, mut useful) = (0u64, 0u64, 0u64);
+    let (mut blocks, mut bytes, mut useful, mut reads) = (0u64, 0u64, 0u64, 0u64);
     let mut seen: Vec<u32> = Vec::new();
+    let mut touched: Vec<usize> = Vec::new();
     for (l, sets) in active.sets.iter().enumerate() {
         let k = per_block[l].max(1);
         let mut block_of = vec![0u32; active.neurons];
@@ -168,17 +179,18 @@ pub fn cost(
         seen.clear();
         seen.resize(active.neurons.div_ceil(k), u32::MAX);
         for (t, set) in sets.iter().enumerate() {
-            let mut touched = 0u64;
+            touched.clear();
             for &n in set {
                 let b = block_of[n as usize] as usize;
                 if seen[b] != t as u32 {
                     seen[b] = t as u32;
-                    touched += 1;
+                    touched.push(b);
                 }
             }
-            blocks += touched;
-            bytes += touched * block_bytes[l] as u64;
+            blocks += touched.len() as u64;
+            bytes += touched.len() as u64 * block_bytes[l] as u64;
             useful += set.len() as u64;
+            reads += super::coact::reads(&mut touched, run) as u64;
         }
     }
     let tokens = active.tokens().max(1) as f64;
@@ -186,6 +198,8 @@ pub fn cost(
         blocks_per_token: blocks as f64 / tokens,
         bytes_per_useful_neuron: bytes as f64 / useful.max(1) as f64,
         useful_per_token: useful as f64 / tokens,
+        reads_per_token: reads as f64 / tokens,
+        run: run.max(1),
     }
 }
 
@@ -338,8 +352,8 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!(sorted, (0..96).collect::<Vec<u32>>(), "a permutation");
         let (ci, cg) = (
-            cost(&id, &[3], &[4096], &active),
-            cost(&g, &[3], &[4096], &active),
+            cost(&id, &[3], &[4096], 1, &active),
+            cost(&g, &[3], &[4096], 1, &active),
         );
         // Every planted triple lands in one block: one block per three neurons needed, where
         // model order spreads each triple over three blocks (shared with other triples').
@@ -364,8 +378,12 @@ mod tests {
             neurons: 6,
             sets: vec![vec![vec![0, 1], vec![1, 2]]],
         };
-        let c = cost(&Placement::identity(1, 6), &[2], &[100], &active);
+        let c = cost(&Placement::identity(1, 6), &[2], &[100], 1, &active);
         assert_eq!(c.blocks_per_token, 1.5);
+        assert_eq!(c.reads_per_token, 1.5);
+        // Blocks 0 and 1 are neighbours: one read of two at a run of 2.
+        let merged = cost(&Placement::identity(1, 6), &[2], &[100], 2, &active);
+        assert_eq!((merged.reads_per_token, merged.run), (1.0, 2));
         assert_eq!(c.bytes_per_useful_neuron, 300.0 / 4.0);
         assert_eq!(c.useful_per_token, 2.0);
         // One neuron a block: greedy is identity.

@@ -38,6 +38,7 @@ fn streamed_daemon_serves_the_oracles_text_and_survives_a_truncated_image() {
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
         block_units: 1,
+        run_blocks: None,
     };
     write_image(&model, &whole, &o, &mut |_, _| {}).unwrap();
     std::fs::copy(&whole, &served).unwrap();

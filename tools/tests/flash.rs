@@ -54,6 +54,7 @@ fn options(placement: PlacementKind, trace: Option<PathBuf>) -> FlashOptions {
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
         block_units: 1,
+        run_blocks: None,
     }
 }
 
@@ -432,11 +433,12 @@ fn greedy_placement_reads_fewer_blocks_than_identity() {
         &Active::TopK { keep: 0.2 },
     )
     .unwrap();
-    let greedy = cost(&Placement { layers }, &per_block, &bytes, &active);
+    let greedy = cost(&Placement { layers }, &per_block, &bytes, 1, &active);
     let identity = cost(
         &Placement::identity(img.layers(), n),
         &per_block,
         &bytes,
+        1,
         &active,
     );
     eprintln!("identity {identity:?}\ngreedy {greedy:?}");

@@ -235,6 +235,7 @@ fn main() {
             eval_trace: None,
             active: Active::TopK { keep: 0.2 },
             block_units: 1,
+            run_blocks: None,
         };
         write_image(&model, &image, &o, &mut |_, _| {}).unwrap();
         let file = leanstream::model::ModelFile::open(&model).unwrap();

@@ -39,6 +39,7 @@ fn image_of(dir: &TmpDir, model: &Path, table: &Path, units: usize) -> PathBuf {
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
         block_units: units,
+        run_blocks: None,
     };
     write_image(model, &out, &o, &mut |_, _| {}).unwrap();
     out

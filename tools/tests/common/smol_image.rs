@@ -56,6 +56,7 @@ pub fn setup(test: &str) -> Option<Setup> {
         eval_trace: None,
         active: Active::TopK { keep: 0.2 },
         block_units: 1,
+        run_blocks: None,
     };
     write_image(&model, &image, &o, &mut |_, _| {}).unwrap();
     let file = ModelFile::open(&model).unwrap();

@@ -323,6 +323,7 @@ fn gpu_streamed_decoder_refuses_what_it_cannot_run() {
         eval_trace: None,
         active: leanstream_tools::offline::placement::Active::TopK { keep: 0.2 },
         block_units: 1,
+        run_blocks: None,
     };
     leanstream_tools::offline::flash::write_image(Path::new(gguf), &native, &o, &mut |_, _| {})
         .unwrap();

@@ -50,6 +50,7 @@ pub(super) fn w8_images() -> Option<Vec<(String, PathBuf)>> {
             eval_trace: None,
             active: Active::TopK { keep: 0.2 },
             block_units: 1,
+            run_blocks: None,
         };
         write_image(Path::new(path), &image, &o, &mut |_, _| {}).unwrap();
         out.push((name, image));
