@@ -57,6 +57,16 @@ impl<'a> StreamParts<'a> {
         // Pinned at once, at most: a whole layer, each read finished but not yet handed out,
         // and the hot set; every other slot can be evicted.
         let busy = largest + in_flight;
+        // Too small for any policy: said before the hot set is looked for, which a budget
+        // this small would leave empty (and ask a profile of an image that needs none).
+        if slots < busy {
+            return Err(StreamBootError::TooSmall {
+                slots,
+                largest,
+                in_flight,
+                hot: 0,
+            });
+        }
         let hot = match opts.policy {
             Policy::Hot if opts.hot.is_empty() => {
                 let freq = image.block_frequency().ok_or(StreamBootError::NoProfile)?;
