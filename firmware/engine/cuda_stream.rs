@@ -12,7 +12,11 @@
 //!    predictor needs (a few KiB) and lists the wanted blocks (in layout order:
 //!    [`Prioritization`]);
 //! 3. the persistent kernel computes the blocks as the lanes land them (hits at once), each
-//!    kept neuron less its dropped mean where the thresholds table has means;
+//!    kept neuron less its dropped mean where the thresholds table has means. With a table
+//!    reading the residual after the previous FFN, the next layer's reads are queued ahead:
+//!    after each stage of the kernel but the last (paper Algorithm 1: a stage's completions
+//!    become one prediction update, from the residual plus the partial output), and once the
+//!    FFN is done (the next layer's own prediction, which it then uses as its choice);
 //! 4. `add_norm`: the output and the dropped neurons' mean contribution into the residual,
 //!    normed for the next product.
 //!
@@ -29,14 +33,16 @@ use crate::backend::cuda::stream_layer::{
     CacheMemory, CacheView, GpuStreamError, GpuStreamedFfn, LayerBlocks,
 };
 use crate::boot::Carver;
-use crate::engine::stream_ffn::{resident_rows, StreamParts, StreamedFfn};
+use crate::engine::stream_ffn::{
+    refine_stages, resident_rows, ReadAhead, StreamParts, StreamedFfn,
+};
 use crate::engine::{EngineError, StreamOptions, StreamStats};
 use crate::model::flash::FlashImage;
 use crate::model::ggml::GgmlType;
 use crate::model::{Hyper, TensorRef};
 use crate::predict::PredictKind;
 use crate::sparsity::{FfnMode, FfnOptions, Score};
-use crate::stream::{ReadError, ReadErrorKind};
+use crate::stream::{Lanes, ReadError, ReadErrorKind, WeightCache};
 use std::time::Instant;
 
 /// What a streamed GPU engine boots from: the streaming options (image, budget, cache policy,
@@ -94,12 +100,6 @@ impl<'o> Prepared<'o> {
         if so.controller.is_some() {
             return Err(options(
                 "--controller drives the CPU's streamed FFN; the GPU's runs at the board's maxima"
-                    .into(),
-            ));
-        }
-        if so.refine_stages.is_some_and(|k| k > 0) {
-            return Err(options(
-                "--refine-stages: the GPU's streamed FFN does not queue the next layer's reads ahead yet"
                     .into(),
             ));
         }
@@ -187,6 +187,11 @@ pub(super) struct GpuStream<'a> {
     stats: StreamStats,
     error: Option<ReadError>,
     loading_by_priority: bool,
+    /// Speculate-and-refine: the stages of each layer after which the next layer's reads are
+    /// re-ranked (0: no look-ahead), the reads queued ahead, and the partial residual.
+    refine: usize,
+    ahead: ReadAhead<'a>,
+    stage_x: Vec<f32>,
     /// The cache's arena; held, not read.
     _memory: CacheMemory,
 }
@@ -220,6 +225,10 @@ impl<'a> GpuStream<'a> {
             unsafe { std::slice::from_raw_parts_mut(arena.as_mut_ptr(), arena.len()) };
         let parts = StreamParts::boot(image, so, arena, flags, staging, scratch)
             .map_err(EngineError::Stream)?;
+        let refine =
+            refine_stages(so, &parts.predictor).map_err(|e| EngineError::Stream(e.into()))?;
+        let ahead =
+            ReadAhead::new(scratch, parts.largest).map_err(|e| EngineError::Stream(e.into()))?;
         let image = &parts.image;
         let per_block = (0..image.layers())
             .map(|l| image.geometry(l).per_block as usize)
@@ -231,7 +240,7 @@ impl<'a> GpuStream<'a> {
             h.dim,
             parts.largest,
             per_block,
-            1,
+            refine.max(1),
             parts.cache.slots(),
         )
         .map_err(cuda)?;
@@ -281,6 +290,9 @@ impl<'a> GpuStream<'a> {
             stats: StreamStats::default(),
             error: None,
             loading_by_priority: Prioritization::default().loading,
+            refine,
+            ahead,
+            stage_x: vec![0.0; h.dim],
             parts,
             _memory: memory,
         })
@@ -299,6 +311,13 @@ impl<'a> GpuStream<'a> {
 
     pub(super) fn begin_sequence(&mut self) {
         self.parts.predictor.reset();
+        self.ahead.forget();
+    }
+
+    /// After how many stages of each FFN the next layer's reads are re-ranked (0: no
+    /// look-ahead; `StreamOptions::refine_stages`, as on the CPU).
+    pub(super) fn refine_stages(&self) -> usize {
+        self.refine
     }
 
     /// Layer `l`'s blocks for the input now in `input`/`residual` (and `act`, resident), into
@@ -329,16 +348,20 @@ impl<'a> GpuStream<'a> {
                 self.used_mark[b as usize] = false;
             }
         }
-        self.parts.predictor.priorities(
-            l,
-            0,
-            &self.input,
-            &self.residual,
-            (&self.idx, &self.h),
-            &self.used,
-            image,
-            prio,
-        );
+        // Guessed from this very input when the last layer finished, or asked now.
+        if !self.ahead.take_last(l, prio) {
+            self.parts.predictor.priorities(
+                l,
+                0,
+                &self.input,
+                &self.residual,
+                (&self.idx, &self.h),
+                &self.used,
+                image,
+                prio,
+            );
+        }
+        self.ahead.forget();
         if first && self.parts.predictor.reads_all_at_first() {
             prio.fill(1.0);
         }
@@ -438,29 +461,69 @@ impl CudaEngine<'_> {
             g.sync()?;
             s.choose(l, pos == 0);
 
-            // 3. The blocks, computed as they land.
-            let req = LayerBlocks {
-                image: &s.parts.image,
-                file: s.parts.file,
-                layer: l,
-                base: s.parts.base[l],
-                order: &s.order,
-                means: s
-                    .dropped
-                    .as_ref()
-                    .map_or(0, |(m, _)| m.ptr + (4 * l * s.slot_floats) as u64),
-            };
+            // 3. The blocks, computed as they land. Speculate-and-refine: after each stage
+            // but the last, layer l + 1's reads are re-ranked from the residual plus the output
+            // so far (Algorithm 1).
+            let ahead = s.refine > 0 && l + 1 < self.layers.len();
+            let stages = if ahead { s.refine } else { 1 };
             let started = Instant::now();
-            let ran = s.ffn.run_layer(
+            let GpuStream {
+                ffn,
+                parts,
+                view,
+                thresholds,
+                dropped,
+                slot_floats,
+                order,
+                ahead: read_ahead,
+                stage_x,
+                residual,
+                stats,
+                ..
+            } = &mut *s;
+            let StreamParts {
+                image,
+                file,
+                lanes,
+                cache,
+                predictor,
+                base,
+                ..
+            } = parts;
+            let (image, file, base) = (&*image, *file, &*base);
+            let req = LayerBlocks {
+                image,
+                file,
+                layer: l,
+                base: base[l],
+                order,
+                means: dropped
+                    .as_ref()
+                    .map_or(0, |(m, _)| m.ptr + (4 * l * *slot_floats) as u64),
+            };
+            let mut on_stage =
+                |stage: usize, out: &[f32], lanes: &mut Lanes, cache: &mut WeightCache| {
+                    if !ahead || stage + 1 >= stages {
+                        return;
+                    }
+                    for ((x, r), o) in stage_x.iter_mut().zip(residual.iter()).zip(out) {
+                        *x = r + o;
+                    }
+                    let n = image.blocks(l + 1);
+                    predictor.priorities_from(l + 1, stage_x, image, &mut read_ahead.guess[..n]);
+                    stats.ahead +=
+                        read_ahead.submit(l + 1, false, image, file, base[l + 1], lanes, cache);
+                };
+            let ran = ffn.run_layer(
                 g,
-                s.view,
+                *view,
                 req,
-                1,
+                stages,
                 a.xf,
-                s.thresholds[l],
-                &mut s.parts.lanes,
-                &mut s.parts.cache,
-                &mut |_, _, _, _| {},
+                thresholds[l],
+                lanes,
+                cache,
+                &mut on_stage,
             );
             s.stats.io_wait_ns += started.elapsed().as_nanos() as u64;
             if let Err(e) = ran {
@@ -470,6 +533,23 @@ impl CudaEngine<'_> {
                 g.download_async(f32_bytes(&mut s.out), s.ffn.output())?;
                 g.sync()?;
                 s.parts.predictor.after_ffn(0, &s.residual, &s.out);
+            }
+            if ahead {
+                // The next layer's own prediction (its table reads this very residual): queued
+                // now, and taken as its choice.
+                let p = &mut s.parts;
+                let n = p.image.blocks(l + 1);
+                p.predictor
+                    .priorities_after(l, 0, &p.image, &mut s.ahead.guess[..n]);
+                s.stats.ahead += s.ahead.submit(
+                    l + 1,
+                    true,
+                    &p.image,
+                    p.file,
+                    p.base[l + 1],
+                    &mut p.lanes,
+                    &mut p.cache,
+                );
             }
 
             // 4. Into the residual, normed for the next product.
@@ -503,6 +583,12 @@ impl CudaEngine<'_> {
     /// memory).
     pub fn stream_stats(&self) -> Option<StreamStats> {
         self.stream.as_ref().map(GpuStream::stats)
+    }
+
+    /// After how many stages of each FFN the next layer's reads are re-ranked (None: the FFN
+    /// is in memory; 0: no look-ahead).
+    pub fn refine_stages(&self) -> Option<usize> {
+        self.stream.as_ref().map(GpuStream::refine_stages)
     }
 
     /// Switches the prioritization's parts (the ablation); nothing when the FFN is in memory.

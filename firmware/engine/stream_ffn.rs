@@ -48,11 +48,13 @@ use crate::stream::{
 };
 use std::time::Instant;
 
+mod ahead;
 mod blocks;
 mod boot;
 mod control;
 mod refine;
 
+pub use ahead::ReadAhead;
 pub use boot::{hot_count, most_used, resident_rows, StreamParts};
 
 use control::{run_capped, Control};
@@ -96,13 +98,8 @@ pub struct StreamedFfn<'a> {
     refine_stages: usize,
     /// The controller's plan in force and its profiling (`control`).
     control: Control,
-    /// The layer whose reads were queued ahead, and whether `ahead` holds its last guess (made
-    /// from the whole residual its table reads: its own prediction).
-    ahead_layer: Option<usize>,
-    ahead_final: bool,
-    /// That layer's priorities per block as queued, and the next guess.
-    ahead: &'a mut [f32],
-    ahead_new: &'a mut [f32],
+    /// The next layer's reads queued ahead.
+    ahead: ReadAhead<'a>,
     /// The partial residual of the stages done so far.
     stage_x: &'a mut [f32],
     /// Per run: its |activation| mass, and the runs in descending mass (the stages' order).
@@ -121,6 +118,21 @@ fn max_blocks(image: &FlashImage) -> usize {
         .map(|l| image.blocks(l))
         .max()
         .unwrap_or(0)
+}
+
+/// The read-ahead stages `opts` ask of `predictor` (CPU and GPU alike): K > 0 only with a
+/// table reading the residual after the previous FFN; by default 1 with such a table (it
+/// guesses the next layer as soon as this one is done: no extra prediction, the reads start
+/// earlier), else 0.
+pub fn refine_stages(
+    opts: &StreamOptions,
+    predictor: &BlockPredictor,
+) -> Result<usize, PredictorBootError> {
+    match opts.refine_stages {
+        Some(k) if k > 0 && !predictor.reads_ffn_output() => Err(PredictorBootError::Refine),
+        Some(k) => Ok(k),
+        None => Ok(usize::from(predictor.reads_ffn_output())),
+    }
 }
 
 fn runs(hidden: usize) -> usize {
@@ -219,15 +231,7 @@ impl<'a> StreamedFfn<'a> {
         let hidden = image.geometry(0).neurons as usize;
         let zero_row = scratch.take::<u8>(Self::down_row_bytes(&image))?;
         zero_row.fill(0);
-        let refine_stages = match opts.refine_stages {
-            Some(k) if k > 0 && !predictor.reads_ffn_output() => {
-                return Err(PredictorBootError::Refine.into())
-            }
-            Some(k) => k,
-            // A table reading the residual after the previous FFN guesses the next layer as
-            // soon as this one is done: no extra prediction, the reads start earlier.
-            None => usize::from(predictor.reads_ffn_output()),
-        };
+        let refine_stages = refine_stages(opts, &predictor)?;
         let mut s = StreamedFfn {
             file,
             lanes,
@@ -249,10 +253,7 @@ impl<'a> StreamedFfn<'a> {
             zero_row,
             refine_stages,
             control: Control::new(refine_stages),
-            ahead_layer: None,
-            ahead_final: false,
-            ahead: scratch.take(largest)?,
-            ahead_new: scratch.take(largest)?,
+            ahead: ReadAhead::new(scratch, largest)?,
             stage_x: scratch.take(dim)?,
             run_mass: scratch.take(runs(hidden))?,
             run_order: scratch.take(runs(hidden))?,
@@ -329,8 +330,7 @@ impl<'a> StreamedFfn<'a> {
     /// A new sequence: the stale predictor forgets the last token.
     pub fn reset_sequence(&mut self) {
         self.predictor.reset();
-        self.ahead_layer = None;
-        self.ahead_final = false;
+        self.ahead.forget();
     }
 
     /// After how many stages of each FFN the next layer's reads are re-ranked (0: no look-ahead).
@@ -396,10 +396,8 @@ impl<'a> StreamedFfn<'a> {
             // A learned predictor picks the blocks from x alone: every neuron of a wanted
             // block is read, and the runs compute their gate and up once the block is in.
             let prio = &mut self.prio[..blocks];
-            if self.ahead_layer == Some(l) && self.ahead_final {
-                // Guessed from this very input when the last layer finished.
-                prio.copy_from_slice(&self.ahead[..blocks]);
-            } else {
+            // Guessed from this very input when the last layer finished, or asked now.
+            if !self.ahead.take_last(l, prio) {
                 self.predictor
                     .priorities(l, t, x, residual, (&[], &[]), &[], &self.image, prio);
             }
@@ -411,7 +409,7 @@ impl<'a> StreamedFfn<'a> {
                 // reads every block and keeps what the thresholds keep, as the oracle does.
                 prio.fill(1.0);
             }
-            self.ahead_layer = None;
+            self.ahead.forget();
             let n = self.image.geometry(l).neurons as usize;
             let (idx, _) = sparse.chosen(n);
             let mut k = 0;
@@ -430,9 +428,8 @@ impl<'a> StreamedFfn<'a> {
             if ahead && self.control.refine > 0 && l + 1 < self.image.layers() {
                 let n = self.image.blocks(l + 1);
                 self.predictor
-                    .priorities_after(l, t, &self.image, &mut self.ahead_new[..n]);
-                self.submit_ahead(l + 1);
-                self.ahead_final = true;
+                    .priorities_after(l, t, &self.image, &mut self.ahead.guess[..n]);
+                self.submit_ahead(l + 1, true);
             }
             return;
         }

@@ -432,6 +432,9 @@ mod stream_layer;
 #[path = "cuda/stream_engine.rs"]
 mod stream_engine;
 
+#[path = "common/tables.rs"]
+mod tables;
+
 use leanstream::backend::cuda::driver::DeviceBuffer;
 use leanstream::backend::cuda::stream_ffn::{reference, FfnShape, StreamFfn, StreamFfnError};
 use leanstream::model::ggml::f32_to_f16;

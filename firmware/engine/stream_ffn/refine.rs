@@ -85,42 +85,25 @@ impl StreamedFfn<'_> {
                     l + 1,
                     self.stage_x,
                     &self.image,
-                    &mut self.ahead_new[..n],
+                    &mut self.ahead.guess[..n],
                 );
-                self.submit_ahead(l + 1);
-                self.ahead_final = false;
+                self.submit_ahead(l + 1, false);
             }
         }
         runs
     }
 
-    /// Queues layer `l`'s reads ahead from the guess in `ahead_new`: reads it now wants are
-    /// asked for at their priority (nothing counted until the layer asks), queued reads it no
-    /// longer wants are dropped (reads already in flight finish into the cache), and the lanes
-    /// start what they have room for. Arrivals taken in here stay cached, unpinned, until the
-    /// layer asks for them.
-    pub(super) fn submit_ahead(&mut self, l: usize) {
-        let n = self.image.blocks(l);
-        if self.ahead_layer != Some(l) {
-            self.ahead[..n].fill(0.0);
-        }
-        for b in 0..n {
-            let (new, old) = (self.ahead_new[b], self.ahead[b]);
-            if new > 0.0 {
-                match self.lanes.prefetch(self.read(l, b), new, &mut self.cache) {
-                    Ok(Requested::Queued) => self.stats.ahead += 1,
-                    Ok(_) => {}
-                    // No room: the layer asks for the rest itself.
-                    Err(RequestError::Full { .. }) => {}
-                    Err(e) => panic!("a checked image's block read was refused: {e}"),
-                }
-            } else if old > 0.0 {
-                self.lanes.cancel(self.block_id(l, b));
-            }
-            self.ahead[b] = new;
-        }
-        self.ahead_layer = Some(l);
-        // A failed read here is asked for again by its layer; a failed ring fails there too.
-        while let Ok(Some(_)) = self.lanes.poll(&mut self.cache) {}
+    /// Queues layer `l`'s reads ahead from the guess in `ahead.guess` (`ReadAhead::submit`);
+    /// `last`: made from the whole input the table reads.
+    pub(super) fn submit_ahead(&mut self, l: usize, last: bool) {
+        self.stats.ahead += self.ahead.submit(
+            l,
+            last,
+            &self.image,
+            self.file,
+            self.base[l],
+            &mut self.lanes,
+            &mut self.cache,
+        );
     }
 }

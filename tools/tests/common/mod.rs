@@ -9,6 +9,7 @@ pub use root::*;
 
 pub mod daemon;
 pub mod smol_image;
+pub mod tables;
 
 use std::path::{Path, PathBuf};
 

@@ -221,6 +221,76 @@ fn gpu_streamed_decoder_schedules_compute_the_same() {
     }
 }
 
+/// Speculate-and-refine on the GPU (paper Algorithm 1): with a table reading the residual after
+/// the previous FFN whose guesses move with its input, the next layer's reads are queued ahead
+/// after each stage of the kernel and when the FFN is done. It moves reads earlier and changes
+/// nothing else: K = 1 (the default with such a table) and K = 4 give K = 0's logits up to the
+/// order of the sums, with each cache access counted once, in both memory models.
+#[test]
+fn gpu_streamed_decoder_reads_the_next_layer_ahead_and_changes_no_logit() {
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    let (name, image) = &images[0];
+    let file = dense(image);
+    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
+    let table = image.with_extension("halves.hashpred");
+    std::fs::write(
+        &table,
+        super::tables::halves_table(&img).encode(img.header.tables_identity),
+    )
+    .unwrap();
+    let vocab = file.hyper().unwrap().vocab_size as u32;
+    let prompt: Vec<u32> = (0..6u32).map(|i| (5 + i * 7919) % vocab).collect();
+    let ffn = ffn_options(&file, 0.01);
+    for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+        let mut off: Option<(Vec<Vec<f32>>, u64)> = None;
+        for k in [Some(0), None, Some(4)] {
+            let mut stream = stream_options(image, PredictKind::Hash, Vec::new());
+            stream.predictor = Some(table.clone());
+            stream.refine_stages = k;
+            let mut arenas = Arenas::from_board().unwrap();
+            let opts = CudaOptions {
+                memory,
+                context: 64,
+                ..CudaOptions::default()
+            };
+            let boot = StreamedBoot {
+                stream: &stream,
+                ffn: &ffn,
+            };
+            let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+            assert_eq!(gpu.refine_stages(), Some(k.unwrap_or(1)), "default: 1");
+            let (logits, _) = run(&mut gpu, &prompt, 0);
+            let st = gpu.stream_stats().expect("streamed");
+            let accesses = st.cache.hits + st.cache.misses;
+            eprintln!(
+                "{name} {memory:?} K = {k:?}: {} reads queued ahead, {accesses} accesses, hit ratio {:.3}",
+                st.ahead,
+                st.hit_ratio()
+            );
+            match &off {
+                None => {
+                    assert_eq!(st.ahead, 0, "no look-ahead with K = 0");
+                    off = Some((logits, accesses));
+                }
+                Some((want, want_accesses)) => {
+                    assert!(st.ahead > 0, "{memory:?} K = {k:?}: nothing queued ahead");
+                    assert_eq!(accesses, *want_accesses, "each access counted once");
+                    let worst = logits
+                        .iter()
+                        .zip(want)
+                        .map(|(g, c)| rel_err(g, c))
+                        .fold(0f64, f64::max);
+                    assert!(worst < 1e-3, "{memory:?} K = {k:?}: logits rel {worst}");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&table);
+}
+
 #[test]
 fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
     if super::gpu_or_skip().is_none() {
@@ -262,7 +332,8 @@ fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
 }
 
 /// What the GPU's streamed FFN cannot do is refused at boot in a sentence: a dense FFN mode
-/// (no thresholds to stream by), the controller's LUT, look-ahead stages, and an image whose
+/// (no thresholds to stream by), the controller's LUT, look-ahead stages with a predictor that
+/// cannot guess the next layer (as on the CPU), and an image whose
 /// blocks hold rows the kernel does not compute (a Q4_1 model flashed at native).
 #[test]
 fn gpu_streamed_decoder_refuses_what_it_cannot_run() {
