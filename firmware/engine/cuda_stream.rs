@@ -511,6 +511,8 @@ impl CudaEngine<'_> {
                     }
                     let n = image.blocks(l + 1);
                     predictor.priorities_from(l + 1, stage_x, image, &mut read_ahead.guess[..n]);
+                    // Not started here: this layer's run polls the lanes and takes its own
+                    // arrivals.
                     stats.ahead +=
                         read_ahead.submit(l + 1, false, image, file, base[l + 1], lanes, cache);
                 };
@@ -550,6 +552,8 @@ impl CudaEngine<'_> {
                     &mut p.lanes,
                     &mut p.cache,
                 );
+                // This layer is done: nothing waits for an arrival taken in here.
+                ReadAhead::start(&mut p.lanes, &mut p.cache);
             }
 
             // 4. Into the residual, normed for the next product.

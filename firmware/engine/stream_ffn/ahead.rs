@@ -48,9 +48,8 @@ impl<'a> ReadAhead<'a> {
     /// Queues layer `l`'s reads (global ids from `base`) from `guess[..blocks(l)]`; `last`:
     /// the guess is made from the whole input. Reads it now wants are asked for at their
     /// priority (nothing counted until the layer asks), queued reads it no longer wants are
-    /// dropped (reads already in flight finish into the cache), and the lanes start what they
-    /// have room for. Arrivals taken in here stay cached, unpinned, until the layer asks for
-    /// them. Returns the reads queued.
+    /// dropped (reads already in flight finish into the cache). The lanes start them at their
+    /// next poll ([`ReadAhead::start`]). Returns the reads queued.
     #[allow(clippy::too_many_arguments)]
     pub fn submit(
         &mut self,
@@ -91,8 +90,14 @@ impl<'a> ReadAhead<'a> {
         }
         self.layer = Some(l);
         self.last = last;
-        // A failed read here is asked for again by its layer; a failed ring fails there too.
-        while let Ok(Some(_)) = lanes.poll(cache) {}
         queued
+    }
+
+    /// Starts what the lanes have room for, taking in what has arrived: arrivals stay cached,
+    /// unpinned, until their layer asks for them. Only where no layer is waiting for an
+    /// arrival (one taken in here would never reach it). A failed read here is asked for again
+    /// by its layer; a failed ring fails there too.
+    pub fn start(lanes: &mut Lanes, cache: &mut WeightCache) {
+        while let Ok(Some(_)) = lanes.poll(cache) {}
     }
 }

@@ -93,8 +93,9 @@ impl StreamedFfn<'_> {
         runs
     }
 
-    /// Queues layer `l`'s reads ahead from the guess in `ahead.guess` (`ReadAhead::submit`);
-    /// `last`: made from the whole input the table reads.
+    /// Queues layer `l`'s reads ahead from the guess in `ahead.guess` (`ReadAhead::submit`) and
+    /// starts them; `last`: made from the whole input the table reads. Called once this
+    /// layer's blocks are all in, so no arrival it takes in is waited for.
     pub(super) fn submit_ahead(&mut self, l: usize, last: bool) {
         self.stats.ahead += self.ahead.submit(
             l,
@@ -105,5 +106,6 @@ impl StreamedFfn<'_> {
             &mut self.lanes,
             &mut self.cache,
         );
+        ReadAhead::start(&mut self.lanes, &mut self.cache);
     }
 }
