@@ -71,7 +71,7 @@ fn stream_options(image: &Path, predict: PredictKind, faults: Vec<Fault>) -> Str
 
 /// How far two runs of the same neurons may part when the blocks are summed in other orders
 /// (arrival order moves with the disk): about 1e-6 most runs, but a neuron at its layer's
-/// threshold may then fall either way, and one did by 2.6e-3 on the H200. A fifth of the int8
+/// threshold may then fall either way, and one did by up to 3e-3 on the H200. A fifth of the int8
 /// gate the GPU is held to against the CPU (5e-2).
 const SUM_ORDER_GATE: f64 = 1e-2;
 
