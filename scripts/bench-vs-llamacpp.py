@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--precision", default="native")
-    ap.add_argument("--packing", default="swizzled")
+    ap.add_argument("--packing", default="auto")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (else the Python binding)")
     ap.add_argument("--leanstream", default=os.path.join(ROOT, "target/release/leanstream"),
                     help="the leanstream binary (e.g. an earlier build, for a before/after run)")

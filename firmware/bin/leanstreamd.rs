@@ -2,6 +2,7 @@
 //! OpenAI-compatible HTTP over a Unix socket until SIGTERM or SIGINT.
 
 use clap::Parser;
+use leanstream::backend::cpu::parse_packing;
 use leanstream::board;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
 use leanstream::engine::cuda_options::CudaOptions;
@@ -75,8 +76,10 @@ struct Args {
     /// native (the file's own types, f32 KV; the default), f16, w8a8 or w4a8 (int8 KV).
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
-    /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved or swizzled.
-    #[arg(long, default_value = "swizzled", value_parser = Packing::parse)]
+    /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved, swizzled, or
+    /// auto: the one this CPU decodes fastest in (swizzled with VNNI or on aarch64, interleaved
+    /// on x86 without VNNI).
+    #[arg(long, default_value = "auto", value_parser = parse_packing)]
     packing: Packing,
     /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
     #[arg(long, default_value = "adaptive")]

@@ -85,7 +85,7 @@ impl fmt::Display for QuantError {
             ),
             QuantError::UnknownPacking(s) => write!(
                 f,
-                "unknown packing '{s}' (expected contiguous, interleaved or swizzled)"
+                "unknown packing '{s}' (expected contiguous, interleaved, swizzled or auto)"
             ),
         }
     }

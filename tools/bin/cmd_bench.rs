@@ -73,7 +73,7 @@ fn parse_config(spec: &str, base: &LowBitArgs) -> Result<(String, LowBitArgs), S
     };
     low.precision = Precision::parse(prec)?;
     if let Some(p) = pack {
-        low.packing = Packing::parse(p)?;
+        low.packing = leanstream::backend::cpu::parse_packing(p)?;
     }
     for flag in parts {
         match flag {

@@ -28,6 +28,7 @@ mod cmd_train_predictor;
 mod text_args;
 
 use clap::{Args, Parser, Subcommand};
+use leanstream::backend::cpu::parse_packing;
 use leanstream::backend::cpu::KernelSet;
 use leanstream::board::MemoryModel;
 use leanstream::engine::any::{parse_memory, AnyEngine, Backend};
@@ -175,9 +176,10 @@ struct LowBitArgs {
     /// native (the file's own types, f32 KV), f16, w8a8 or w4a8 (int8 KV for the last two).
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
-    /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved or swizzled
-    /// (bit-identical results).
-    #[arg(long, default_value = "swizzled", value_parser = Packing::parse)]
+    /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved, swizzled
+    /// (bit-identical results), or auto: the one this CPU decodes fastest in (swizzled with
+    /// VNNI or on aarch64, interleaved on x86 without VNNI).
+    #[arg(long, default_value = "auto", value_parser = parse_packing)]
     packing: Packing,
     /// KV layout policy for the int8 cache: adaptive, token-major or head-tiles.
     #[arg(long, default_value = "adaptive")]

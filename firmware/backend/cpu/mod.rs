@@ -14,6 +14,30 @@ pub use matvec::{
 };
 pub use pool::WorkerPool;
 
+use crate::quant::{Packing, QuantError};
+
+/// The int4 packing this CPU decodes fastest in (`--packing auto`, the default): swizzled
+/// where an int8 dot is one instruction (x86 with VNNI, and aarch64, whose kernels read eight
+/// or sixteen rows a register), interleaved on x86 without VNNI. There the eight-row kernel's
+/// emulated dot (maddubs, madd, add) lost to the four-row one in decode: 1.06-1.30x on an
+/// AVX2 EPYC, Q4_0 SmolLM2 and 1.5B (docs/BENCHMARKS.md); prefill then runs 0.85-0.9x.
+/// Results are bit-identical in every packing.
+pub fn preferred_packing() -> Packing {
+    #[cfg(target_arch = "x86_64")]
+    if lowbit::x86::vnni() == lowbit::x86::VNNI_NONE {
+        return Packing::Interleaved;
+    }
+    Packing::Swizzled
+}
+
+/// A `--packing` value: a packing's name, or `auto` ([`preferred_packing`]).
+pub fn parse_packing(s: &str) -> Result<Packing, QuantError> {
+    match s {
+        "auto" => Ok(preferred_packing()),
+        _ => Packing::parse(s),
+    }
+}
+
 /// An output buffer handed to pool tasks, each of which writes its own disjoint range (of
 /// floats, or of a batch's activation scratch).
 struct OutPtr<T = f32>(*mut T);
@@ -112,4 +136,26 @@ fn prefetch_line(p: *const u8) {
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` is this CPU's preferred packing: swizzled unless x86 lacks VNNI; the names parse
+    /// as themselves, and anything else is refused naming the choices.
+    #[test]
+    fn auto_packing_follows_the_cpu() {
+        assert_eq!(parse_packing("auto").unwrap(), preferred_packing());
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            preferred_packing() == Packing::Swizzled,
+            lowbit::x86::vnni() != lowbit::x86::VNNI_NONE
+        );
+        for p in Packing::ALL {
+            assert_eq!(parse_packing(p.name()).unwrap(), p);
+        }
+        let e = parse_packing("zigzag").unwrap_err().to_string();
+        assert!(e.contains("'zigzag'") && e.contains("auto"), "{e}");
+    }
 }
