@@ -7,8 +7,8 @@ mod stream_common;
 use leanstream::stream::backend::{Completion, ReadBackend, Submission, UringBackend};
 use leanstream::stream::fault::{Fault, FaultBackend, FaultKind};
 use leanstream::stream::{
-    flags_from_words, Arrival, BlockId, BlockRead, FileId, LaneConfig, Lanes, Policy,
-    ReadErrorKind, RequestError, Requested, WeightCache, FLAG_EMPTY, FLAG_FAILED, FLAG_READY,
+    Arrival, BlockId, BlockRead, FileId, LaneConfig, Lanes, Policy, ReadErrorKind, RequestError,
+    Requested, WeightCache, FLAG_EMPTY, FLAG_FAILED, FLAG_READY,
 };
 use std::collections::HashSet;
 use stream_common::*;
@@ -44,15 +44,7 @@ fn shuffled_completion_order_yields_every_block_once_with_its_bytes() {
         for inner in backends(&cfg, "shuffled completion order") {
             let name = format!("{} merging {merge}", inner.name());
             let mut rig = Rig::new(&cfg, N as usize, N as usize);
-            let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-            let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-            let mut cache =
-                WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-            let staging = rig
-                .staging
-                .carver()
-                .take::<u8>(cfg.staging_bytes())
-                .unwrap();
+            let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
             let backend = FaultBackend::new(inner, N as usize, 24).shuffled(0xfeed);
             let mut lanes = Lanes::new(cfg, staging, N as usize, Box::new(backend)).unwrap();
             let file = lanes.open(&path).unwrap();
@@ -135,15 +127,7 @@ fn each_fault_ends_only_its_read_after_the_retries_and_caches_nothing_of_it() {
         for inner in backends(&cfg, "faults") {
             let name = format!("{} merging {merge}", inner.name());
             let mut rig = Rig::new(&cfg, N as usize, N as usize);
-            let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-            let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-            let mut cache =
-                WeightCache::new(slots, BLOCK, N as usize, Policy::Lfu, flags, &[], None).unwrap();
-            let staging = rig
-                .staging
-                .carver()
-                .take::<u8>(cfg.staging_bytes())
-                .unwrap();
+            let (mut cache, staging) = rig.parts(Policy::Lfu, &[]);
             let always = u32::MAX;
             let backend = FaultBackend::new(inner, N as usize, 8)
                 .with_fault(Fault {
@@ -245,15 +229,7 @@ fn a_removed_file_serves_its_open_descriptor_and_a_missing_one_is_refused() {
     let (_dir, path) = block_file(N);
     let cfg = config(1, 4);
     let mut rig = Rig::new(&cfg, N as usize, N as usize);
-    let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-    let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-    let mut cache =
-        WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-    let staging = rig
-        .staging
-        .carver()
-        .take::<u8>(cfg.staging_bytes())
-        .unwrap();
+    let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
     let mut lanes = Lanes::with_best_backend(cfg, staging, N as usize).unwrap();
     let file = lanes.open(&path).unwrap();
     // Removal unlinks the name; the lanes' descriptor keeps the data (Linux semantics), so reads
@@ -282,15 +258,7 @@ fn queued_reads_are_reranked_and_dropped_when_the_prediction_changes() {
     for inner in backends(&cfg, "re-ranking") {
         let name = inner.name();
         let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
+        let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
         let mut lanes = Lanes::new(cfg, staging, N as usize, inner).unwrap();
         let file = lanes.open(&path).unwrap();
         for b in 0..10 {
@@ -343,15 +311,7 @@ fn reads_ahead_count_once_when_their_layer_asks_for_them() {
     for inner in backends(&cfg, "reads ahead") {
         let name = inner.name();
         let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
+        let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
         let mut lanes = Lanes::new(cfg, staging, N as usize, inner).unwrap();
         let file = lanes.open(&path).unwrap();
         // Blocks 0..4 read ahead: nothing counted yet.
@@ -405,14 +365,7 @@ fn evictions_clear_flags_and_bad_requests_are_refused() {
     let mut cfg = config(2, 2);
     cfg.queue_capacity = 4;
     let mut rig = Rig::new(&cfg, 4, N as usize);
-    let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-    let slots = rig.ffn.carver().take::<u8>(4 * BLOCK).unwrap();
-    let mut cache = WeightCache::new(slots, BLOCK, 4, Policy::Lru, flags, &[], None).unwrap();
-    let staging = rig
-        .staging
-        .carver()
-        .take::<u8>(cfg.staging_bytes())
-        .unwrap();
+    let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
     let mut lanes = Lanes::with_best_backend(cfg, staging, N as usize).unwrap();
     let file = lanes.open(&path).unwrap();
     for b in 0..N {
@@ -598,15 +551,7 @@ fn the_controllers_caps_bound_the_reads_in_flight_and_every_read_still_arrives()
     for inner in backends(&cfg, "lane caps") {
         let name = inner.name();
         let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
+        let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
         let peak = std::sync::Arc::new(std::sync::Mutex::new((0, 0, 0)));
         let counting = Counting {
             inner,
@@ -685,15 +630,7 @@ fn adjacent_queued_blocks_leave_as_one_read_and_arrive_each_on_its_own() {
     for inner in backends(&cfg, "merged reads") {
         let name = inner.name();
         let mut rig = Rig::new(&cfg, N as usize, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(N as usize * BLOCK).unwrap();
-        let mut cache =
-            WeightCache::new(slots, BLOCK, N as usize, Policy::Lru, flags, &[], None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
+        let (mut cache, staging) = rig.parts(Policy::Lru, &[]);
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let logging = Logging {
             inner,

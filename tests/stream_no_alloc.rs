@@ -7,9 +7,7 @@ mod stream_common;
 
 use leanstream::serve::alloc_count::{self, CountingAllocator};
 use leanstream::stream::fault::{Fault, FaultBackend, FaultKind};
-use leanstream::stream::{
-    flags_from_words, BlockRead, LaneConfig, Lanes, Policy, ReadErrorKind, WeightCache,
-};
+use leanstream::stream::{BlockRead, LaneConfig, Lanes, Policy, ReadErrorKind, WeightCache};
 use stream_common::*;
 
 #[global_allocator]
@@ -31,15 +29,7 @@ fn main() {
     {
         let name = inner.name();
         let mut rig = Rig::new(&cfg, SLOTS, N as usize);
-        let flags = flags_from_words(rig.flags.carver().take::<u32>(N as usize).unwrap());
-        let slots = rig.ffn.carver().take::<u8>(SLOTS * BLOCK).unwrap();
-        let hot = [0, 1, 2, 3];
-        let mut cache = WeightCache::new(slots, BLOCK, SLOTS, policy, flags, &hot, None).unwrap();
-        let staging = rig
-            .staging
-            .carver()
-            .take::<u8>(cfg.staging_bytes())
-            .unwrap();
+        let (mut cache, staging) = rig.parts(policy, &[0, 1, 2, 3]);
         let backend = FaultBackend::new(inner, N as usize, 8)
             .with_fault(Fault {
                 block: 13,

@@ -4,7 +4,7 @@
 
 use leanstream::boot::{Arena, ArenaKind};
 use leanstream::stream::backend::{PreadBackend, ReadBackend, UringBackend};
-use leanstream::stream::{BlockId, LaneConfig};
+use leanstream::stream::{flags_from_words, BlockId, LaneConfig, Policy, WeightCache};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -36,6 +36,9 @@ pub struct Rig {
     pub staging: Arena,
     pub ffn: Arena,
     pub flags: Arena,
+    slots: usize,
+    blocks: usize,
+    staging_bytes: usize,
 }
 
 impl Rig {
@@ -44,7 +47,24 @@ impl Rig {
             staging: Arena::map(ArenaKind::IoStaging, cfg.staging_bytes()).unwrap(),
             ffn: Arena::map(ArenaKind::FfnCache, slots * BLOCK).unwrap(),
             flags: Arena::map(ArenaKind::Flags, blocks * 4).unwrap(),
+            slots,
+            blocks,
+            staging_bytes: cfg.staging_bytes(),
         }
+    }
+
+    /// The rig's cache (all its slots, a flag per block, `policy` pinning `hot`) and the lanes'
+    /// staging, carved from its arenas.
+    pub fn parts(&mut self, policy: Policy, hot: &[BlockId]) -> (WeightCache<'_>, &mut [u8]) {
+        let flags = flags_from_words(self.flags.carver().take::<u32>(self.blocks).unwrap());
+        let slots = self.ffn.carver().take::<u8>(self.slots * BLOCK).unwrap();
+        let cache = WeightCache::new(slots, BLOCK, self.slots, policy, flags, hot, None).unwrap();
+        let staging = self
+            .staging
+            .carver()
+            .take::<u8>(self.staging_bytes)
+            .unwrap();
+        (cache, staging)
     }
 }
 
