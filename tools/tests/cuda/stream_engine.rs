@@ -98,6 +98,32 @@ fn run(d: &mut dyn Decoder, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u
     (logits, out)
 }
 
+/// The GPU decoder streaming `stream` with `ffn` in `memory`, a 64-position context.
+fn boot_gpu<'a>(
+    arenas: &'a mut Arenas,
+    file: &ModelFile,
+    memory: MemoryModel,
+    stream: &StreamOptions,
+    ffn: &FfnOptions,
+) -> CudaEngine<'a> {
+    let opts = CudaOptions {
+        memory,
+        context: 64,
+        ..CudaOptions::default()
+    };
+    CudaEngine::boot_streamed(arenas, file, opts, StreamedBoot { stream, ffn })
+        .expect("GPU boots streamed")
+}
+
+/// The largest relative error of any position's logits against the reference's.
+fn worst_rel(logits: &[Vec<f32>], reference: &[Vec<f32>]) -> f64 {
+    logits
+        .iter()
+        .zip(reference)
+        .map(|(g, c)| rel_err(g, c))
+        .fold(0f64, f64::max)
+}
+
 #[test]
 fn gpu_streamed_decoder_matches_the_cpu_streamed_decoder() {
     if super::gpu_or_skip().is_none() {
@@ -124,23 +150,9 @@ fn gpu_streamed_decoder_matches_the_cpu_streamed_decoder() {
             };
             for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
                 let mut arenas = Arenas::from_board().unwrap();
-                let opts = CudaOptions {
-                    memory,
-                    context: 64,
-                    ..CudaOptions::default()
-                };
-                let boot = StreamedBoot {
-                    stream: &stream,
-                    ffn: &ffn,
-                };
-                let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot)
-                    .expect("GPU boots streamed");
+                let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
                 let (gpu_logits, gpu_tokens) = run(&mut gpu, &prompt, 24);
-                let worst = gpu_logits
-                    .iter()
-                    .zip(&cpu_logits)
-                    .map(|(g, c)| rel_err(g, c))
-                    .fold(0f64, f64::max);
+                let worst = worst_rel(&gpu_logits, &cpu_logits);
                 let agree = gpu_tokens
                     .iter()
                     .zip(&cpu_tokens)
@@ -195,16 +207,7 @@ fn gpu_streamed_decoder_schedules_compute_the_same() {
         let mut reference: Option<Vec<Vec<f32>>> = None;
         for (compute, loading) in [(true, true), (false, false), (true, false), (false, true)] {
             let mut arenas = Arenas::from_board().unwrap();
-            let opts = CudaOptions {
-                memory,
-                context: 64,
-                ..CudaOptions::default()
-            };
-            let boot = StreamedBoot {
-                stream: &stream,
-                ffn: &ffn,
-            };
-            let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+            let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
             gpu.set_prioritization(Prioritization { compute, loading });
             let (logits, _) = run(&mut gpu, &prompt, 0);
             let st = gpu.stream_stats().expect("streamed");
@@ -212,11 +215,7 @@ fn gpu_streamed_decoder_schedules_compute_the_same() {
             match &reference {
                 None => reference = Some(logits),
                 Some(r) => {
-                    let worst = logits
-                        .iter()
-                        .zip(r)
-                        .map(|(g, c)| rel_err(g, c))
-                        .fold(0f64, f64::max);
+                    let worst = worst_rel(&logits, r);
                     eprintln!(
                         "{name} {memory:?} compute {compute} loading {loading}: logits rel {worst:.2e} to the prioritized schedule"
                     );
@@ -261,16 +260,7 @@ fn gpu_streamed_decoder_reads_the_next_layer_ahead_and_changes_no_logit() {
             stream.predictor = Some(table.clone());
             stream.refine_stages = k;
             let mut arenas = Arenas::from_board().unwrap();
-            let opts = CudaOptions {
-                memory,
-                context: 64,
-                ..CudaOptions::default()
-            };
-            let boot = StreamedBoot {
-                stream: &stream,
-                ffn: &ffn,
-            };
-            let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+            let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
             assert_eq!(gpu.refine_stages(), Some(k.unwrap_or(1)), "default: 1");
             let (logits, _) = run(&mut gpu, &prompt, 0);
             let st = gpu.stream_stats().expect("streamed");
@@ -288,11 +278,7 @@ fn gpu_streamed_decoder_reads_the_next_layer_ahead_and_changes_no_logit() {
                 Some((want, want_accesses)) => {
                     assert!(st.ahead > 0, "{memory:?} K = {k:?}: nothing queued ahead");
                     assert_eq!(accesses, *want_accesses, "each access counted once");
-                    let worst = logits
-                        .iter()
-                        .zip(want)
-                        .map(|(g, c)| rel_err(g, c))
-                        .fold(0f64, f64::max);
+                    let worst = worst_rel(&logits, want);
                     assert!(
                         worst < SUM_ORDER_GATE,
                         "{memory:?} K = {k:?}: logits rel {worst}"
@@ -322,16 +308,7 @@ fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
     for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
         let stream = stream_options(image, PredictKind::Oracle, vec![fault]);
         let mut arenas = Arenas::from_board().unwrap();
-        let opts = CudaOptions {
-            memory,
-            context: 64,
-            ..CudaOptions::default()
-        };
-        let boot = StreamedBoot {
-            stream: &stream,
-            ffn: &ffn,
-        };
-        let mut gpu = CudaEngine::boot_streamed(&mut arenas, &file, opts, boot).unwrap();
+        let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
         gpu.begin_sequence();
         gpu.forward(1, 0);
         let err = gpu.take_error().expect("the failed block ends the request");
