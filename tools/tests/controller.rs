@@ -9,6 +9,7 @@
 mod common;
 
 use common::smol_image::{logits, opts, same_bits, setup, stream, TOKENS};
+use common::tables::fixed_hash_table;
 use leanstream::control::{Lut, StreamPlan};
 use leanstream::engine::{Arenas, Engine};
 use leanstream::model::flash::FlashImage;
@@ -153,38 +154,10 @@ fn a_bad_lut_is_refused_at_boot_in_a_sentence() {
 /// A hash table reading the residual after the previous FFN that reads every neuron: the
 /// streamed logits are the oracle's, and the layer's look-ahead depth is the plan's prefetch.
 fn every_neuron_ahead_table(img: &FlashImage) -> Vec<u8> {
-    use leanstream::predict::hash::{HashNet, HashPredictorTable, PredictorInput};
-    let g = img.geometry(0);
-    let (dim, n) = (g.dim as usize, g.neurons as usize);
-    let words = n.div_ceil(64);
-    let net = HashNet {
-        proj: vec![0; dim],
-        proj_scale: vec![1.0],
-        proj_bias: vec![0.0],
-        first_table: vec![u64::MAX, 0],
-        middle: Vec::new(),
-        out_w: vec![0],
-        out_thr: vec![u16::MAX],
-        out_table: vec![u64::MAX; 2 * words],
-        read: n as u32,
-    };
-    HashPredictorTable {
-        model: "SmolLM2 (every neuron)".into(),
-        dim: dim as u32,
-        neurons: n as u32,
-        input: PredictorInput::PrevFfnOutput,
-        depth: 2,
-        heads: 1,
-        tau: 1,
-        out_heads: 1,
-        out_tau: 1,
-        sparsity: 0.5,
-        target_recall: 1.0,
-        seed: 0,
-        pca_dims: 1,
-        layers: vec![net; img.layers()],
-    }
-    .encode(img.header.tables_identity)
+    let n = img.geometry(0).neurons;
+    let mut t = fixed_hash_table(img, &|_| true, n);
+    t.input = leanstream::predict::hash::PredictorInput::PrevFfnOutput;
+    t.encode(img.header.tables_identity)
 }
 
 #[test]
