@@ -608,26 +608,19 @@ fn a_budget_below_one_layer_is_refused() {
     else {
         return;
     };
-    let so = stream(&path, 0.02, Policy::Lru, PredictKind::Oracle);
     let mut arenas = Arenas::from_board().unwrap();
-    let e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so)))
-        .err()
-        .unwrap();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("--ffn-budget buys") && msg.contains("a layer needs up to 512"),
-        "{msg}"
-    );
     // With `hot` too: the budget is what is wrong, not the image's missing profile.
-    let so = stream(&path, 0.02, Policy::Hot, PredictKind::Oracle);
-    let e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so)))
-        .err()
-        .unwrap();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("--ffn-budget buys") && msg.contains("a layer needs up to 512"),
-        "{msg}"
-    );
+    for policy in [Policy::Lru, Policy::Hot] {
+        let so = stream(&path, 0.02, policy, PredictKind::Oracle);
+        let e = Engine::boot(&mut arenas, &dense, opts(oracle(&table, 0.5), Some(so)))
+            .err()
+            .unwrap();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--ffn-budget buys") && msg.contains("a layer needs up to 512"),
+            "{policy:?}: {msg}"
+        );
+    }
 }
 
 fn leanstream(args: &[&str]) -> std::process::Output {
