@@ -218,24 +218,6 @@ pub fn chain(perm: &[u32], z: &[f32], dim: usize, k: usize) -> Vec<u32> {
     out
 }
 
-/// The mean number of reads each token's active set costs under `perm` (blocks of `k`
-/// neurons) when up to `run` adjacent blocks go in one read: each maximal stretch of touched
-/// blocks side by side costs `ceil(len / run)` reads.
-pub fn reads_per_token(perm: &[u32], k: usize, run: usize, sets: &[Vec<u32>]) -> f64 {
-    let mut slot = vec![0usize; perm.len()];
-    for (s, &j) in perm.iter().enumerate() {
-        slot[j as usize] = s;
-    }
-    let mut touched: Vec<usize> = Vec::new();
-    let mut total = 0usize;
-    for set in sets {
-        touched.clear();
-        touched.extend(set.iter().map(|&j| slot[j as usize] / k));
-        total += reads(&mut touched, run);
-    }
-    total as f64 / sets.len().max(1) as f64
-}
-
 /// Reads of the blocks in `touched` (any order, repeats allowed; sorted here) when up to `run`
 /// adjacent blocks go in one read.
 pub fn reads(touched: &mut Vec<usize>, run: usize) -> usize {
@@ -278,6 +260,24 @@ pub fn blocks_per_token(perm: &[u32], k: usize, sets: &[Vec<u32>]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mean number of reads each token's active set costs under `perm` (blocks of `k`
+    /// neurons) when up to `run` adjacent blocks go in one read: each maximal stretch of touched
+    /// blocks side by side costs `ceil(len / run)` reads.
+    fn reads_per_token(perm: &[u32], k: usize, run: usize, sets: &[Vec<u32>]) -> f64 {
+        let mut slot = vec![0usize; perm.len()];
+        for (s, &j) in perm.iter().enumerate() {
+            slot[j as usize] = s;
+        }
+        let mut touched: Vec<usize> = Vec::new();
+        let mut total = 0usize;
+        for set in sets {
+            touched.clear();
+            touched.extend(set.iter().map(|&j| slot[j as usize] / k));
+            total += reads(&mut touched, run);
+        }
+        total as f64 / sets.len().max(1) as f64
+    }
 
     /// Tokens over `n` neurons in planted groups of `k` (a hidden shuffle): each token fires
     /// `groups` whole groups (Zipf-like: low groups more often) and `noise` lone neurons.
