@@ -12,6 +12,11 @@
 # HIL_DECODE=1 runs whole decode steps instead (`leanstream gpu-decode-bench`: the streamed
 # GPU decoder replaying every set file, beside the same GGUF with every weight in memory):
 # gpu-decode-<SHAPE>.md and .json.
+# HIL_CONTROLLER=1 runs the controller on the GPU over the first set file instead (paper 3.2.3,
+# Table 5): `controller gpu-profile` over HIL_PLANS (HIL_PROFILE_REPEATS runs each), `controller
+# solve` into a LUT of HIL_STATES states, `controller gpu-compare` (HIL_COMPARE_REPEATS runs of
+# the fixed plan, the best static one and the LUT); the args after -- go to both runs:
+# ctl-<sets>.json (profile), .lut, .md (Table 5), and each step's .txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
@@ -30,6 +35,21 @@ gguf=$syn/$shape-q8_0.gguf
 img=$syn/$shape.w8.flash
 [ -f "$img" ] || "$h/leanstream" flash "$gguf" --board h200-hil --precision w8a8 --out "$img" 2>&1 | tail -3
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "${HIL_CONTROLLER:-0}" = 1 ]; then
+  s=${sets[0]}; n=ctl-$(basename "$s" .sets)
+  plans=${HIL_PLANS:-8:64:100:1,8:64:50:1,8:64:25:1,8:64:10:1,4:64:100:1,2:64:100:1,8:16:100:1,4:16:100:1,2:16:50:1}
+  echo "== controller gpu-profile $shape $(basename "$s")"
+  "$h/leanstream" controller gpu-profile --image "$img" --sets "$s" --plans "$plans" \
+    --repeats "${HIL_PROFILE_REPEATS:-1}" --out "$res/$n.json" "$@" 2>&1 | tee "$res/$n-profile.txt"
+  echo "== controller solve"
+  "$h/leanstream" controller solve --profile "$res/$n.json" --states "${HIL_STATES:-4}" \
+    --out "$res/$n.lut" 2>&1 | tee "$res/$n-solve.txt"
+  echo "== controller gpu-compare"
+  "$h/leanstream" controller gpu-compare --image "$img" --sets "$s" --profile "$res/$n.json" \
+    --lut "$res/$n.lut" --repeats "${HIL_COMPARE_REPEATS:-3}" --out "$res/$n.md" "$@" 2>&1 \
+    | tee "$res/$n-compare.txt"
+  exit 0
+fi
 if [ "${HIL_DECODE:-0}" = 1 ]; then
   echo "== gpu-decode-bench $shape"
   "$h/leanstream" gpu-decode-bench --image "$img" --model "$gguf" --sets "$(IFS=,; echo "${sets[*]}")" \

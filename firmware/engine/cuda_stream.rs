@@ -33,8 +33,9 @@ use crate::backend::cuda::stream_layer::{
     CacheMemory, CacheView, GpuStreamError, GpuStreamedFfn, LayerBlocks,
 };
 use crate::boot::Carver;
+use crate::control::{LayerSample, Lut, LutError};
 use crate::engine::stream_ffn::{
-    refine_stages, resident_rows, ReadAhead, StreamParts, StreamedFfn,
+    refine_stages, remaining_bytes, resident_rows, Control, ReadAhead, StreamParts, StreamedFfn,
 };
 use crate::engine::{EngineError, StreamOptions, StreamStats};
 use crate::model::flash::FlashImage;
@@ -95,12 +96,6 @@ impl<'o> Prepared<'o> {
         if ffn.mode != FfnMode::Oracle || ffn.score != Score::Glu {
             return Err(options(
                 "the GPU's streamed FFN keeps the neurons at the calibrated thresholds of |SiLU(gate) * up|: use --ffn oracle with the glu score".into(),
-            ));
-        }
-        if so.controller.is_some() {
-            return Err(options(
-                "--controller drives the CPU's streamed FFN; the GPU's runs at the board's maxima"
-                    .into(),
             ));
         }
         let image = StreamedFfn::open_image(so, h).map_err(EngineError::Flash)?;
@@ -188,8 +183,12 @@ pub(super) struct GpuStream<'a> {
     error: Option<ReadError>,
     loading_by_priority: bool,
     /// Speculate-and-refine: the stages of each layer after which the next layer's reads are
-    /// re-ranked (0: no look-ahead), the reads queued ahead, and the partial residual.
+    /// re-ranked as boot chose them (0: no look-ahead; a LUT's plan may change it per layer),
+    /// the reads queued ahead, and the partial residual.
     refine: usize,
+    /// The controller's plan in force (lanes, the kernel's share of the GPU, read-ahead
+    /// stages) and its profiling: the CPU's `Control`.
+    control: Control,
     ahead: ReadAhead<'a>,
     stage_x: Vec<f32>,
     /// The cache's arena; held, not read.
@@ -223,10 +222,14 @@ impl<'a> GpuStream<'a> {
         // other reference to it is made while `parts.cache` holds this one.
         let arena: &'a mut [u8] =
             unsafe { std::slice::from_raw_parts_mut(arena.as_mut_ptr(), arena.len()) };
-        let parts = StreamParts::boot(image, so, arena, flags, staging, scratch)
+        let mut parts = StreamParts::boot(image, so, arena, flags, staging, scratch)
             .map_err(EngineError::Stream)?;
         let refine =
             refine_stages(so, &parts.predictor).map_err(|e| EngineError::Stream(e.into()))?;
+        let mut control = Control::new(refine);
+        control
+            .load(so, &parts.image, &mut parts.lanes)
+            .map_err(EngineError::Stream)?;
         let ahead =
             ReadAhead::new(scratch, parts.largest).map_err(|e| EngineError::Stream(e.into()))?;
         let image = &parts.image;
@@ -240,7 +243,7 @@ impl<'a> GpuStream<'a> {
             h.dim,
             parts.largest,
             per_block,
-            refine.max(1),
+            refine.max(MAX_PLAN_STAGES),
             parts.cache.slots(),
         )
         .map_err(cuda)?;
@@ -291,6 +294,7 @@ impl<'a> GpuStream<'a> {
             error: None,
             loading_by_priority: Prioritization::default().loading,
             refine,
+            control,
             ahead,
             stage_x: vec![0.0; h.dim],
             parts,
@@ -388,6 +392,23 @@ impl<'a> GpuStream<'a> {
         }
     }
 
+    /// Layer `l` starts with its blocks chosen: the controller's plan for its R (the lanes'
+    /// limits, the kernel's grid, the read-ahead stages).
+    fn begin_layer(&mut self, l: usize) {
+        let p = &mut self.parts;
+        let remaining = if self.control.wants_remaining() {
+            remaining_bytes(&p.image, &p.cache, p.base[l], l, &self.prio)
+        } else {
+            0
+        };
+        let reads_ahead = p.predictor.reads_ffn_output();
+        let bytes = p.cache.stats().bytes_read;
+        let grid = self.ffn.grid() as usize;
+        self.control
+            .begin_layer(l, grid, remaining, reads_ahead, &mut p.lanes, bytes);
+        self.ffn.grid_cap = self.control.workers as u32;
+    }
+
     /// Keeps the first failure of the request (the step goes on; the request ends with it).
     fn fail(&mut self, e: GpuStreamError) -> CudaResult<()> {
         let err = match e {
@@ -418,6 +439,10 @@ impl<'a> GpuStream<'a> {
         Ok(())
     }
 }
+
+/// Stages the kernel is made for beside boot's `refine_stages`, so that a controller's plan can
+/// read ahead after up to this many (a plan asking for more gets this many).
+const MAX_PLAN_STAGES: usize = 8;
 
 /// EIO, for a backend failure that carries no errno.
 const EIO: i32 = 5;
@@ -460,12 +485,13 @@ impl CudaEngine<'_> {
             }
             g.sync()?;
             s.choose(l, pos == 0);
+            s.begin_layer(l);
 
             // 3. The blocks, computed as they land. Speculate-and-refine: after each stage
             // but the last, layer l + 1's reads are re-ranked from the residual plus the output
             // so far (Algorithm 1).
-            let ahead = s.refine > 0 && l + 1 < self.layers.len();
-            let stages = if ahead { s.refine } else { 1 };
+            let ahead = s.control.refine > 0 && l + 1 < self.layers.len();
+            let stages = if ahead { s.control.refine } else { 1 };
             let started = Instant::now();
             let GpuStream {
                 ffn,
@@ -528,6 +554,7 @@ impl CudaEngine<'_> {
                 &mut on_stage,
             );
             s.stats.io_wait_ns += started.elapsed().as_nanos() as u64;
+            let io = ran.as_ref().map_or(started.elapsed(), |st| st.io);
             if let Err(e) = ran {
                 s.fail(e)?;
             }
@@ -555,6 +582,8 @@ impl CudaEngine<'_> {
                 // This layer is done: nothing waits for an arrival taken in here.
                 ReadAhead::start(&mut p.lanes, &mut p.cache);
             }
+            let bytes = s.parts.cache.stats().bytes_read;
+            s.control.end_layer(l, io, bytes);
 
             // 4. Into the residual, normed for the next product.
             let next_norm = self
@@ -593,6 +622,36 @@ impl CudaEngine<'_> {
     /// is in memory; 0: no look-ahead).
     pub fn refine_stages(&self) -> Option<usize> {
         self.stream.as_ref().map(GpuStream::refine_stages)
+    }
+
+    /// Applies `lut` from the next layer on (`None`: the board's maxima and boot's read-ahead),
+    /// as `--controller` does at boot. Refused for another board or layer count, or a plan
+    /// beyond the board; nothing when the FFN is in memory.
+    pub fn set_controller(&mut self, lut: Option<Lut>) -> Result<(), LutError> {
+        match self.stream.as_mut() {
+            Some(s) => {
+                let layers = s.parts.image.layers();
+                s.control.set(lut, layers, &mut s.parts.lanes)?;
+                s.ffn.grid_cap = 0;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Starts (or stops) recording a [`LayerSample`] per layer-step (offline: it allocates).
+    pub fn set_stream_profiling(&mut self, on: bool) {
+        if let Some(s) = self.stream.as_mut() {
+            s.control.set_profiling(on);
+        }
+    }
+
+    /// The layer-steps recorded since profiling started (or the last call).
+    pub fn take_stream_samples(&mut self) -> Vec<LayerSample> {
+        self.stream
+            .as_mut()
+            .map(|s| s.control.take_samples())
+            .unwrap_or_default()
     }
 
     /// Switches the prioritization's parts (the ablation); nothing when the FFN is in memory.

@@ -57,7 +57,8 @@ mod refine;
 pub use ahead::ReadAhead;
 pub use boot::{hot_count, most_used, resident_rows, StreamParts};
 
-use control::{run_capped, Control};
+use control::run_capped;
+pub use control::{remaining_bytes, Control};
 
 /// Marks in `mark` (per block of the current layer).
 const UNSEEN: u32 = 0;
@@ -265,7 +266,7 @@ impl<'a> StreamedFfn<'a> {
         s.prio.fill(0.0);
         s.mark.fill(UNSEEN);
         s.pos_of.fill(NONE);
-        s.load_controller(opts)?;
+        s.control.load(opts, &s.image, &mut s.lanes)?;
         Ok(s)
     }
 

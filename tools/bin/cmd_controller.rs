@@ -22,6 +22,11 @@ pub enum ControllerCommand {
     Solve(SolveArgs),
     /// Table 5: the fixed plan, the best static plan and the LUT side by side.
     Compare(CompareArgs),
+    /// `profile` on the GPU's streamed decoder, replaying recorded block sets over an image
+    /// (the compute share is a share of the persistent kernel's thread blocks).
+    GpuProfile(super::cmd_controller_gpu::GpuProfileArgs),
+    /// `compare` on the GPU's streamed decoder, replaying recorded block sets.
+    GpuCompare(super::cmd_controller_gpu::GpuCompareArgs),
 }
 
 /// What decodes: the model, its image, the text and the streaming setup.
@@ -112,6 +117,8 @@ pub fn cmd_controller(c: ControllerCommand) -> Result<(), String> {
         ControllerCommand::Profile(a) => profile(a),
         ControllerCommand::Solve(a) => solve_cmd(a),
         ControllerCommand::Compare(a) => compare(a),
+        ControllerCommand::GpuProfile(a) => super::cmd_controller_gpu::profile(a),
+        ControllerCommand::GpuCompare(a) => super::cmd_controller_gpu::compare(a),
     }
 }
 
@@ -250,7 +257,7 @@ impl Rig {
     }
 }
 
-fn default_grid() -> Vec<StreamPlan> {
+pub(super) fn default_grid() -> Vec<StreamPlan> {
     let max = StreamPlan::board_default();
     let mut lanes = vec![1, 2, max.lanes];
     lanes.dedup();
@@ -319,23 +326,24 @@ fn profile(a: ProfileArgs) -> Result<(), String> {
         }
         Ok(())
     })?;
-    let json = serde_json::to_string(&prof).map_err(|e| e.to_string())?;
-    std::fs::write(&a.out, json).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    write_profile(&prof, &a.out)
+}
+
+/// Writes `prof` (JSON) to `out`, saying its best static plan.
+pub(super) fn write_profile(prof: &Profile, out: &Path) -> Result<(), String> {
+    let json = serde_json::to_string(prof).map_err(|e| e.to_string())?;
+    std::fs::write(out, json).map_err(|e| format!("{}: {e}", out.display()))?;
     if let Some((p, tps)) = prof.best_static() {
         eprintln!(
             "best static plan: {p} ({}) at {tps:.2} tok/s",
-            plans[p].label()
+            prof.plans[p].label()
         );
     }
-    eprintln!(
-        "wrote {} ({} layer-steps)",
-        a.out.display(),
-        prof.steps.len()
-    );
+    eprintln!("wrote {} ({} layer-steps)", out.display(), prof.steps.len());
     Ok(())
 }
 
-fn read_profile(path: &Path) -> Result<Profile, String> {
+pub(super) fn read_profile(path: &Path) -> Result<Profile, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a controller profile: {e}", path.display()))
@@ -385,16 +393,20 @@ fn solve_cmd(a: SolveArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn compare(a: CompareArgs) -> Result<(), String> {
-    let rig = Rig::new(&a.setup)?;
-    let prof = read_profile(&a.profile)?;
+/// Table 5's rows: the board's fixed plan, the profile's best static plan and the LUT at `lut`
+/// (read for the model `model_id`), each as a LUT over `layers`.
+pub(super) fn table5_configs(
+    profile: &Path,
+    lut: &Path,
+    model_id: u64,
+    layers: usize,
+) -> Result<Vec<(String, Lut)>, String> {
+    let prof = read_profile(profile)?;
     let board = leanstream::board::NAME;
-    let layers = rig.image.layers();
-    let lut = Lut::read(&a.lut, rig.image.header.tables_identity)
-        .map_err(|e| format!("{}: {e}", a.lut.display()))?;
+    let lut = Lut::read(lut, model_id).map_err(|e| format!("{}: {e}", lut.display()))?;
     let (best, _) = prof.best_static().ok_or("the profile has no timed run")?;
     let fixed = StreamPlan::board_default();
-    let configs: Vec<(String, Lut)> = vec![
+    Ok(vec![
         (
             format!("Fix ({})", fixed.label()),
             Lut::single(board, fixed, layers).map_err(|e| e.to_string())?,
@@ -404,7 +416,44 @@ fn compare(a: CompareArgs) -> Result<(), String> {
             Lut::single(board, prof.plans[best], layers).map_err(|e| e.to_string())?,
         ),
         ("Dynamic (LUT)".into(), lut),
-    ];
+    ])
+}
+
+/// Table 5 as Markdown: per row, the runs' tok/s (mean, range, against the first row), KiB
+/// read per token and the share of the time spent in the streamed FFN's waits, each summed
+/// over `repeats` runs.
+pub(super) fn table5_markdown(
+    names: &[String],
+    tps: &[Vec<f64>],
+    kib: &[f64],
+    io: &[f64],
+    repeats: usize,
+) -> String {
+    let r = repeats as f64;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let base = mean(&tps[0]);
+    let mut md = String::from(
+        "| plan | decode tok/s (mean) | min - max | vs Fix | KiB read / token | I/O wait |\n|---|---|---|---|---|---|\n",
+    );
+    for (i, name) in names.iter().enumerate() {
+        let m = mean(&tps[i]);
+        let (lo, hi) = tps[i]
+            .iter()
+            .fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        md.push_str(&format!(
+            "| {name} | {m:.2} | {lo:.2} - {hi:.2} | {:.2}x | {:.0} | {:.0}% |\n",
+            m / base,
+            kib[i] / r,
+            100.0 * io[i] / r
+        ));
+    }
+    md
+}
+
+fn compare(a: CompareArgs) -> Result<(), String> {
+    let rig = Rig::new(&a.setup)?;
+    let layers = rig.image.layers();
+    let configs = table5_configs(&a.profile, &a.lut, rig.image.header.tables_identity, layers)?;
     let mut tps = vec![Vec::new(); configs.len()];
     let mut io = vec![0.0; configs.len()];
     let mut kib = vec![0.0; configs.len()];
@@ -421,24 +470,8 @@ fn compare(a: CompareArgs) -> Result<(), String> {
         }
         Ok(())
     })?;
-    let r = a.setup.repeats as f64;
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let base = mean(&tps[0]);
-    let mut md = String::from(
-        "| plan | decode tok/s (mean) | min - max | vs Fix | KiB read / token | I/O wait |\n|---|---|---|---|---|---|\n",
-    );
-    for (i, (name, _)) in configs.iter().enumerate() {
-        let m = mean(&tps[i]);
-        let (lo, hi) = tps[i]
-            .iter()
-            .fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        md.push_str(&format!(
-            "| {name} | {m:.2} | {lo:.2} - {hi:.2} | {:.2}x | {:.0} | {:.0}% |\n",
-            m / base,
-            kib[i] / r,
-            100.0 * io[i] / r
-        ));
-    }
+    let names: Vec<String> = configs.into_iter().map(|(n, _)| n).collect();
+    let md = table5_markdown(&names, &tps, &kib, &io, a.setup.repeats);
     print!("{md}");
     if let Some(out) = &a.out {
         std::fs::write(out, &md).map_err(|e| format!("{}: {e}", out.display()))?;

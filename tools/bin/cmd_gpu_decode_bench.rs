@@ -230,7 +230,7 @@ fn report(a: &GpuDecodeBenchArgs, header: &str, rows: &[Row]) -> Result<(), Stri
 }
 
 #[cfg(feature = "cuda")]
-mod gpu {
+pub(crate) mod gpu {
     use super::*;
     use leanstream::board::MemoryModel;
     use leanstream::engine::cuda::{CudaEngine, Prioritization, StreamedBoot};
@@ -250,14 +250,14 @@ mod gpu {
     /// The int8 parity gate of the CUDA backend against the CPU's (tests/cuda.rs).
     const GATE: f64 = 5e-2;
 
-    fn err(e: impl std::fmt::Display) -> String {
+    pub(crate) fn err(e: impl std::fmt::Display) -> String {
         e.to_string()
     }
 
     /// The FFN options every configuration runs: the kernel keeps every neuron of the blocks
     /// read (the weights are random: which neurons a threshold keeps means nothing here; what
     /// is read is the sets').
-    fn ffn(layers: usize) -> FfnOptions {
+    pub(crate) fn ffn(layers: usize) -> FfnOptions {
         FfnOptions {
             mode: FfnMode::Oracle,
             score: Score::Glu,
@@ -271,7 +271,11 @@ mod gpu {
     /// PowerInfer-2's pinned set: the blocks the sets use most, as many as the engine's `hot`
     /// policy takes from a profile (half the slots, a whole layer and the reads in flight
     /// still free).
-    fn hot_blocks(img: &FlashImage, steps: &[Vec<BlockId>], budget: CacheBudget) -> Vec<BlockId> {
+    pub(crate) fn hot_blocks(
+        img: &FlashImage,
+        steps: &[Vec<BlockId>],
+        budget: CacheBudget,
+    ) -> Vec<BlockId> {
         let (slots, slot_bytes) = StreamedFfn::slots(img, budget);
         let largest = (0..img.layers()).map(|l| img.blocks(l)).max().unwrap_or(0);
         let cfg = LaneConfig::from_board(slot_bytes);
@@ -284,7 +288,7 @@ mod gpu {
         most_used(&freq, hot_count(slots, busy))
     }
 
-    fn stream_options(
+    pub(crate) fn stream_options(
         image: &Path,
         budget: CacheBudget,
         policy: Policy,
@@ -309,7 +313,7 @@ mod gpu {
     }
 
     /// Greedy decoding of positions `range` from `tok`; the last token.
-    fn decode(
+    pub(crate) fn decode(
         d: &mut dyn Decoder,
         mut tok: u32,
         range: std::ops::Range<usize>,
@@ -323,7 +327,7 @@ mod gpu {
         Ok(tok)
     }
 
-    fn memory_model(m: &str) -> Result<MemoryModel, String> {
+    pub(crate) fn memory_model(m: &str) -> Result<MemoryModel, String> {
         match m {
             "discrete" => Ok(MemoryModel::Discrete),
             "unified" => Ok(MemoryModel::Unified),

@@ -12,6 +12,7 @@ mod cmd_calibrate;
 mod cmd_calibrate_kv;
 mod cmd_client;
 mod cmd_controller;
+mod cmd_controller_gpu;
 mod cmd_flash;
 mod cmd_generate;
 mod cmd_gpu_decode_bench;

@@ -302,4 +302,19 @@ fn cli_profiles_solves_and_generates_with_the_lut() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a controller profile"));
+    // The GPU's Table 5 reads its profile and LUT before it needs a GPU: the same sentence.
+    let out = leanstream(&[
+        "controller",
+        "gpu-compare",
+        "--image",
+        image,
+        "--sets",
+        "/nonexistent.sets",
+        "--profile",
+        lut.to_str().unwrap(),
+        "--lut",
+        lut.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a controller profile"));
 }

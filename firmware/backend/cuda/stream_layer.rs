@@ -131,6 +131,8 @@ pub struct LayerStats {
     pub hits: usize,
     /// Stages published (and handed to `on_stage`).
     pub stages: usize,
+    /// From the layer's start until its last block was in (the controller's T^I).
+    pub io: Duration,
 }
 
 /// One layer's request: the image, the layer, the blocks to compute in priority order
@@ -186,6 +188,8 @@ pub struct GpuStreamedFfn {
     generation: u32,
     /// Persistent blocks at most (all resident at once).
     grid: u32,
+    /// The controller's compute share: thread blocks a launch may use (0: `grid`).
+    pub grid_cap: u32,
     /// Pinned scratch for uploads and the download (a copy from pageable memory may return
     /// before its DMA is done); then host scratch: the order position per layer block, blocks
     /// pinned, the block each device slot holds (+1; discrete), stages handed out.
@@ -281,6 +285,7 @@ impl GpuStreamedFfn {
             generation: 0,
             whole_layer_first: false,
             grid: (per_sm.max(1) * gpu.sm_count as u32).max(1),
+            grid_cap: 0,
             staging: gpu.alloc_mapped(4 * max_blocks.max(dim).max(max_stages))?,
             position: vec![NONE; max_blocks],
             held: Vec::with_capacity(max_blocks),
@@ -331,6 +336,17 @@ impl GpuStreamedFfn {
         Ok(stats)
     }
 
+    /// Thread blocks of the persistent kernel resident at once: the compute units a plan's
+    /// share is taken of ([`grid_cap`](Self::grid_cap)).
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    /// Stages a layer may be split into (more are taken as this many).
+    pub fn max_stages(&self) -> usize {
+        self.max_stages
+    }
+
     /// Where [`run_layer`](Self::run_layer) leaves the layer's output (dim floats, device
     /// memory), until the next layer starts.
     pub fn output(&self) -> u64 {
@@ -371,6 +387,7 @@ impl GpuStreamedFfn {
             }),
         };
         let (gi, ui, di) = (ty_id(gt)?, ty_id(ut)?, ty_id(dt)?);
+        let started = Instant::now();
         let mut stats = LayerStats::default();
         if n == 0 {
             gpu.zero_async(self.acc.ptr, self.dim)?;
@@ -426,9 +443,12 @@ impl GpuStreamedFfn {
             blocks: n,
         };
         // The launch, now (each block computed as it lands) or once the layer is in.
-        let (persistent, grid, acc, flag_of, claimed) = (
+        let grid = match self.grid_cap {
+            0 => self.grid,
+            cap => cap.min(self.grid),
+        };
+        let (persistent, acc, flag_of, claimed) = (
             self.kernels.persistent,
-            self.grid,
             self.acc.ptr,
             self.flag_of.ptr,
             self.claimed.ptr,
@@ -558,6 +578,7 @@ impl GpuStreamedFfn {
                 }
             }
         }
+        stats.io = started.elapsed();
         if self.whole_layer_first {
             // Every block is in (or the layer failed: the kernel then ends at the first block
             // not in, which the error word names).

@@ -1,8 +1,12 @@
 //! The controller's plan applied to the streamed FFN, one layer at a time (paper eq. 9): when a
 //! layer starts, its remaining load volume R (bytes of its wanted blocks not yet in the cache)
 //! is measured, the LUT gives the plan for Q(R), and the plan caps the lanes' reads in flight
-//! (lanes and queue depth), the workers the layer's runs use, and the read-ahead stages. Plans
-//! change timing, never numbers: each run still writes its own partial, summed in run order.
+//! (lanes and queue depth), the compute units the layer uses (the CPU's worker pool, or the
+//! GPU persistent kernel's resident thread blocks) and the read-ahead stages. Plans change
+//! timing, never numbers: each run (CPU) or bundle (GPU) is summed as without a plan.
+//!
+//! [`Control`] is shared by the CPU's streamed FFN and the GPU's (`engine::cuda_stream`): both
+//! call [`Control::begin_layer`] and [`Control::end_layer`] around each layer.
 //!
 //! With profiling on (offline only: it allocates), each layer-step is recorded as a
 //! [`LayerSample`] (T^I, T^II, bytes read, R, the plan) for `leanstream controller profile`.
@@ -10,17 +14,17 @@
 use super::*;
 use crate::control::{LayerSample, Lut, LutError, PlanCaps};
 
-/// The controller's state inside the streamed FFN.
+/// The controller's state inside a streamed FFN.
 #[derive(Default)]
-pub(super) struct Control {
+pub struct Control {
     lut: Option<Lut>,
     /// The read-ahead stages boot chose (`refine_stages`), in force without a LUT.
     refine_boot: usize,
-    /// In force for the current layer: workers (0: the whole pool) and read-ahead stages.
-    pub(super) workers: usize,
-    pub(super) refine: usize,
-    /// The pool's threads (the compute share's whole).
-    threads: usize,
+    /// In force for the current layer: compute units (0: all of them) and read-ahead stages.
+    pub(crate) workers: usize,
+    pub(crate) refine: usize,
+    /// The compute units' whole (pool threads, or the kernel's resident blocks).
+    units: usize,
     /// The current layer: its plan index, R, when it started and the bytes read by then.
     plan: u16,
     remaining: u64,
@@ -29,20 +33,41 @@ pub(super) struct Control {
     samples: Option<Vec<LayerSample>>,
 }
 
+/// Bytes of layer `l`'s wanted blocks (priority above 0 in `prio`) not in `cache`: R_n.
+pub fn remaining_bytes(
+    image: &FlashImage,
+    cache: &WeightCache,
+    base: BlockId,
+    l: usize,
+    prio: &[f32],
+) -> u64 {
+    let mut remaining = 0u64;
+    for (b, &p) in prio[..image.blocks(l)].iter().enumerate() {
+        if p > 0.0 && cache.slot_of(base + b as BlockId).is_none() {
+            remaining += image.block_extent(l, b).1 as u64;
+        }
+    }
+    remaining
+}
+
 impl Control {
-    pub(super) fn new(refine_boot: usize) -> Control {
+    pub fn new(refine_boot: usize) -> Control {
         Control {
             refine_boot,
             refine: refine_boot,
             ..Control::default()
         }
     }
-}
 
-impl StreamedFfn<'_> {
-    /// Boot: the LUT of `--controller`, if any, read for this image's model and checked
-    /// against the board and the layers.
-    pub(super) fn load_controller(&mut self, opts: &StreamOptions) -> Result<(), StreamBootError> {
+    /// Boot: the LUT of `--controller`, if any, read for `image`'s model and checked against
+    /// the board and the layers; then in force, with `lanes` at the board's limits until the
+    /// first layer.
+    pub fn load(
+        &mut self,
+        opts: &StreamOptions,
+        image: &FlashImage,
+        lanes: &mut Lanes,
+    ) -> Result<(), StreamBootError> {
         let Some(path) = &opts.controller else {
             return Ok(());
         };
@@ -50,99 +75,157 @@ impl StreamedFfn<'_> {
             path: path.clone(),
             error,
         };
-        let lut = Lut::read(path, self.image.header.tables_identity).map_err(error)?;
-        self.set_controller(Some(lut)).map_err(error)
+        let lut = Lut::read(path, image.header.tables_identity).map_err(error)?;
+        self.set(Some(lut), image.layers(), lanes).map_err(error)
     }
 
     /// Applies `lut` from the next layer on (`None`: the board's maxima and boot's read-ahead).
     /// Refused when it was made for another board or layer count, or a plan exceeds the board.
-    pub fn set_controller(&mut self, lut: Option<Lut>) -> Result<(), LutError> {
+    pub fn set(
+        &mut self,
+        lut: Option<Lut>,
+        layers: usize,
+        lanes: &mut Lanes,
+    ) -> Result<(), LutError> {
         if let Some(lut) = &lut {
-            lut.check_for(crate::board::NAME, self.image.layers(), PlanCaps::board())?;
+            lut.check_for(crate::board::NAME, layers, PlanCaps::board())?;
         }
-        self.control.lut = lut;
-        let cfg = self.lanes.config();
-        self.lanes.set_limits(cfg.lanes, cfg.queue_depth);
-        self.control.workers = 0;
-        self.control.refine = self.control.refine_boot;
+        self.lut = lut;
+        let cfg = lanes.config();
+        lanes.set_limits(cfg.lanes, cfg.queue_depth);
+        self.workers = 0;
+        self.refine = self.refine_boot;
         Ok(())
     }
 
-    pub fn controller(&self) -> Option<&Lut> {
-        self.control.lut.as_ref()
+    pub fn lut(&self) -> Option<&Lut> {
+        self.lut.as_ref()
+    }
+
+    /// Whether [`begin_layer`](Self::begin_layer) needs R (a LUT or the profiler is on).
+    pub fn wants_remaining(&self) -> bool {
+        self.lut.is_some() || self.samples.is_some()
     }
 
     /// Starts (or stops) recording a [`LayerSample`] per layer-step; drops what was recorded.
     /// Recording allocates: the offline profiler uses it, the serving paths never.
     pub fn set_profiling(&mut self, on: bool) {
-        self.control.samples = on.then(Vec::new);
+        self.samples = on.then(Vec::new);
     }
 
     /// The layer-steps recorded since profiling started (or the last call).
     pub fn take_samples(&mut self) -> Vec<LayerSample> {
-        self.control
-            .samples
+        self.samples
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
     }
 
-    /// Layer `l` starts (its wanted blocks are those of priority above 0 in `prio`): measures
-    /// R when a LUT or the profiler needs it and applies the LUT's plan.
-    pub(super) fn begin_layer(&mut self, l: usize, pool_threads: usize) {
-        let c = &mut self.control;
-        c.threads = pool_threads;
-        if c.lut.is_none() && c.samples.is_none() {
+    /// Layer `l` starts with `remaining` bytes to read (R; only read when
+    /// [`wants_remaining`](Self::wants_remaining)), `units` compute units, `bytes_read` read
+    /// by the lanes so far. Applies the LUT's plan: the lanes' limits, the compute units
+    /// (`workers`) and the read-ahead stages (`refine`, only where the predictor can guess the
+    /// next layer during this one: `reads_ahead`).
+    pub fn begin_layer(
+        &mut self,
+        l: usize,
+        units: usize,
+        remaining: u64,
+        reads_ahead: bool,
+        lanes: &mut Lanes,
+        bytes_read: u64,
+    ) {
+        self.units = units;
+        if !self.wants_remaining() {
             return;
         }
-        let blocks = self.image.blocks(l);
-        let mut remaining = 0u64;
-        for b in 0..blocks {
-            if self.prio[b] > 0.0 && self.cache.slot_of(self.base[l] + b as BlockId).is_none() {
-                remaining += self.image.block_extent(l, b).1 as u64;
-            }
-        }
-        c.remaining = remaining;
-        if let Some(lut) = &c.lut {
+        self.remaining = remaining;
+        if let Some(lut) = &self.lut {
             let (index, plan) = lut.plan(l, remaining);
-            c.plan = index as u16;
-            self.lanes
-                .set_limits(plan.lanes as usize, plan.queue_depth as usize);
-            c.workers = plan.compute_units(pool_threads);
-            // Read-ahead only where the predictor can guess the next layer during this one.
-            c.refine = if self.predictor.reads_ffn_output() {
+            self.plan = index as u16;
+            lanes.set_limits(plan.lanes as usize, plan.queue_depth as usize);
+            self.workers = plan.compute_units(units);
+            self.refine = if reads_ahead {
                 plan.prefetch as usize
             } else {
                 0
             };
         }
-        if c.samples.is_some() {
-            c.started = Some(Instant::now());
-            c.bytes_before = self.cache.stats().bytes_read;
+        if self.samples.is_some() {
+            self.started = Some(Instant::now());
+            self.bytes_before = bytes_read;
         }
+    }
+
+    /// Layer `l` is done, having waited `waited` for reads (T^I; the rest of the layer is
+    /// T^II) with `bytes_read` read by the lanes by now: its sample, when profiling.
+    pub fn end_layer(&mut self, l: usize, waited: std::time::Duration, bytes_read: u64) {
+        let (Some(samples), Some(started)) = (self.samples.as_mut(), self.started.take()) else {
+            return;
+        };
+        let total = started.elapsed();
+        let workers = match self.workers {
+            0 => self.units,
+            w => w,
+        };
+        samples.push(LayerSample {
+            layer: l as u16,
+            remaining_bytes: self.remaining,
+            plan: self.plan,
+            io_ns: waited.min(total).as_nanos() as u64,
+            compute_ns: total.saturating_sub(waited).as_nanos() as u64,
+            bytes_read: bytes_read - self.bytes_before,
+            workers: workers as u16,
+        });
+    }
+}
+
+impl StreamedFfn<'_> {
+    /// Applies `lut` from the next layer on (`None`: the board's maxima and boot's read-ahead).
+    /// Refused when it was made for another board or layer count, or a plan exceeds the board.
+    pub fn set_controller(&mut self, lut: Option<Lut>) -> Result<(), LutError> {
+        self.control.set(lut, self.image.layers(), &mut self.lanes)
+    }
+
+    pub fn controller(&self) -> Option<&Lut> {
+        self.control.lut()
+    }
+
+    /// Starts (or stops) recording a [`LayerSample`] per layer-step; drops what was recorded.
+    /// Recording allocates: the offline profiler uses it, the serving paths never.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.control.set_profiling(on);
+    }
+
+    /// The layer-steps recorded since profiling started (or the last call).
+    pub fn take_samples(&mut self) -> Vec<LayerSample> {
+        self.control.take_samples()
+    }
+
+    /// Layer `l` starts (its wanted blocks are those of priority above 0 in `prio`): measures
+    /// R when a LUT or the profiler needs it and applies the LUT's plan.
+    pub(super) fn begin_layer(&mut self, l: usize, pool_threads: usize) {
+        let remaining = if self.control.wants_remaining() {
+            remaining_bytes(&self.image, &self.cache, self.base[l], l, self.prio)
+        } else {
+            0
+        };
+        let reads_ahead = self.predictor.reads_ffn_output();
+        let bytes = self.cache.stats().bytes_read;
+        self.control.begin_layer(
+            l,
+            pool_threads,
+            remaining,
+            reads_ahead,
+            &mut self.lanes,
+            bytes,
+        );
     }
 
     /// Layer `l` is done, having waited `waited` for reads: its sample, when profiling.
     pub(super) fn end_layer(&mut self, l: usize, waited: std::time::Duration) {
         let bytes = self.cache.stats().bytes_read;
-        let c = &mut self.control;
-        let (Some(samples), Some(started)) = (c.samples.as_mut(), c.started.take()) else {
-            return;
-        };
-        let total = started.elapsed();
-        let workers = match c.workers {
-            0 => c.threads,
-            w => w,
-        };
-        samples.push(LayerSample {
-            layer: l as u16,
-            remaining_bytes: c.remaining,
-            plan: c.plan,
-            io_ns: waited.as_nanos() as u64,
-            compute_ns: total.saturating_sub(waited).as_nanos() as u64,
-            bytes_read: bytes - c.bytes_before,
-            workers: workers as u16,
-        });
+        self.control.end_layer(l, waited, bytes);
     }
 }
 

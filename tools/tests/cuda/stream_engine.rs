@@ -115,6 +115,22 @@ fn boot_gpu<'a>(
         .expect("GPU boots streamed")
 }
 
+/// The image at `image` and, beside it with extension `ext`, a table reading prev-ffn-output
+/// that picks either half of each layer's blocks from its input (`tables::halves_table`).
+fn halves_table_beside(
+    image: &Path,
+    ext: &str,
+) -> (leanstream::model::flash::FlashImage, std::path::PathBuf) {
+    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
+    let table = image.with_extension(ext);
+    std::fs::write(
+        &table,
+        super::tables::halves_table(&img).encode(img.header.tables_identity),
+    )
+    .unwrap();
+    (img, table)
+}
+
 /// The largest relative error of any position's logits against the reference's.
 fn worst_rel(logits: &[Vec<f32>], reference: &[Vec<f32>]) -> f64 {
     logits
@@ -243,13 +259,7 @@ fn gpu_streamed_decoder_reads_the_next_layer_ahead_and_changes_no_logit() {
     let Some(images) = w8_images() else { return };
     let (name, image) = &images[0];
     let file = dense(image);
-    let img = leanstream::model::flash::FlashImage::open(image).unwrap();
-    let table = image.with_extension("halves.hashpred");
-    std::fs::write(
-        &table,
-        super::tables::halves_table(&img).encode(img.header.tables_identity),
-    )
-    .unwrap();
+    let (_, table) = halves_table_beside(image, "halves.hashpred");
     let vocab = file.hyper().unwrap().vocab_size as u32;
     let prompt: Vec<u32> = (0..6u32).map(|i| (5 + i * 7919) % vocab).collect();
     let ffn = ffn_options(&file, 0.01);
@@ -290,6 +300,113 @@ fn gpu_streamed_decoder_reads_the_next_layer_ahead_and_changes_no_logit() {
     let _ = std::fs::remove_file(&table);
 }
 
+/// The controller on the GPU (paper 3.2.3): a LUT whose plans alternate by layer (even layers:
+/// one lane at depth 4, a quarter of the persistent kernel's blocks, no read-ahead; odd: the
+/// board's lanes, the whole grid, read-ahead after 3 stages) changes no logit beyond the order
+/// of the sums, in both memory models; the profile has a sample per layer-step with its plan,
+/// the plan's share of the grid, and every byte the lanes read; removing the LUT restores the
+/// board's maxima.
+#[test]
+fn gpu_streamed_decoder_follows_the_controllers_plan_and_changes_no_logit() {
+    use leanstream::control::{Lut, PlanCaps, StreamPlan};
+    if super::gpu_or_skip().is_none() {
+        return;
+    }
+    let Some(images) = w8_images() else { return };
+    let (name, image) = &images[0];
+    let file = dense(image);
+    let (img, table) = halves_table_beside(image, "control.hashpred");
+    let layers = img.layers();
+    let caps = PlanCaps::board();
+    let plans = vec![
+        StreamPlan {
+            lanes: 1,
+            queue_depth: 4.min(caps.queue_depth),
+            compute_percent: 25,
+            prefetch: 0,
+            freq: None,
+        },
+        StreamPlan {
+            lanes: caps.lanes,
+            queue_depth: caps.queue_depth,
+            compute_percent: 100,
+            prefetch: 3,
+            freq: None,
+        },
+    ];
+    let entries: Vec<Vec<u16>> = (0..layers).map(|l| vec![(l % 2) as u16; 2]).collect();
+    let lut = Lut::new(
+        leanstream::board::NAME,
+        plans.clone(),
+        &vec![vec![1]; layers],
+        &entries,
+        layers,
+        0.0,
+    )
+    .unwrap();
+    let vocab = file.hyper().unwrap().vocab_size as u32;
+    let prompt: Vec<u32> = (0..6u32).map(|i| (11 + i * 7919) % vocab).collect();
+    let ffn = ffn_options(&file, 0.01);
+    for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+        let mut stream = stream_options(image, PredictKind::Hash, Vec::new());
+        stream.predictor = Some(table.clone());
+        let want = {
+            let mut arenas = Arenas::from_board().unwrap();
+            let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
+            run(&mut gpu, &prompt, 0).0
+        };
+        // A cold cache again, so that the odd layers have reads to queue ahead.
+        let mut arenas = Arenas::from_board().unwrap();
+        let mut gpu = boot_gpu(&mut arenas, &file, memory, &stream, &ffn);
+        gpu.set_controller(Some(lut.clone())).unwrap();
+        gpu.set_stream_profiling(true);
+        let (logits, _) = run(&mut gpu, &prompt, 0);
+        let samples = gpu.take_stream_samples();
+        gpu.set_stream_profiling(false);
+        let st = gpu.stream_stats().expect("streamed");
+        let worst = worst_rel(&logits, &want);
+        eprintln!(
+            "{name} {memory:?}: under the LUT logits rel {worst:.2e}, {} samples, {} reads ahead",
+            samples.len(),
+            st.ahead
+        );
+        assert!(worst < SUM_ORDER_GATE, "{memory:?}: logits rel {worst}");
+        assert_eq!(
+            samples.len(),
+            layers * prompt.len(),
+            "a sample per layer-step"
+        );
+        let full = samples
+            .iter()
+            .find(|x| x.plan == 1)
+            .expect("odd layers")
+            .workers as usize;
+        for (i, x) in samples.iter().enumerate() {
+            assert_eq!(x.layer as usize, i % layers);
+            assert_eq!(
+                x.plan as usize,
+                i % layers % 2,
+                "the plan of the layer's row"
+            );
+            let want_workers = plans[x.plan as usize].compute_units(full);
+            assert_eq!(x.workers as usize, want_workers, "sample {i}");
+            assert!(x.io_ns + x.compute_ns > 0);
+        }
+        assert!(full > 1, "the grid has {full} blocks");
+        let read: u64 = samples.iter().map(|x| x.bytes_read).sum();
+        assert_eq!(
+            read, st.cache.bytes_read,
+            "every byte read within a layer-step"
+        );
+        assert!(st.ahead > 0, "odd layers read ahead");
+
+        gpu.set_controller(None).unwrap();
+        let (again, _) = run(&mut gpu, &prompt, 0);
+        assert!(worst_rel(&again, &want) < SUM_ORDER_GATE);
+    }
+    let _ = std::fs::remove_file(&table);
+}
+
 #[test]
 fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
     if super::gpu_or_skip().is_none() {
@@ -322,7 +439,7 @@ fn gpu_streamed_decoder_ends_a_request_on_a_failed_block_and_serves_the_next() {
 }
 
 /// What the GPU's streamed FFN cannot do is refused at boot in a sentence: a dense FFN mode
-/// (no thresholds to stream by), the controller's LUT, look-ahead stages with a predictor that
+/// (no thresholds to stream by), a controller LUT it cannot read, look-ahead stages with a predictor that
 /// cannot guess the next layer (as on the CPU), and an image whose
 /// blocks hold rows the kernel does not compute (a Q4_1 model flashed at native).
 #[test]
@@ -356,7 +473,7 @@ fn gpu_streamed_decoder_refuses_what_it_cannot_run() {
         ..stream.clone()
     };
     let e = boot_err(&lut, &ffn, &file);
-    assert!(e.contains("--controller"), "{e}");
+    assert!(e.contains("--controller x.lut"), "{e}");
     let ahead = StreamOptions {
         refine_stages: Some(2),
         ..stream.clone()
