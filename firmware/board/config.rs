@@ -31,6 +31,9 @@ pub struct BoardFile {
     pub limits: Limits,
     pub io: Io,
     pub socket: Socket,
+    /// Where the controller writes its frequency caps (needed with `board.dvfs = true`).
+    #[serde(default)]
+    pub dvfs: Option<Dvfs>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +83,15 @@ pub struct Io {
     pub merge_blocks: i64,
 }
 
+/// A Jetson's clock caps in sysfs: files that take a frequency in Hz (devfreq's `max_freq`,
+/// the EMC's cap). Read at boot (the caps to restore) and written when a plan's cap changes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dvfs {
+    pub gpu_max_freq: String,
+    pub emc_max_freq: String,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Socket {
@@ -99,6 +111,9 @@ pub struct ValidBoard {
     pub usable_memory: u64,
     pub cpu_threads: u64,
     pub dvfs: bool,
+    /// With `dvfs`: the GPU's and the EMC's cap files (absolute paths under /sys); else empty.
+    pub dvfs_gpu_max_freq: String,
+    pub dvfs_emc_max_freq: String,
     /// (name, bytes) in declaration order: dense_weights, ffn_cache, kv, activation_scratch,
     /// io_staging, flags, request_buffers.
     pub budgets: [(&'static str, u64); 7],
@@ -261,6 +276,29 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
             format!("dvfs is for a Jetson (gpu_arch sm_72 or sm_87, memory_model \"unified\"), not gpu_arch \"{gpu_arch}\" with memory_model \"{memory_model}\""),
         );
     }
+    let (dvfs_gpu_max_freq, dvfs_emc_max_freq) = match (&f.dvfs, b.dvfs) {
+        (_, false) => (String::new(), String::new()),
+        (None, true) => {
+            return err(
+                "dvfs",
+                "board.dvfs = true needs a [dvfs] section: gpu_max_freq and emc_max_freq, the sysfs files of the caps",
+            )
+        }
+        (Some(d), true) => {
+            for (field, path) in [
+                ("dvfs.gpu_max_freq", &d.gpu_max_freq),
+                ("dvfs.emc_max_freq", &d.emc_max_freq),
+            ] {
+                if !path.starts_with("/sys/") || path.contains("..") {
+                    return err(
+                        field,
+                        format!("'{path}' is not a file under /sys/"),
+                    );
+                }
+            }
+            (d.gpu_max_freq.clone(), d.emc_max_freq.clone())
+        }
+    };
 
     let g = &f.budget;
     let named = [
@@ -406,6 +444,8 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         usable_memory,
         cpu_threads,
         dvfs: b.dvfs,
+        dvfs_gpu_max_freq,
+        dvfs_emc_max_freq,
         budgets,
         max_context,
         max_clients,
@@ -458,6 +498,14 @@ pub fn emit_consts(v: &ValidBoard) -> String {
         v.cpu_threads
     ));
     s.push_str(&format!("pub const DVFS: bool = {};\n", v.dvfs));
+    s.push_str(&format!(
+        "pub const DVFS_GPU_MAX_FREQ: &str = {:?};\n",
+        v.dvfs_gpu_max_freq
+    ));
+    s.push_str(&format!(
+        "pub const DVFS_EMC_MAX_FREQ: &str = {:?};\n",
+        v.dvfs_emc_max_freq
+    ));
     for (name, bytes) in v.budgets.iter() {
         s.push_str(&format!(
             "pub const {}_BYTES: usize = {};\n",

@@ -229,6 +229,18 @@ fn dvfs_is_for_a_jetson_only() {
     let v = parse_board(&orin.replacen("[board]", "[board]\ndvfs = true", 1)).unwrap();
     assert!(v.dvfs);
     assert!(emit_consts(&v).contains("pub const DVFS: bool = true;"));
+    assert!(emit_consts(&v).contains(
+        "pub const DVFS_GPU_MAX_FREQ: &str = \"/sys/class/devfreq/17000000.gpu/max_freq\";"
+    ));
+    // On, the controller needs the cap files, under /sys.
+    let on = orin.replacen("[board]", "[board]\ndvfs = true", 1);
+    let bare = &on[..on.find("[dvfs]").unwrap()];
+    assert_eq!(field_of(bare), "dvfs");
+    let elsewhere = on.replace("/sys/class/devfreq/17000000.gpu/max_freq", "/etc/../sys/x");
+    assert_eq!(field_of(&elsewhere), "dvfs.gpu_max_freq");
+    // Off, the section is only documentation: no path is emitted.
+    let off = parse_board(orin).unwrap();
+    assert!(!off.dvfs && off.dvfs_gpu_max_freq.is_empty());
     // Unset means off.
     assert!(!parse_board(HOST).unwrap().dvfs);
 }

@@ -53,6 +53,8 @@ pub enum LutError {
     Plan { index: usize, error: PlanError },
     /// Decoded, but inconsistent (a bad entry, edges out of order, sizes that disagree).
     Invalid(String),
+    /// Its plans cap clocks, and the board's cap files could not be opened.
+    Clocks(std::io::Error),
 }
 
 impl fmt::Display for LutError {
@@ -71,6 +73,10 @@ impl fmt::Display for LutError {
                 write!(f, "controller LUT: plan {index}: {error}")
             }
             LutError::Invalid(m) => write!(f, "controller LUT is invalid: {m}"),
+            LutError::Clocks(e) => write!(
+                f,
+                "controller LUT caps clocks, but the board's [dvfs] files cannot be used: {e}"
+            ),
         }
     }
 }

@@ -10,11 +10,13 @@
 //! a plan to the CPU streamed FFN; the GPU path reads the same value (its compute share is a
 //! share of the multiprocessors instead of the worker pool).
 
+mod clocks;
 mod lut;
 #[cfg(test)]
 use lut::LutFile;
 mod plan;
 
+pub use clocks::Clocks;
 pub use lut::{Lut, LutError, LUT_KIND, LUT_VERSION, MAX_STATES};
 pub use plan::{FreqCap, PlanCaps, PlanError, StreamPlan};
 

@@ -161,3 +161,69 @@ fn a_single_plan_is_every_layer_and_state() {
         assert_eq!(lut.plan(l, u64::MAX).0, 0);
     }
 }
+
+/// Two files standing in for a Jetson's cap files, holding `gpu` and `emc` Hz.
+fn cap_files(name: &str, gpu: &str, emc: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("leanstream-clocks-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (g, e) = (dir.join("gpu_max_freq"), dir.join("emc_cap"));
+    std::fs::write(&g, gpu).unwrap();
+    std::fs::write(&e, emc).unwrap();
+    (g, e)
+}
+
+fn hz(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn clocks_write_a_plans_cap_once_and_put_the_boot_caps_back() {
+    let (g, e) = cap_files("apply", "1300500000\n", "3199000000\n");
+    let cap = FreqCap {
+        gpu_mhz: 612,
+        emc_mhz: 2133,
+    };
+    {
+        let mut c = Clocks::open(&g, &e).unwrap();
+        assert_eq!(c.boot_hz(), (1_300_500_000, 3_199_000_000));
+        assert_eq!(c.current(), None);
+        c.apply(Some(cap)).unwrap();
+        assert_eq!((hz(&g), hz(&e)), (612_000_000, 2_133_000_000));
+        assert_eq!(c.current(), Some(cap));
+        // The same cap again writes nothing (a value changed behind it stays).
+        std::fs::write(&g, "7\n").unwrap();
+        c.apply(Some(cap)).unwrap();
+        assert_eq!(hz(&g), 7);
+        // No cap: the boot caps.
+        c.apply(None).unwrap();
+        assert_eq!((hz(&g), hz(&e)), (1_300_500_000, 3_199_000_000));
+        c.apply(Some(cap)).unwrap();
+        assert_eq!(c.errors, 0);
+    }
+    // Dropped (the daemon stops): the boot caps back.
+    assert_eq!((hz(&g), hz(&e)), (1_300_500_000, 3_199_000_000));
+    let _ = std::fs::remove_dir_all(g.parent().unwrap());
+}
+
+#[test]
+fn clocks_refuse_a_file_without_a_frequency_naming_it() {
+    let (g, e) = cap_files("bad", "performance\n", "3199000000\n");
+    let err = Clocks::open(&g, &e).err().expect("refused").to_string();
+    assert!(
+        err.contains("gpu_max_freq") && err.contains("not a frequency"),
+        "{err}"
+    );
+    let missing = g.with_file_name("absent");
+    let err = Clocks::open(&e, &missing)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("absent"), "{err}");
+    // The board here has no dvfs: its clocks are never opened.
+    assert!(Clocks::board().is_none());
+    let _ = std::fs::remove_dir_all(g.parent().unwrap());
+}

@@ -12,7 +12,7 @@
 //! [`LayerSample`] (T^I, T^II, bytes read, R, the plan) for `leanstream controller profile`.
 
 use super::*;
-use crate::control::{LayerSample, Lut, LutError, PlanCaps};
+use crate::control::{Clocks, LayerSample, Lut, LutError, PlanCaps};
 
 /// The controller's state inside a streamed FFN.
 #[derive(Default)]
@@ -31,6 +31,8 @@ pub struct Control {
     started: Option<Instant>,
     bytes_before: u64,
     samples: Option<Vec<LayerSample>>,
+    /// The board's clock caps, opened once a LUT with a frequency cap is set (`dvfs` boards).
+    clocks: Option<Clocks>,
 }
 
 /// Bytes of layer `l`'s wanted blocks (priority above 0 in `prio`) not in `cache`: R_n.
@@ -89,6 +91,17 @@ impl Control {
     ) -> Result<(), LutError> {
         if let Some(lut) = &lut {
             lut.check_for(crate::board::NAME, layers, PlanCaps::board())?;
+            let caps_clocks = lut.plans().iter().any(|p| p.freq.is_some());
+            if caps_clocks && self.clocks.is_none() {
+                // check_for refused a cap on a board without dvfs.
+                if let Some(opened) = Clocks::board() {
+                    self.clocks = Some(opened.map_err(LutError::Clocks)?);
+                }
+            }
+        }
+        if let Some(c) = self.clocks.as_mut() {
+            // Each layer's plan sets its own cap; until then, the boot caps.
+            let _ = c.apply(None);
         }
         self.lut = lut;
         let cfg = lanes.config();
@@ -100,6 +113,11 @@ impl Control {
 
     pub fn lut(&self) -> Option<&Lut> {
         self.lut.as_ref()
+    }
+
+    /// The clock caps the LUT drives (None: no LUT with a cap, or a board without `dvfs`).
+    pub fn clocks(&self) -> Option<&Clocks> {
+        self.clocks.as_ref()
     }
 
     /// Whether [`begin_layer`](Self::begin_layer) needs R (a LUT or the profiler is on).
@@ -145,6 +163,11 @@ impl Control {
             self.plan = index as u16;
             lanes.set_limits(plan.lanes as usize, plan.queue_depth as usize);
             self.workers = plan.compute_units(units);
+            if let Some(c) = self.clocks.as_mut() {
+                // A failed write is counted in `Clocks::errors`; the layer runs at the clocks
+                // as they are.
+                let _ = c.apply(plan.freq);
+            }
             self.refine = if reads_ahead {
                 plan.prefetch as usize
             } else {
