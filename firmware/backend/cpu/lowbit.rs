@@ -435,7 +435,12 @@ pub(crate) mod x86 {
         let ng = groups::<F>(row_bytes);
         let act = activations::<F>(a);
         // Once per chunk: the unchecked reads below stay inside these.
-        assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng);
+        assert!(
+            act.len() >= ng * GROUP
+                && a.d.len() >= ng
+                && a.ls.len() >= 8 * ng
+                && a.gs.len() >= ng
+        );
         let p = data.as_ptr();
         let mut r = 0;
         while r + 4 <= out.len() {
@@ -443,6 +448,12 @@ pub(crate) mod x86 {
             for g in 0..ng {
                 let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
                 let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
+                if V == VNNI_NONE && F != FMT_W8 {
+                    let i4 = four_w4_dots(q, y, *a.gs.get_unchecked(g));
+                    let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+                    acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+                    continue;
+                }
                 let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
                     let b = bias::<F>(a, g);
                     [
@@ -473,6 +484,24 @@ pub(crate) mod x86 {
             out[r] = row_alone::<F, V>(p, row_bytes, r, a);
             r += 1;
         }
+    }
+
+    /// Without VNNI, four rows' exact w4 group dots with one `madd` instead of four: the
+    /// offset weights `w + 8` (0..15) against int8 inputs (|y| <= 127) give `maddubs` pairs of
+    /// at most 3,810, so the two `hadd`s that gather the four rows still hold each sum of 8
+    /// products in an i16 (<= 15,240), and the `madd` that follows widens them. `neg_sum`: the
+    /// group's `Act::gs`, the start `-8 * sum y`. The same int32s as `dpbusd` and the
+    /// `hadd_epi32`s of the other path: bit-identical.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn four_w4_dots(q: [__m256i; 4], y: __m256i, neg_sum: i32) -> __m128i {
+        let p = |w: __m256i| _mm256_maddubs_epi16(offset_unsigned::<3>(w), y);
+        let h01 = _mm256_hadd_epi16(p(q[0]), p(q[1]));
+        let h23 = _mm256_hadd_epi16(p(q[2]), p(q[3]));
+        // Per 128-bit half: rows 0..3's sums, two i16 each; then one i32 each.
+        let m = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1));
+        let i4 = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        _mm_add_epi32(i4, _mm_set1_epi32(neg_sum << 3))
     }
 
     /// Group `g` of rows `r..r + 4`: each row's 32 weights in register order (`weights`) and
