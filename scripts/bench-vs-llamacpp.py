@@ -5,7 +5,8 @@ llama.cpp comes from llama-cpp-python 0.3.36 on PyPI, built from source on this 
 the Python binding (CMAKE_ARGS="-DGGML_NATIVE=ON" python3 -m pip install llama-cpp-python==0.3.36)
 or, with --llama-bench, the `llama-bench` binary built from the sdist's vendor/llama.cpp
 (cmake -B build -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama-bench),
-which times pp<prompt> and tg<gen> as ANCHORS.md's figures were.
+which times pp<prompt>, and tg<gen> after the same prompt (`-d`; ANCHORS.md's tg figures started
+from an empty cache: `--depth 0`).
 usage: scripts/bench-vs-llamacpp.py --model M [--precision native|f16|w8a8|w4a8] [--packing P]
        [--threads 2] [--prompt-tokens 64] [--gen-tokens 128] [--reps 3] [--llama-bench PATH]
        [--leanstream PATH]
@@ -30,12 +31,16 @@ def leanstream(a):
 
 
 def llama_bench(a):
-    out = subprocess.run([a.llama_bench, "-m", a.model, "-t", str(a.threads), "-p", str(a.prompt_tokens),
-                          "-n", str(a.gen_tokens), "-r", str(a.reps), "-o", "json"],
-                         check=True, capture_output=True, text=True).stdout
-    rows = json.loads(out)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
+    def run(*args):
+        out = subprocess.run([a.llama_bench, "-m", a.model, "-t", str(a.threads), "-r", str(a.reps),
+                              "-o", "json", *args], check=True, capture_output=True, text=True).stdout
+        return json.loads(out)[0]["avg_ts"]
+    # The prompt from an empty cache; the decode after it, as `leanstream bench` decodes (its
+    # tokens attend to the prompt's): tg at depth <prompt> (`--depth 0`: from an empty cache,
+    # as ANCHORS.md's tg figures were taken).
+    pp = run("-p", str(a.prompt_tokens), "-n", "0")
+    depth = a.prompt_tokens if a.depth is None else a.depth
+    tg = run("-p", "0", "-n", str(a.gen_tokens), "-d", str(depth))
     return pp, tg
 
 
@@ -76,6 +81,8 @@ def main():
     ap.add_argument("--precision", default="native")
     ap.add_argument("--packing", default="auto")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (else the Python binding)")
+    ap.add_argument("--depth", type=int, help="llama-bench's decode starts after this many tokens "
+                    "(default: the prompt's, as LeanStream's; 0: an empty cache, ANCHORS.md's way)")
     ap.add_argument("--leanstream", default=os.path.join(ROOT, "target/release/leanstream"),
                     help="the leanstream binary (e.g. an earlier build, for a before/after run)")
     a = ap.parse_args()
