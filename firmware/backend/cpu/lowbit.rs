@@ -436,10 +436,7 @@ pub(crate) mod x86 {
         let act = activations::<F>(a);
         // Once per chunk: the unchecked reads below stay inside these.
         assert!(
-            act.len() >= ng * GROUP
-                && a.d.len() >= ng
-                && a.ls.len() >= 8 * ng
-                && a.gs.len() >= ng
+            act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng
         );
         let p = data.as_ptr();
         let mut r = 0;
