@@ -554,7 +554,7 @@ impl CudaEngine<'_> {
                 &mut on_stage,
             );
             s.stats.io_wait_ns += started.elapsed().as_nanos() as u64;
-            let io = ran.as_ref().map_or(started.elapsed(), |st| st.io);
+            let io = ran.as_ref().map_or_else(|_| started.elapsed(), |st| st.io);
             if let Err(e) = ran {
                 s.fail(e)?;
             }

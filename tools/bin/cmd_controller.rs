@@ -101,15 +101,8 @@ pub struct SolveArgs {
 pub struct CompareArgs {
     #[command(flatten)]
     setup: DecodeSetup,
-    /// The LUT (`controller solve`).
-    #[arg(long)]
-    lut: PathBuf,
-    /// The profile the best static plan is taken from (its fastest plan).
-    #[arg(long)]
-    profile: PathBuf,
-    /// Markdown table.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    files: Table5Files,
 }
 
 pub fn cmd_controller(c: ControllerCommand) -> Result<(), String> {
@@ -393,88 +386,126 @@ fn solve_cmd(a: SolveArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Table 5's rows: the board's fixed plan, the profile's best static plan and the LUT at `lut`
-/// (read for the model `model_id`), each as a LUT over `layers`.
-pub(super) fn table5_configs(
-    profile: &Path,
-    lut: &Path,
-    model_id: u64,
-    layers: usize,
-) -> Result<Vec<(String, Lut)>, String> {
-    let prof = read_profile(profile)?;
-    let board = leanstream::board::NAME;
-    let lut = Lut::read(lut, model_id).map_err(|e| format!("{}: {e}", lut.display()))?;
-    let (best, _) = prof.best_static().ok_or("the profile has no timed run")?;
-    let fixed = StreamPlan::board_default();
-    Ok(vec![
-        (
-            format!("Fix ({})", fixed.label()),
-            Lut::single(board, fixed, layers).map_err(|e| e.to_string())?,
-        ),
-        (
-            format!("Best static ({})", prof.plans[best].label()),
-            Lut::single(board, prof.plans[best], layers).map_err(|e| e.to_string())?,
-        ),
-        ("Dynamic (LUT)".into(), lut),
-    ])
+/// Table 5's files: the LUT, the profile whose best static plan is a row, the Markdown out.
+#[derive(Args)]
+pub struct Table5Files {
+    /// The LUT (`controller solve`).
+    #[arg(long)]
+    lut: PathBuf,
+    /// The profile the best static plan is taken from (its fastest plan).
+    #[arg(long)]
+    profile: PathBuf,
+    /// Markdown table.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
-/// Table 5 as Markdown: per row, the runs' tok/s (mean, range, against the first row), KiB
-/// read per token and the share of the time spent in the streamed FFN's waits, each summed
-/// over `repeats` runs.
-pub(super) fn table5_markdown(
-    names: &[String],
-    tps: &[Vec<f64>],
-    kib: &[f64],
-    io: &[f64],
-    repeats: usize,
-) -> String {
-    let r = repeats as f64;
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let base = mean(&tps[0]);
-    let mut md = String::from(
-        "| plan | decode tok/s (mean) | min - max | vs Fix | KiB read / token | I/O wait |\n|---|---|---|---|---|---|\n",
-    );
-    for (i, name) in names.iter().enumerate() {
-        let m = mean(&tps[i]);
-        let (lo, hi) = tps[i]
-            .iter()
-            .fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        md.push_str(&format!(
-            "| {name} | {m:.2} | {lo:.2} - {hi:.2} | {:.2}x | {:.0} | {:.0}% |\n",
-            m / base,
-            kib[i] / r,
-            100.0 * io[i] / r
-        ));
+impl Table5Files {
+    /// Table 5's rows: the board's fixed plan, the profile's best static plan and the LUT
+    /// (read for the model `model_id`), each as a LUT over `layers`.
+    pub(super) fn configs(
+        &self,
+        model_id: u64,
+        layers: usize,
+    ) -> Result<Vec<(String, Lut)>, String> {
+        let prof = read_profile(&self.profile)?;
+        let board = leanstream::board::NAME;
+        let lut =
+            Lut::read(&self.lut, model_id).map_err(|e| format!("{}: {e}", self.lut.display()))?;
+        let (best, _) = prof.best_static().ok_or("the profile has no timed run")?;
+        let fixed = StreamPlan::board_default();
+        Ok(vec![
+            (
+                format!("Fix ({})", fixed.label()),
+                Lut::single(board, fixed, layers).map_err(|e| e.to_string())?,
+            ),
+            (
+                format!("Best static ({})", prof.plans[best].label()),
+                Lut::single(board, prof.plans[best], layers).map_err(|e| e.to_string())?,
+            ),
+            ("Dynamic (LUT)".into(), lut),
+        ])
     }
-    md
+}
+
+/// Table 5's figures as its runs come in: per row, each run's tok/s, and summed over the runs
+/// the KiB read per token and the share of the time spent in the streamed FFN's waits.
+pub(super) struct Table5 {
+    names: Vec<String>,
+    tps: Vec<Vec<f64>>,
+    kib: Vec<f64>,
+    io: Vec<f64>,
+}
+
+impl Table5 {
+    pub(super) fn new(names: Vec<String>) -> Table5 {
+        let n = names.len();
+        Table5 {
+            names,
+            tps: vec![Vec::new(); n],
+            kib: vec![0.0; n],
+            io: vec![0.0; n],
+        }
+    }
+
+    /// Run `rep` of row `i`: `tokens` measured at `t` tok/s, with the stream's counts `st`.
+    pub(super) fn add(
+        &mut self,
+        rep: usize,
+        i: usize,
+        t: f64,
+        tokens: usize,
+        st: &leanstream::engine::StreamStats,
+    ) {
+        let secs = tokens as f64 / t;
+        self.io[i] += st.io_wait_ns as f64 * 1e-9 / secs;
+        self.kib[i] += st.bytes_per_token() / 1024.0;
+        self.tps[i].push(t);
+        eprintln!("repeat {rep} {}: {t:.2} tok/s", self.names[i]);
+    }
+
+    /// The table as Markdown over `repeats` runs a row (tok/s: mean, range, against the first
+    /// row), printed and written to `files.out`.
+    pub(super) fn write(&self, files: &Table5Files, repeats: usize) -> Result<(), String> {
+        let r = repeats as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let base = mean(&self.tps[0]);
+        let mut md = String::from(
+            "| plan | decode tok/s (mean) | min - max | vs Fix | KiB read / token | I/O wait |\n|---|---|---|---|---|---|\n",
+        );
+        for (i, name) in self.names.iter().enumerate() {
+            let m = mean(&self.tps[i]);
+            let (lo, hi) = self.tps[i]
+                .iter()
+                .fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            md.push_str(&format!(
+                "| {name} | {m:.2} | {lo:.2} - {hi:.2} | {:.2}x | {:.0} | {:.0}% |\n",
+                m / base,
+                self.kib[i] / r,
+                100.0 * self.io[i] / r
+            ));
+        }
+        print!("{md}");
+        if let Some(out) = &files.out {
+            std::fs::write(out, &md).map_err(|e| format!("{}: {e}", out.display()))?;
+        }
+        Ok(())
+    }
 }
 
 fn compare(a: CompareArgs) -> Result<(), String> {
     let rig = Rig::new(&a.setup)?;
     let layers = rig.image.layers();
-    let configs = table5_configs(&a.profile, &a.lut, rig.image.header.tables_identity, layers)?;
-    let mut tps = vec![Vec::new(); configs.len()];
-    let mut io = vec![0.0; configs.len()];
-    let mut kib = vec![0.0; configs.len()];
+    let configs = a.files.configs(rig.image.header.tables_identity, layers)?;
+    let mut table = Table5::new(configs.iter().map(|(n, _)| n.clone()).collect());
     rig.with_engine(|e| {
         for rep in 0..a.setup.repeats {
-            for (i, (name, lut)) in configs.iter().enumerate() {
+            for (i, (_, lut)) in configs.iter().enumerate() {
                 let (t, st, _) = rig.run(e, lut.clone(), false)?;
-                let secs = (rig.tokens.len() - rig.warm) as f64 / t;
-                io[i] += st.io_wait_ns as f64 * 1e-9 / secs;
-                kib[i] += st.bytes_per_token() / 1024.0;
-                tps[i].push(t);
-                eprintln!("repeat {rep} {name}: {t:.2} tok/s");
+                table.add(rep, i, t, rig.tokens.len() - rig.warm, &st);
             }
         }
         Ok(())
     })?;
-    let names: Vec<String> = configs.into_iter().map(|(n, _)| n).collect();
-    let md = table5_markdown(&names, &tps, &kib, &io, a.setup.repeats);
-    print!("{md}");
-    if let Some(out) = &a.out {
-        std::fs::write(out, &md).map_err(|e| format!("{}: {e}", out.display()))?;
-    }
-    Ok(())
+    table.write(&a.files, a.setup.repeats)
 }

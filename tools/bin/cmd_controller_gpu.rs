@@ -58,15 +58,8 @@ pub struct GpuProfileArgs {
 pub struct GpuCompareArgs {
     #[command(flatten)]
     setup: GpuSetup,
-    /// The LUT (`controller solve` over a `gpu-profile`).
-    #[arg(long)]
-    lut: PathBuf,
-    /// The profile the best static plan is taken from.
-    #[arg(long)]
-    profile: PathBuf,
-    /// Markdown table.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    files: super::cmd_controller::Table5Files,
 }
 
 /// One run: tok/s, the stream's counts over the measured tokens, the samples (profiling).
@@ -204,22 +197,11 @@ pub fn profile(a: GpuProfileArgs) -> Result<(), String> {
 
 pub fn compare(a: GpuCompareArgs) -> Result<(), String> {
     let (model_id, layers) = image_identity(&a.setup.image)?;
-    let configs = super::cmd_controller::table5_configs(&a.profile, &a.lut, model_id, layers)?;
-    let (names, luts): (Vec<String>, Vec<Lut>) = configs.into_iter().unzip();
-    let mut tps = vec![Vec::new(); luts.len()];
-    let mut io = vec![0.0; luts.len()];
-    let mut kib = vec![0.0; luts.len()];
+    let (names, luts): (Vec<String>, Vec<Lut>) =
+        a.files.configs(model_id, layers)?.into_iter().unzip();
+    let mut table = super::cmd_controller::Table5::new(names);
     run_plans(&a.setup, &luts, false, &mut |rep, i, (t, st, _)| {
-        let secs = a.setup.tokens as f64 / t;
-        io[i] += st.io_wait_ns as f64 * 1e-9 / secs;
-        kib[i] += st.bytes_per_token() / 1024.0;
-        tps[i].push(t);
-        eprintln!("repeat {rep} {}: {t:.2} tok/s", names[i]);
+        table.add(rep, i, t, a.setup.tokens, &st)
     })?;
-    let md = super::cmd_controller::table5_markdown(&names, &tps, &kib, &io, a.setup.repeats);
-    print!("{md}");
-    if let Some(out) = &a.out {
-        std::fs::write(out, &md).map_err(|e| format!("{}: {e}", out.display()))?;
-    }
-    Ok(())
+    table.write(&a.files, a.setup.repeats)
 }
