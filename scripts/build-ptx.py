@@ -19,7 +19,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = {"compute_72": "7.4", "compute_87": None, "compute_90": None}
-OPTIONS = ["--std=c++17", "-default-device"]
+OPTIONS = ["--std=c++17", "-default-device", f"--include-path={os.path.join(ROOT, 'kernels-ptx')}"]
 
 
 def find_nvrtc():

@@ -11,6 +11,9 @@ pub const ARENA_ALIGN: u64 = 4096;
 pub const MAX_SOCKET_PATH: usize = 107;
 /// Most prompt tokens one batched prefill step may hold (the kernels' fixed per-token arrays).
 pub const MAX_PREFILL_BATCH: u64 = 64;
+/// Most prompt tokens one GPU prefill chunk may hold (its buffers come out of the activation
+/// budget; engine/cuda_prefill.rs).
+pub const MAX_GPU_PREFILL_BATCH: u64 = 4096;
 /// Bytes of a client slot's output buffer by default (`leanstreamd --output-buffer-kib`).
 pub const DEFAULT_OUTBOX_BYTES: u64 = 64 << 10;
 /// Bytes a slot moves from its output buffer to its socket at once.
@@ -70,6 +73,10 @@ pub struct Limits {
     pub max_request_bytes: i64,
     pub request_queue: i64,
     pub prefill_batch: i64,
+    /// Prompt tokens a GPU prefill chunk holds; absent: `prefill_batch`. Apart from the CPU's
+    /// because tensor cores want hundreds of tokens where the CPU's kernels hold 64 at most.
+    #[serde(default)]
+    pub gpu_prefill_batch: Option<i64>,
     pub read_timeout_ms: i64,
     pub request_timeout_s: i64,
 }
@@ -122,6 +129,7 @@ pub struct ValidBoard {
     pub max_request_bytes: u64,
     pub request_queue: u64,
     pub prefill_batch: u64,
+    pub gpu_prefill_batch: u64,
     pub read_timeout_ms: u64,
     pub request_timeout_s: u64,
     pub io_lanes: u64,
@@ -364,6 +372,16 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
             format!("{prefill_batch} is more than {MAX_PREFILL_BATCH}"),
         );
     }
+    let gpu_prefill_batch = match l.gpu_prefill_batch {
+        Some(n) => positive("limits.gpu_prefill_batch", n)?,
+        None => prefill_batch,
+    };
+    if gpu_prefill_batch > MAX_GPU_PREFILL_BATCH {
+        return err(
+            "limits.gpu_prefill_batch",
+            format!("{gpu_prefill_batch} is more than {MAX_GPU_PREFILL_BATCH}"),
+        );
+    }
     let read_timeout_ms = positive("limits.read_timeout_ms", l.read_timeout_ms)?;
     let request_timeout_s = positive("limits.request_timeout_s", l.request_timeout_s)?;
     let request_buffers = budgets[6].1;
@@ -452,6 +470,7 @@ pub fn validate(f: &BoardFile) -> Result<ValidBoard, ConfigError> {
         max_request_bytes,
         request_queue,
         prefill_batch,
+        gpu_prefill_batch,
         read_timeout_ms,
         request_timeout_s,
         io_lanes,
@@ -532,6 +551,10 @@ pub fn emit_consts(v: &ValidBoard) -> String {
     s.push_str(&format!(
         "pub const PREFILL_BATCH: usize = {};\n",
         v.prefill_batch
+    ));
+    s.push_str(&format!(
+        "pub const GPU_PREFILL_BATCH: usize = {};\n",
+        v.gpu_prefill_batch
     ));
     s.push_str(&format!(
         "pub const READ_TIMEOUT_MS: u64 = {};\n",

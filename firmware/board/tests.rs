@@ -189,6 +189,24 @@ fn prefill_batch_is_bounded() {
 }
 
 #[test]
+fn gpu_prefill_batch_defaults_to_prefill_batch_and_is_bounded() {
+    let host = parse_board(HOST).unwrap();
+    assert_eq!(host.gpu_prefill_batch, host.prefill_batch);
+    let extra = |n: &str| {
+        with(
+            "prefill_batch = 16",
+            &format!("prefill_batch = 16\ngpu_prefill_batch = {n}"),
+        )
+    };
+    assert_eq!(parse_board(&extra("512")).unwrap().gpu_prefill_batch, 512);
+    assert!(emit_consts(&parse_board(&extra("512")).unwrap())
+        .contains("pub const GPU_PREFILL_BATCH: usize = 512;"));
+    for bad in ["0", "4097"] {
+        assert_eq!(field_of(&extra(bad)), "limits.gpu_prefill_batch", "{bad}");
+    }
+}
+
+#[test]
 fn unknown_or_missing_fields_are_refused() {
     assert_eq!(field_of(&with("[io]", "[io]\nspeed = 3")), "toml");
     assert_eq!(field_of(&with("lanes = 4", "# lanes = 4")), "toml");

@@ -21,6 +21,10 @@ use crate::quant::{Precision, Role};
 
 #[path = "cuda_stream.rs"]
 mod stream;
+
+#[path = "cuda_prefill.rs"]
+mod prefill;
+pub use prefill::PrefillBuffers;
 pub use stream::{Prioritization, StreamedBoot};
 
 /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
@@ -292,6 +296,9 @@ pub struct CudaEngine<'a> {
     device_state: Option<(u32, usize)>,
     /// The FFN streamed from a flash image (`boot_streamed`); None: in memory.
     stream: Option<stream::GpuStream<'a>>,
+    /// Batched prefill's buffers (`CudaOptions::prefill_batch` > 1, the FFN in memory); None:
+    /// prompts run token by token.
+    prefill: Option<prefill::Prefill>,
     pub gpu: Gpu,
 }
 
@@ -485,17 +492,33 @@ impl<'a> CudaEngine<'a> {
                 if int8_kv { "int8" } else { "f32" }
             ),
         )?;
+        // Batched prefill needs the FFN in memory (a streamed one runs prompts token by token).
+        let prefill_batch = match streamed {
+            None if opts.prefill_batch > 1 => opts.prefill_batch.min(context),
+            _ => 0,
+        };
+        let prefill_bytes = if prefill_batch > 0 {
+            PrefillBuffers::of(&h, prefill_batch).bytes()
+        } else {
+            0
+        };
+        // The activation budget holds the host's logits and sampler buffer, and the device's
+        // prefill chunk.
         let mut host = Plan::default();
         host.add::<f32>(h.vocab_size);
         host.add::<u32>(h.vocab_size);
+        host.add_bytes(prefill_bytes);
         host.check(
             ArenaKind::ActivationScratch,
             arenas.scratch.len(),
-            "the host logits and sampler buffer",
+            &format!(
+                "the host logits and sampler buffer and a GPU prefill chunk of {prefill_batch} tokens"
+            ),
         )?;
         let (free, _) = gpu.memory().map_err(cuda)?;
         let device_need = 2 * (kv_bytes + kv_scale_bytes)
             + key_scale_bytes
+            + prefill_bytes
             + if opts.memory == MemoryModel::Unified {
                 0
             } else {
@@ -736,7 +759,16 @@ impl<'a> CudaEngine<'a> {
             pdl: pdl_kernel_mode(dependent_launch),
             device_state: None,
             stream: None,
+            prefill: None,
         };
+        if prefill_batch > 0 {
+            e.prefill = Some(prefill::Prefill::boot(
+                &e.gpu,
+                &e.hyper,
+                context,
+                prefill_batch,
+            )?);
+        }
         if let Some(p) = streamed {
             let (n_flags, n_staging) = (arenas.flags.len() / 4, arenas.io_staging.len());
             let flags = arenas.flags.carver().take::<u32>(n_flags)?;
@@ -1182,6 +1214,20 @@ impl Decoder for CudaEngine<'_> {
     }
     fn feed(&mut self, token: u32, pos: usize) {
         self.queue_step(token, pos).unwrap_or_else(|e| fault(e));
+    }
+    /// All but the last token batched (`prefill_batched`) where the engine has the buffers,
+    /// then the last as a decode step.
+    fn prefill(&mut self, tokens: &[u32], pos: usize) -> &mut [f32] {
+        let last = tokens.len() - 1;
+        if self.prefill.is_some() && last > 0 {
+            self.prefill_batched(&tokens[..last], pos)
+                .unwrap_or_else(|e| fault(e));
+        } else {
+            for (i, &t) in tokens[..last].iter().enumerate() {
+                self.feed(t, pos + i);
+            }
+        }
+        self.forward(tokens[last], pos + last)
     }
     fn forward_greedy(&mut self, token: u32, pos: usize) -> u32 {
         self.step_greedy(token, pos).unwrap_or_else(|e| fault(e))

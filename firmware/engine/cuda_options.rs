@@ -43,6 +43,10 @@ pub struct CudaOptions {
     /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
     /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
     pub dependent_launch: DependentLaunch,
+    /// Prompt tokens that go through each layer together (engine/cuda_prefill.rs): the
+    /// board's `gpu_prefill_batch` by default; 1 = token by token, as decode (`bench
+    /// --ablate token-prefill`). The chunk's activations come out of the activation budget.
+    pub prefill_batch: usize,
 }
 
 /// Programmatic dependent launch (sm_90): every kernel of a step is launched to start while
@@ -101,6 +105,7 @@ impl Default for CudaOptions {
             prefetch: true,
             attention_slice: ATTENTION_SLICE,
             dependent_launch: DependentLaunch::On,
+            prefill_batch: crate::board::GPU_PREFILL_BATCH,
         }
     }
 }

@@ -419,6 +419,9 @@ impl Server<'_> {
                 format_args!("the FFN stream from the flash image failed: {e}"),
             )
         });
+        if stats.generated_tokens > 0 {
+            METRICS.record_ttft(stats.prefill_secs);
+        }
         METRICS.record_generation(
             stats.prompt_tokens as u64,
             stats.generated_tokens as u64,

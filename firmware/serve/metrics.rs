@@ -9,6 +9,11 @@ pub const STATUSES: [u16; 15] = [
     200, 400, 403, 404, 405, 408, 411, 413, 422, 431, 500, 503, 505, 499, 0,
 ];
 
+/// Upper bounds (seconds) of the time-to-first-token histogram's buckets; +Inf is implied.
+pub const TTFT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 /// The counters. Counters only grow; gauges (`decode_tok_per_s`, `queue_depth`,
 /// `active_clients`) are set.
 pub struct Metrics {
@@ -36,6 +41,12 @@ pub struct Metrics {
     pub ffn_cache_misses_total: AtomicU64,
     pub ffn_bytes_read_total: AtomicU64,
     pub ffn_io_wait_ns_total: AtomicU64,
+    /// Time to first token: requests whose first token took at most each of [`TTFT_BUCKETS`]
+    /// (not cumulative here; the text adds them up), then over the last; their count and the
+    /// sum of their times in microseconds.
+    pub ttft_buckets: [AtomicU64; TTFT_BUCKETS.len() + 1],
+    pub ttft_count: AtomicU64,
+    pub ttft_sum_us: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -67,7 +78,23 @@ impl Metrics {
             ffn_cache_misses_total: AtomicU64::new(0),
             ffn_bytes_read_total: AtomicU64::new(0),
             ffn_io_wait_ns_total: AtomicU64::new(0),
+            ttft_buckets: [const { AtomicU64::new(0) }; TTFT_BUCKETS.len() + 1],
+            ttft_count: AtomicU64::new(0),
+            ttft_sum_us: AtomicU64::new(0),
         }
+    }
+
+    /// Counts one request's time to first token: from the engine taking the request to its
+    /// first token (the prompt's prefill and one sample; time queued is not in it).
+    pub fn record_ttft(&self, secs: f64) {
+        let slot = TTFT_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(TTFT_BUCKETS.len());
+        self.ttft_buckets[slot].fetch_add(1, Relaxed);
+        self.ttft_count.fetch_add(1, Relaxed);
+        self.ttft_sum_us
+            .fetch_add((secs.max(0.0) * 1e6) as u64, Relaxed);
     }
 
     /// Sets the streamed FFN's totals (the engine's counters since boot).
@@ -233,6 +260,23 @@ pub fn render_prometheus(m: &Metrics, out: &mut impl Write) -> fmt::Result {
         family(out, name, "gauge", help)?;
         writeln!(out, "{name} {v}")?;
     }
+    let name = "leanstream_time_to_first_token_seconds";
+    family(
+        out,
+        name,
+        "histogram",
+        "From the engine taking a request to its first token (prefill; queueing not included).",
+    )?;
+    let mut below = 0;
+    for (i, le) in TTFT_BUCKETS.iter().enumerate() {
+        below += m.ttft_buckets[i].load(Relaxed);
+        writeln!(out, "{name}_bucket{{le=\"{le}\"}} {below}")?;
+    }
+    below += m.ttft_buckets[TTFT_BUCKETS.len()].load(Relaxed);
+    writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {below}")?;
+    let sum = m.ttft_sum_us.load(Relaxed) as f64 / 1e6;
+    writeln!(out, "{name}_sum {sum}")?;
+    writeln!(out, "{name}_count {}", m.ttft_count.load(Relaxed))?;
     let name = "leanstream_decode_tokens_per_second";
     family(
         out,
@@ -266,6 +310,9 @@ mod tests {
         m.record_status(422);
         m.slow_clients_total.fetch_add(1, Relaxed);
         m.record_generation(10, 20, 12.5);
+        m.record_ttft(0.03);
+        m.record_ttft(0.004);
+        m.record_ttft(42.0);
         m.queue_depth.store(3, Relaxed);
         m.active_clients.store(2, Relaxed);
         let mut b = [0u8; 8192];
@@ -290,6 +337,14 @@ mod tests {
             "leanstream_active_clients 2",
             "# TYPE leanstream_decode_tokens_per_second gauge",
             "leanstream_decode_tokens_per_second 12.5",
+            "# TYPE leanstream_time_to_first_token_seconds histogram",
+            "leanstream_time_to_first_token_seconds_bucket{le=\"0.005\"} 1",
+            "leanstream_time_to_first_token_seconds_bucket{le=\"0.025\"} 1",
+            "leanstream_time_to_first_token_seconds_bucket{le=\"0.05\"} 2",
+            "leanstream_time_to_first_token_seconds_bucket{le=\"10\"} 2",
+            "leanstream_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3",
+            "leanstream_time_to_first_token_seconds_sum 42.034",
+            "leanstream_time_to_first_token_seconds_count 3",
         ] {
             assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
         }
@@ -297,6 +352,15 @@ mod tests {
         for l in s.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = l.rsplit_once(' ').unwrap();
             let family = name.split('{').next().unwrap();
+            // A histogram's samples are its family's name with a suffix.
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|x| {
+                    family
+                        .strip_suffix(x)
+                        .filter(|f| s.contains(&format!("# TYPE {f} histogram")))
+                })
+                .unwrap_or(family);
             assert!(s.contains(&format!("# TYPE {family} ")), "{family}");
             assert!(s.contains(&format!("# HELP {family} ")), "{family}");
             value.parse::<f64>().unwrap();

@@ -38,6 +38,10 @@ pub enum Ablation {
     PdlPrefetch,
     /// CUDA, w8a8/w4a8: the KV cache in f32.
     F32Kv,
+    /// CUDA: the prompt run token by token, as decode (no batched prefill).
+    TokenPrefill,
+    /// CUDA: the prompt batched N tokens a chunk (the board's `gpu_prefill_batch` otherwise).
+    PrefillBatch(usize),
 }
 
 /// Every ablation's name, backend and meaning: `--help` and docs/BENCHMARKS.md print this.
@@ -56,6 +60,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
     ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
     ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
+    ("token-prefill", "cuda", "the prompt run token by token, as decode, rather than batched"),
+    ("prefill-batch=N", "cuda", "the prompt batched N tokens a chunk rather than the board's gpu_prefill_batch"),
 ];
 
 /// The ablations, one per line, for `--help`.
@@ -67,8 +73,8 @@ pub fn help() -> String {
         .join("\n")
 }
 
-/// Every ablation but the one with a number.
-const PLAIN: [Ablation; 13] = {
+/// Every ablation but the ones with a number.
+const PLAIN: [Ablation; 14] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -84,6 +90,7 @@ const PLAIN: [Ablation; 13] = {
         NoPdl,
         PdlPrefetch,
         F32Kv,
+        TokenPrefill,
     ]
 };
 
@@ -98,6 +105,14 @@ impl Ablation {
                 Ok(n) if n > 0 => Ok(Ablation::AttentionSlice(n)),
                 _ => Err(format!(
                     "attention-slice takes a positive number of positions, not '{n}'"
+                )),
+            };
+        }
+        if let Some(n) = s.strip_prefix("prefill-batch=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Ablation::PrefillBatch(n)),
+                _ => Err(format!(
+                    "prefill-batch takes a positive number of tokens, not '{n}'"
                 )),
             };
         }
@@ -131,6 +146,8 @@ impl Ablation {
             NoPdl => "no-pdl".into(),
             PdlPrefetch => "pdl-prefetch".into(),
             F32Kv => "f32-kv".into(),
+            TokenPrefill => "token-prefill".into(),
+            PrefillBatch(n) => format!("prefill-batch={n}"),
         }
     }
 
@@ -168,6 +185,8 @@ impl Ablation {
             NoPdl => o.dependent_launch = DependentLaunch::Off,
             PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
             F32Kv => o.f32_kv = true,
+            TokenPrefill => o.prefill_batch = 1,
+            PrefillBatch(n) => o.prefill_batch = n,
             NoDeferredDequant | NoVnni | NoAvx512 => {}
         }
     }
@@ -179,7 +198,7 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 1);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 2);
         for (name, backend, _) in ABLATIONS {
             let name = name.replace("=N", "=64");
             let a = Ablation::parse(&name).unwrap();
@@ -219,5 +238,6 @@ mod tests {
         assert!(e.contains("no-vnni") && e.contains("f32-kv"), "{e}");
         assert!(Ablation::parse("attention-slice=0").is_err());
         assert!(Ablation::parse("attention-slice=x").is_err());
+        assert!(Ablation::parse("prefill-batch=0").is_err());
     }
 }

@@ -108,6 +108,8 @@ pub struct Row {
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
     pub prefill_tok_per_s: f64,
+    /// Time to first token: the prompt's prefill and its last token's logits, milliseconds.
+    pub ttft_ms: f64,
     pub decode_tok_per_s: f64,
     pub ms_per_token: f64,
     /// CUDA only: greedy steps launched back to back (the argmax feeds the next step on the
@@ -140,10 +142,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times prefill (prompt fed, last logits read) and greedy decode of a fixed count of tokens
-/// (end-of-text is not a stop: speed does not depend on the values).
-fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
+/// Times prefill (prompt fed, last logits read: the time to first token) and greedy decode of a
+/// fixed count of tokens (end-of-text is not a stop: speed does not depend on the values).
+/// Medians of prefill tok/s, decode tok/s and the time to first token in milliseconds.
+fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64, f64) {
     let mut prefill = Vec::new();
+    let mut ttft = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..s.reps.max(1) {
         let t0 = Instant::now();
@@ -154,9 +158,10 @@ fn time(d: &mut dyn Decoder, prompt: &[u32], s: &Settings) -> (f64, f64) {
         }
         let t2 = Instant::now();
         prefill.push(prompt.len() as f64 / (t1 - t0).as_secs_f64());
+        ttft.push((t1 - t0).as_secs_f64() * 1e3);
         decode.push(s.gen_tokens as f64 / (t2 - t1).as_secs_f64());
     }
-    (median(prefill), median(decode))
+    (median(prefill), median(decode), median(ttft))
 }
 
 /// L2 relative error of `a` against the reference `b`.
@@ -239,10 +244,8 @@ pub fn run(
                 Ok(last)
             };
             let want = cpu_logits(best_kernel(), false, c.precision)?;
-            let mut got = &mut [][..];
-            for (pos, &t) in check.iter().enumerate() {
-                got = g.forward(t, pos);
-            }
+            // The prompt as the timed runs feed it (batched where the engine batches).
+            let got = g.prefill(check, 0);
             let spread = got.iter().fold(0f32, |m, v| m.max(v.abs()));
             if spread == 0.0 || !spread.is_finite() {
                 return Err(format!("{}: logits are all zero or not finite", c.label()));
@@ -301,7 +304,7 @@ pub fn run(
             row.rel_err_vs_cpu = Some(e);
             row.weight_bytes_per_token = Some(g.weight_bytes_per_token);
         }
-        let (p, d) = time(engine.decoder(), &prompt, s);
+        let (p, d, ttft) = time(engine.decoder(), &prompt, s);
         #[cfg(feature = "cuda")]
         if let AnyEngine::Cuda(g) = &mut engine {
             let mut out = vec![0u32; s.gen_tokens];
@@ -315,6 +318,7 @@ pub fn run(
             row.free_running_tok_per_s = Some(median(runs));
         }
         row.prefill_tok_per_s = p;
+        row.ttft_ms = ttft;
         row.decode_tok_per_s = d;
         row.ms_per_token = 1e3 / d;
         if let (Some(b), Some(bw)) = (row.weight_bytes_per_token, copy_gbps) {
@@ -323,7 +327,7 @@ pub fn run(
             row.fraction_of_bound = Some(d / bound);
         }
         log(&format!(
-            "{}: prefill {p:.1} tok/s, decode {d:.1} tok/s",
+            "{}: prefill {p:.1} tok/s (first token after {ttft:.1} ms), decode {d:.1} tok/s",
             c.label()
         ));
         rows.push(row);
@@ -362,23 +366,24 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 
 pub fn markdown(rows: &[Row], copy_gbps: Option<f64>) -> String {
     let mut md = String::from(
-        "| configuration | where | prompt | gen | prefill tok/s | decode tok/s | ms/token | free-running tok/s | rel err vs cpu | MB/token | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| configuration | where | prompt | gen | prefill tok/s | TTFT ms | decode tok/s | ms/token | free-running tok/s | rel err vs cpu | MB/token | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         if let Some(why) = &r.refused {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | refused: {why} | | | | | | | |\n",
+                "| {} | {} | {} | {} | refused: {why} | | | | | | | | |\n",
                 r.label, r.detail, r.prompt_tokens, r.gen_tokens
             ));
             continue;
         }
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} | {} |\n",
             r.label,
             r.detail,
             r.prompt_tokens,
             r.gen_tokens,
             r.prefill_tok_per_s,
+            r.ttft_ms,
             r.decode_tok_per_s,
             r.ms_per_token,
             opt(r.free_running_tok_per_s, 1),
@@ -414,7 +419,7 @@ pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
     );
     for (i, r) in rows.iter().enumerate() {
         out.push_str(&format!(
-            "    {{\"label\": {:?}, \"model\": {:?}, \"backend\": {:?}, \"detail\": {:?}, \"prompt_tokens\": {}, \"gen_tokens\": {}, \"prefill_tok_per_s\": {:.2}, \"decode_tok_per_s\": {:.2}, \"ms_per_token\": {:.4}, \"free_running_tok_per_s\": {}, \"rel_err_vs_cpu\": {}, \"cpu_noise_floor\": {}, \"weight_bytes_per_token\": {}, \"bound_tok_per_s\": {}, \"fraction_of_bound\": {}, \"refused\": {}}}{}\n",
+            "    {{\"label\": {:?}, \"model\": {:?}, \"backend\": {:?}, \"detail\": {:?}, \"prompt_tokens\": {}, \"gen_tokens\": {}, \"prefill_tok_per_s\": {:.2}, \"ttft_ms\": {:.3}, \"decode_tok_per_s\": {:.2}, \"ms_per_token\": {:.4}, \"free_running_tok_per_s\": {}, \"rel_err_vs_cpu\": {}, \"cpu_noise_floor\": {}, \"weight_bytes_per_token\": {}, \"bound_tok_per_s\": {}, \"fraction_of_bound\": {}, \"refused\": {}}}{}\n",
             r.label,
             r.model,
             r.backend,
@@ -422,6 +427,7 @@ pub fn json(rows: &[Row], copy_gbps: Option<f64>, s: &Settings) -> String {
             r.prompt_tokens,
             r.gen_tokens,
             r.prefill_tok_per_s,
+            r.ttft_ms,
             r.decode_tok_per_s,
             r.ms_per_token,
             num(r.free_running_tok_per_s),

@@ -301,6 +301,106 @@ fn check_parity(file: &ModelFile, name: &str, precisions: &[Precision]) {
     }
 }
 
+/// `prefill_run`'s logits after the prompt, greedy tokens, logits after the second turn, and
+/// whether any product quantized its input to int8.
+type PrefillRun = (Vec<f32>, Vec<u32>, Vec<f32>, bool);
+
+/// The logits after `prompt` from position 0, the 32 greedy tokens after them, and the logits
+/// after `more` fed next (a second turn: a prefill that starts past position 0), on a GPU
+/// engine whose prompts go `batch` tokens a chunk (1: token by token).
+fn prefill_run(
+    file: &ModelFile,
+    memory: MemoryModel,
+    precision: Precision,
+    batch: usize,
+    prompt: &[u32],
+    more: &[u32],
+) -> Result<PrefillRun, EngineError> {
+    let mut arenas = Arenas::from_board().unwrap();
+    let opts = CudaOptions {
+        memory,
+        context: 256,
+        precision,
+        prefill_batch: batch,
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
+    let first = gpu.prefill(prompt, 0).to_vec();
+    let mut tokens = Vec::new();
+    let mut tok = argmax(&first);
+    for i in 0..32 {
+        tokens.push(tok);
+        tok = gpu.forward_greedy(tok, prompt.len() + i);
+    }
+    let second = gpu.prefill(more, prompt.len() + 32).to_vec();
+    Ok((first, tokens, second, gpu.int8_activations))
+}
+
+/// Batched prefill (engine/cuda_prefill.rs) against the same GPU engine prompting token by
+/// token, for every parity model in both memory models: prompts of 37 tokens (chunks of 16:
+/// 16 + 16 + 4 batched, the last token a decode step) and, after 32 greedy tokens, 21 more
+/// from position 69 (attention over a cache the batch did not write); and once with the
+/// board's chunk, the whole prompt in one. The batch's products take f16 inputs where decode
+/// takes f32 or int8 (kernels-ptx/prefill.cu), so:
+/// - at f16 (every kernel float): logits within 1e-2 (relative, L2) and the same 32 greedy
+///   tokens, the "greedy text equal";
+/// - where decode quantizes activations to int8 (native on a quantized file, w8a8 with the
+///   int8 KV cache): within 5e-2, as the CPU parity gate; greedy agreement printed.
+#[test]
+fn batched_prefill_matches_token_by_token_prompting() {
+    if let Err(why) = probe() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Ok(list) = std::env::var("LEANSTREAM_HIL_MODELS") else {
+        eprintln!("skipped: LEANSTREAM_HIL_MODELS names no parity models");
+        return;
+    };
+    for path in list.split(',').filter(|p| !p.is_empty()) {
+        let file = ModelFile::open(std::path::Path::new(path)).expect("model opens");
+        let name = std::path::Path::new(path)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let vocab = file.hyper().unwrap().vocab_size as u32;
+        let prompt: Vec<u32> = (0..37u32).map(|i| (3 + i * 7919) % vocab).collect();
+        let more: Vec<u32> = (0..21u32).map(|i| (5 + i * 104729) % vocab).collect();
+        for precision in [Precision::F16, Precision::Native, Precision::W8a8] {
+            for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
+                let what = format!("{name} {memory:?} {precision}");
+                let run = |batch| prefill_run(&file, memory, precision, batch, &prompt, &more);
+                let (p1, t1, q1, int8) = match run(1) {
+                    Ok(r) => r,
+                    // A model the GPU cannot run at a low-bit precision says why at boot.
+                    Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
+                        eprintln!("skipped: prefill {what}: {why}");
+                        continue;
+                    }
+                    Err(e) => panic!("{what}: boot failed: {e}"),
+                };
+                for batch in [16, leanstream::board::GPU_PREFILL_BATCH] {
+                    let (p, t, q, _) = run(batch).expect("boots as the token-by-token engine");
+                    let (e1, e2) = (rel_err(&p, &p1), rel_err(&q, &q1));
+                    let agree = t.iter().zip(&t1).take_while(|(a, b)| a == b).count();
+                    eprintln!(
+                        "prefill {what} chunk {batch}{}: logits rel err {e1:.2e} after the prompt, {e2:.2e} after the second turn; greedy tokens identical {agree}/32",
+                        if int8 { " (int8 activations)" } else { "" },
+                    );
+                    let tol = if int8 { 5e-2 } else { 1e-2 };
+                    assert!(
+                        e1 < tol && e2 < tol,
+                        "{what} chunk {batch}: {e1:.3e} / {e2:.3e}"
+                    );
+                    if !int8 {
+                        assert_eq!(t, t1, "{what} chunk {batch}: greedy tokens differ");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Bytes of a random matrix of `ty` (rows x cols), its blocks' scales set so that weights are
 /// of the order of 1e-2 and about centred: Q4_K, Q5_K (d, dmin), Q6_K (d), Q5_1 and Q4_1 (d, m).
 fn kquant_matrix(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {

@@ -120,6 +120,13 @@ fn sparse_ffn_daemon_matches_the_cli_and_allocates_nothing() {
             .any(|l| l == "leanstream_heap_allocations_after_boot_total 0"),
         "{m}"
     );
+    // Each of the 12 answers counted its time to first token once (the 400s have none).
+    for line in [
+        "leanstream_time_to_first_token_seconds_count 12",
+        "leanstream_time_to_first_token_seconds_bucket{le=\"+Inf\"} 12",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} in {m}");
+    }
     assert_eq!(d.stop(), 0);
 }
 

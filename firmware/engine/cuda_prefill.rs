@@ -1,0 +1,406 @@
+//! Batched prefill on the GPU (kernels-ptx/prefill.cu): a prompt goes through each layer
+//! `batch` tokens at a time, in the order of `Engine::forward`, readable top to bottom in
+//! `run_chunk`. The products are matrix-matrix (tensor cores), so each weight is read once a
+//! chunk instead of once a token; attention is causal over the chunk and the cache before it,
+//! and every position's keys and values land in the KV cache as decode stores them. The
+//! prompt's last token then runs as a decode step (the logits, the greedy pick), so what
+//! follows a prompt is decode's own path.
+//!
+//! Memory: the chunk's activations are one device buffer made at boot (`PrefillBuffers::bytes`,
+//! counted in the board's activation budget by the boot), and the prompt's tokens a pinned
+//! buffer of `context` words; a prefill allocates nothing.
+
+use super::{cuda, CudaEngine, Mat};
+use crate::backend::cuda::driver::{
+    CudaResult, DeviceBuffer, Function, Gpu, KernelArgs, MappedHost, Module,
+};
+use crate::backend::cuda::ptx_for;
+use crate::engine::EngineError;
+use crate::model::{Hyper, RopeStyle};
+
+/// Tokens a product block takes (GN in prefill.cu): chunks are rounded to no multiple of it,
+/// but a chunk smaller than it leaves part of each block idle.
+const GEMM_TOKENS: usize = 64;
+/// Weight rows a product block takes (GM in prefill.cu).
+const GEMM_ROWS: usize = 64;
+/// Threads of a product block and of an attention block.
+const GEMM_THREADS: u32 = 128;
+const ATTENTION_THREADS: u32 = 256;
+
+struct PrefillKernels {
+    embed_rows: Function,
+    norm_rows: Function,
+    swiglu_rows: Function,
+    gemm: Function,
+    rope_store: Function,
+    attention_rows: Function,
+}
+
+/// The chunk's activations on the device (prefill.cu's layouts) and the prompt's tokens.
+pub(super) struct Prefill {
+    _module: Module,
+    k: PrefillKernels,
+    /// Most tokens a chunk holds (the board's `prefill_batch`, or `CudaOptions::prefill_batch`).
+    pub batch: usize,
+    _buf: DeviceBuffer,
+    x: u64,
+    xh: u64,
+    qkv: u64,
+    gu: u64,
+    /// Halves per token of `xh` (the widest product input, rounded up to 32).
+    ldx: usize,
+    ldq: usize,
+    ldg: usize,
+    /// The prompt's tokens by position, where `embed_rows` reads them.
+    tokens: MappedHost,
+    /// Attention's queries a block and positions a tile (prefill.cu `attention_rows`).
+    qt: usize,
+    kt: usize,
+}
+
+/// Sizes of the chunk's buffers: [x, xh, qkv, gu] in bytes, and xh's row in halves.
+pub struct PrefillBuffers {
+    pub sizes: [usize; 4],
+    pub ldx: usize,
+}
+
+impl PrefillBuffers {
+    pub fn of(h: &Hyper, batch: usize) -> PrefillBuffers {
+        let q_dim = h.n_heads * h.head_dim;
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        let ldx = h.dim.max(q_dim).max(h.hidden_dim).next_multiple_of(32);
+        PrefillBuffers {
+            sizes: [
+                batch * h.dim * 4,
+                batch * ldx * 2,
+                batch * (q_dim + 2 * kv_dim) * 4,
+                batch * 2 * h.hidden_dim * 4,
+            ],
+            ldx,
+        }
+    }
+
+    /// Device bytes of the chunk (each buffer aligned to 256).
+    pub fn bytes(&self) -> usize {
+        self.sizes.iter().map(|s| s.next_multiple_of(256)).sum()
+    }
+}
+
+/// Attention's queries a block and positions a tile for a head of `head_dim` (its shared memory
+/// stays under 48 KiB: heads over 128 take half of each).
+fn attention_tiles(head_dim: usize) -> (usize, usize) {
+    if head_dim <= 128 {
+        (16, 32)
+    } else {
+        (8, 16)
+    }
+}
+
+impl Prefill {
+    pub(super) fn boot(
+        gpu: &Gpu,
+        h: &Hyper,
+        context: usize,
+        batch: usize,
+    ) -> Result<Prefill, EngineError> {
+        let ptx = ptx_for("prefill", gpu.compute_capability).ok_or_else(|| {
+            EngineError::Unsupported("no prefill PTX embedded in this build".into())
+        })?;
+        let module = gpu.load_module(ptx).map_err(cuda)?;
+        let f = |n: &str| module.function(n).map_err(cuda);
+        let k = PrefillKernels {
+            embed_rows: f("embed_rows")?,
+            norm_rows: f("norm_rows")?,
+            swiglu_rows: f("swiglu_rows")?,
+            gemm: f("gemm")?,
+            rope_store: f("rope_store")?,
+            attention_rows: f("attention_rows")?,
+        };
+        let sizes = PrefillBuffers::of(h, batch);
+        let buf = gpu.alloc(sizes.bytes()).map_err(cuda)?;
+        let mut ptrs = [0u64; 4];
+        let mut off = 0u64;
+        for (p, s) in ptrs.iter_mut().zip(sizes.sizes) {
+            *p = buf.ptr + off;
+            off += s.next_multiple_of(256) as u64;
+        }
+        let [x, xh, qkv, gu] = ptrs;
+        let (qt, kt) = attention_tiles(h.head_dim);
+        Ok(Prefill {
+            _module: module,
+            k,
+            batch,
+            _buf: buf,
+            x,
+            xh,
+            qkv,
+            gu,
+            ldx: sizes.ldx,
+            ldq: (h.n_heads + 2 * h.n_kv_heads) * h.head_dim,
+            ldg: 2 * h.hidden_dim,
+            tokens: gpu.alloc_mapped(4 * context).map_err(cuda)?,
+            qt,
+            kt,
+        })
+    }
+}
+
+impl CudaEngine<'_> {
+    /// Runs `tokens` at positions `pos..` through every layer in chunks (their logits are not
+    /// made), leaving their keys and values in the cache; returns once the GPU is done.
+    pub(super) fn prefill_batched(&mut self, tokens: &[u32], pos: usize) -> CudaResult<()> {
+        let Some(p) = self.prefill.as_mut() else {
+            unreachable!("prefill_batched without its buffers")
+        };
+        assert!(pos + tokens.len() <= self.context);
+        let words = p.tokens.as_mut_slice();
+        for (i, &t) in tokens.iter().enumerate() {
+            assert!(
+                (t as usize) < self.hyper.vocab_size,
+                "token {t} past the vocabulary"
+            );
+            words[4 * (pos + i)..4 * (pos + i + 1)].copy_from_slice(&t.to_le_bytes());
+        }
+        let batch = p.batch;
+        let mut done = 0;
+        while done < tokens.len() {
+            let n = batch.min(tokens.len() - done);
+            self.run_chunk(pos + done, n)?;
+            done += n;
+        }
+        // The decode step's state no longer matches what the device holds next.
+        self.device_state = None;
+        self.gpu.sync()
+    }
+
+    /// The forward pass of the `n` prompt tokens at positions `p0..p0 + n`, every layer.
+    fn run_chunk(&self, p0: usize, n: usize) -> CudaResult<()> {
+        let h = &self.hyper;
+        let p = self.prefill.as_ref().expect("prefill buffers");
+        let (g, k) = (&self.gpu, &p.k);
+        let e = &self.embd;
+        let threads = 256;
+        g.launch(
+            k.embed_rows,
+            n as u32,
+            threads,
+            KernelArgs::default()
+                .i32(e.ty as i32)
+                .ptr(e.q)
+                .ptr(e.d)
+                .ptr(e.m)
+                .ptr(e.qh)
+                .i32(h.dim as i32)
+                .ptr(p.tokens.dev + 4 * p0 as u64)
+                .ptr(p.x),
+        )?;
+        for (l, w) in self.layers.iter().enumerate() {
+            // Attention: q|k|v of the normed residual, RoPE and the cache, then wo added.
+            self.norm_rows(p, w.attn_norm, n)?;
+            for &(m, off) in &w.qkv {
+                let bias = if w.qkv_bias != 0 {
+                    w.qkv_bias + off as u64 * 4
+                } else {
+                    0
+                };
+                self.gemm(p, &m, n, p.qkv + off as u64 * 4, p.ldq, bias, false)?;
+            }
+            self.rope_store(p, l, p0, n)?;
+            self.attention_rows(p, l, p0, n)?;
+            self.gemm(p, &w.wo, n, p.x, h.dim, 0, true)?;
+            // Feed-forward: gate|up of the normed residual, SwiGLU, then down added.
+            self.norm_rows(p, w.ffn_norm, n)?;
+            for &(m, off) in &w.gate_up {
+                self.gemm(p, &m, n, p.gu + off as u64 * 4, p.ldg, 0, false)?;
+            }
+            g.launch(
+                k.swiglu_rows,
+                n as u32,
+                threads,
+                KernelArgs::default()
+                    .ptr(p.gu)
+                    .i32(p.ldg as i32)
+                    .i32(h.hidden_dim as i32)
+                    .i32(w.gate_up_tiled as i32)
+                    .ptr(p.xh)
+                    .i32(p.ldx as i32),
+            )?;
+            let down = w.down.as_ref().expect("an FFN in memory");
+            self.gemm(p, down, n, p.x, h.dim, 0, true)?;
+        }
+        Ok(())
+    }
+
+    /// xh = RMSNorm(x, nw) in f16, per token.
+    fn norm_rows(&self, p: &Prefill, nw: u64, n: usize) -> CudaResult<()> {
+        let h = &self.hyper;
+        self.gpu.launch(
+            p.k.norm_rows,
+            n as u32,
+            256,
+            KernelArgs::default()
+                .ptr(p.x)
+                .ptr(nw)
+                .i32(h.dim as i32)
+                .f32(h.norm_eps)
+                .ptr(p.xh)
+                .i32(p.ldx as i32),
+        )
+    }
+
+    /// y[t] = (acc ? y[t] : 0) + m xh[t] + bias for the n tokens (y's rows `ldy` floats apart).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        p: &Prefill,
+        m: &Mat,
+        n: usize,
+        y: u64,
+        ldy: usize,
+        bias: u64,
+        acc: bool,
+    ) -> CudaResult<()> {
+        let blocks = m.rows.div_ceil(GEMM_ROWS) * n.div_ceil(GEMM_TOKENS);
+        self.gpu.launch(
+            p.k.gemm,
+            blocks as u32,
+            GEMM_THREADS,
+            KernelArgs::default()
+                .i32(m.ty as i32)
+                .ptr(m.q)
+                .ptr(m.d)
+                .ptr(m.m)
+                .ptr(m.qh)
+                .i32(m.rows as i32)
+                .i32(m.cols as i32)
+                .ptr(p.xh)
+                .i32(p.ldx as i32)
+                .i32(n as i32)
+                .ptr(y)
+                .i32(ldy as i32)
+                .ptr(bias)
+                .i32(acc as i32),
+        )
+    }
+
+    /// Layer `l`'s part of the cache: (keys, values, key scales, value scales, channel scales).
+    fn layer_cache(&self, l: usize) -> (u64, u64, u64, u64, u64) {
+        let h = &self.hyper;
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        let ctx = self.context;
+        let value_bytes = if self.int8_kv { 1 } else { 4 };
+        let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+        let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
+        let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
+            b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
+        };
+        let per_layer_scales = ctx * kv_dim / 32;
+        (
+            kc,
+            vc,
+            scales_at(&self.kv.k_scales, per_layer_scales),
+            scales_at(&self.kv.v_scales, per_layer_scales),
+            scales_at(&self.kv.key_scale, kv_dim),
+        )
+    }
+
+    /// RoPE on q and k of the n tokens, and their keys and values into layer `l`'s cache.
+    fn rope_store(&self, p: &Prefill, l: usize, p0: usize, n: usize) -> CudaResult<()> {
+        let h = &self.hyper;
+        let (kc, vc, ks, vs, key_scale) = self.layer_cache(l);
+        self.gpu.launch(
+            p.k.rope_store,
+            n as u32,
+            256,
+            KernelArgs::default()
+                .ptr(p.qkv)
+                .i32(p.ldq as i32)
+                .i32(p0 as i32)
+                .i32(h.n_heads as i32)
+                .i32(h.n_kv_heads as i32)
+                .i32(h.head_dim as i32)
+                .f32(h.rope_base)
+                .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
+                .ptr(kc)
+                .ptr(vc)
+                .ptr(ks)
+                .ptr(vs)
+                .ptr(key_scale)
+                .i32(self.int8_kv as i32),
+        )
+    }
+
+    /// Causal attention of the n tokens over layer `l`'s cache up to each one; into xh (f16).
+    fn attention_rows(&self, p: &Prefill, l: usize, p0: usize, n: usize) -> CudaResult<()> {
+        let h = &self.hyper;
+        let (kc, vc, ks, vs, key_scale) = self.layer_cache(l);
+        let blocks = h.n_heads * n.div_ceil(p.qt);
+        let shared = 4 * (p.qt * h.head_dim + p.kt * (h.head_dim + 1) + p.kt * h.head_dim);
+        self.gpu.launch_shared(
+            p.k.attention_rows,
+            blocks as u32,
+            ATTENTION_THREADS,
+            shared as u32,
+            KernelArgs::default()
+                .ptr(p.qkv)
+                .i32(p.ldq as i32)
+                .i32(n as i32)
+                .i32(p0 as i32)
+                .i32(h.n_heads as i32)
+                .i32(h.n_kv_heads as i32)
+                .i32(h.head_dim as i32)
+                .ptr(kc)
+                .ptr(vc)
+                .ptr(ks)
+                .ptr(vs)
+                .ptr(key_scale)
+                .i32(self.int8_kv as i32)
+                .i32(p.qt as i32)
+                .i32(p.kt as i32)
+                .ptr(p.xh)
+                .i32(p.ldx as i32),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_tiles_fit_the_default_shared_memory() {
+        for head_dim in [8, 64, 128, 256] {
+            let (qt, kt) = attention_tiles(head_dim);
+            let bytes = 4 * (qt * head_dim + kt * (head_dim + 1) + kt * head_dim);
+            assert!(bytes <= 48 * 1024, "head {head_dim}: {bytes} bytes");
+            // Whole warps of queries (8 warps, at most 2 queries each) and a tile a warp wide.
+            assert!(qt % 8 == 0 && qt / 8 <= 2 && kt <= 32);
+        }
+    }
+
+    #[test]
+    fn chunk_buffers_hold_the_widest_input() {
+        // Qwen2.5-1.5B's shape.
+        let h = Hyper {
+            arch: crate::model::Arch::Qwen2,
+            n_layers: 28,
+            dim: 1536,
+            hidden_dim: 8960,
+            n_heads: 12,
+            n_kv_heads: 2,
+            head_dim: 128,
+            vocab_size: 151936,
+            ctx_train: 32768,
+            rope_base: 1e6,
+            norm_eps: 1e-6,
+            rope_style: RopeStyle::HalfSplit,
+            tied_output: true,
+            qkv_bias: true,
+        };
+        let b = PrefillBuffers::of(&h, 256);
+        assert_eq!(b.ldx, 8960);
+        assert_eq!(b.sizes[1], 256 * 8960 * 2);
+        assert_eq!(b.sizes[2], 256 * (1536 + 2 * 256) * 4);
+        assert!(b.bytes() >= b.sizes.iter().sum::<usize>());
+    }
+}

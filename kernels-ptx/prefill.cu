@@ -1,0 +1,363 @@
+// Batched prefill: a prompt's tokens go through each layer together, `n` tokens at a time
+// (firmware/engine/cuda_prefill.rs launches these, in the order of `Engine::forward`). Where
+// decode reads each weight once per token, a batch reads it once per `n` tokens, and the
+// products run on tensor cores.
+//
+// Layouts (token-major: row t of each buffer is token t's):
+// - `x`:   the residual, f32, `dim` per token.
+// - `xh`:  a product's input, f16, `ldx` per token: the normed residual, the attention output
+//          or SwiGLU of gate/up (each written just before the product that reads it).
+// - `qkv`: q|k|v of each token, f32, `ldq` per token (rotated in place by `rope_store`).
+// - `gu`:  gate|up (or gate/up stacked tile by tile), f32, `ldg` per token.
+// The KV cache and the weights are decode.cu's (common.cuh decodes them).
+//
+// Precision: products take f16 inputs and f16 weights (integer types dequantized to f16 on the
+// way into shared memory) and sum in f32, as cuBLAS does for llama.cpp's batches; decode keeps
+// float or int8 inputs, so a batched prompt's logits differ from token-by-token ones within
+// the parity gate (tools/tests/cuda.rs). The residual, norms, RoPE and attention stay f32.
+//
+// Every kernel waits for the one before (`pdl_wait`) before it touches activations: with
+// dependent launch on, the host may start a kernel early.
+
+#include "common.cuh"
+
+__device__ __forceinline__ f16 f2h(float f) {
+    f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// x[t] = token_embd[tokens[t]] for the n tokens. One block a token.
+extern "C" __global__ void embed_rows(int type, const u8* q, const f16* d, const f16* m,
+                                      const u32* qh, int dim, const u32* tokens, float* x) {
+    pdl_wait();
+    int t = blockIdx.x;
+    int tok = (int)tokens[t];
+    for (int c = threadIdx.x; c < dim; c += blockDim.x)
+        x[(size_t)t * dim + c] = mat_value(type, q, d, m, qh, dim, tok, c);
+}
+
+// xh[t] = RMSNorm(x[t], nw) in f16 (the formula of decode.cu's prep_input). One block a token.
+extern "C" __global__ void norm_rows(const float* x, const float* nw, int dim, float eps,
+                                     f16* xh, int ldx) {
+    __shared__ float shared32[32];
+    pdl_wait();
+    const float* row = x + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += row[c] * row[c];
+    ss = block_sum(ss, shared32);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    f16* out = xh + (size_t)blockIdx.x * ldx;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) out[c] = f2h(row[c] * inv * nw[c]);
+}
+
+// xh[t][i] = silu(gate_i) * up_i in f16, from gate|up (`tiled` = 0) or the tile-by-tile stack
+// (32 rows of gate, then the same 32 of up: weights.rs `gate_up_tiled`). One block a token.
+extern "C" __global__ void swiglu_rows(const float* gu, int ldg, int hidden, int tiled, f16* xh,
+                                       int ldx) {
+    pdl_wait();
+    const float* row = gu + (size_t)blockIdx.x * ldg;
+    f16* out = xh + (size_t)blockIdx.x * ldx;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        int g = tiled ? (i / 32) * 64 + (i % 32) : i;
+        int u = tiled ? g + 32 : hidden + i;
+        out[i] = f2h(silu_mul(row[g], row[u]));
+    }
+}
+
+// --- products: y[t][r] = (acc ? y[t][r] : 0) + W[r] . xh[t] + bias[r], for r < rows, t < n.
+//
+// A block of 128 threads (4 warps) computes a tile of GM rows x GN tokens, GK columns at a
+// time: each thread loads 16 weights of one row (dequantized to f16) and 16 inputs of one
+// token into shared memory, then each warp multiplies its 32 x 32 quarter with mma.sync
+// m16n8k16 (f16 in, f32 sums): 2 x 4 tiles of 16 x 8. Rows of shared memory are padded to GS
+// halves so a fragment's 8 rows fall in different banks. sm_72 (Xavier) has no m16n8k16: it
+// computes the same fragments with plain FMAs (correct, slow).
+
+#define GM 64
+#define GN 64
+#define GK 32
+#define GS 40
+
+// 16 weights of row r from column c (a multiple of 16) as f16; zeros past the matrix.
+__device__ __forceinline__ void weights16(int type, const u8* q, const f16* d, const f16* m,
+                                          const u32* qh, int rows, int cols, int r, int c,
+                                          f16* out) {
+    if (r >= rows) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) out[i] = 0;
+        return;
+    }
+    size_t nb = cols / 32, b = (size_t)r * nb + c / 32;
+    bool whole = c + 16 <= cols;
+    if (type == T_F16 && whole && (cols & 7) == 0) {
+        const uint4* src = (const uint4*)((const f16*)q + (size_t)r * cols + c);
+        uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+        ((uint4*)out)[0] = v0;
+        ((uint4*)out)[1] = v1;
+    } else if (type == T_Q8_0) {
+        float s = h2f(d[b]);
+        uint4 v = __ldg((const uint4*)((const i8*)q + (size_t)r * cols + c));
+        const i8* qs = (const i8*)&v;
+#pragma unroll
+        for (int i = 0; i < 16; i++) out[i] = f2h(s * (float)qs[i]);
+    } else if (type == T_Q4_0 || type == T_Q4_1) {
+        float s = h2f(d[b]);
+        float lo = type == T_Q4_0 ? -8.0f * s : h2f(m[b]);
+        uint4 v = __ldg((const uint4*)(q + b * 16));
+        const u8* bytes = (const u8*)&v;
+        int shift = (c & 16) ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) out[i] = f2h(s * (float)((bytes[i] >> shift) & 15) + lo);
+    } else {
+#pragma unroll 4
+        for (int i = 0; i < 16; i++)
+            out[i] = c + i < cols ? f2h(mat_value(type, q, d, m, qh, cols, r, c + i)) : (f16)0;
+    }
+}
+
+// The fragments of one m16n8k16 product from shared memory: A = 16 rows of `a` from column k,
+// B = 8 rows (tokens) of `b` from column k (its "col" layout); c += A B^T.
+__device__ __forceinline__ void mma16816(float* c, const f16* a, const f16* b, int k) {
+    int lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+#if __CUDA_ARCH__ >= 800
+    u32 a0 = *(const u32*)(a + g * GS + k + 2 * tg);
+    u32 a1 = *(const u32*)(a + (g + 8) * GS + k + 2 * tg);
+    u32 a2 = *(const u32*)(a + g * GS + k + 2 * tg + 8);
+    u32 a3 = *(const u32*)(a + (g + 8) * GS + k + 2 * tg + 8);
+    u32 b0 = *(const u32*)(b + g * GS + k + 2 * tg);
+    u32 b1 = *(const u32*)(b + g * GS + k + 2 * tg + 8);
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    // c0, c1: row g, tokens 2tg, 2tg+1; c2, c3: row g+8, the same tokens.
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const f16* ar = a + (g + 8 * (e >> 1)) * GS + k;
+        const f16* br = b + (2 * tg + (e & 1)) * GS + k;
+        float s = 0.0f;
+        for (int i = 0; i < 16; i++) s += h2f(ar[i]) * h2f(br[i]);
+        c[e] += s;
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemm(int type, const u8* q, const f16* d, const f16* m, const u32* qh, int rows, int cols,
+         const f16* xh, int ldx, int n, float* y, int ldy, const float* bias, int acc) {
+    __shared__ __align__(16) f16 ws[GM * GS];
+    __shared__ __align__(16) f16 xs[GN * GS];
+    pdl_wait();
+    int row_tiles = (rows + GM - 1) / GM;
+    int r0 = (blockIdx.x % row_tiles) * GM, t0 = (blockIdx.x / row_tiles) * GN;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+    // This thread's share of each load: 16 values of row (or token) `lr` from column 16 * lh.
+    int lr = threadIdx.x >> 1, lh = (threadIdx.x & 1) * 16;
+    float c[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) c[i][j][e] = 0.0f;
+    bool x_vec = (ldx & 7) == 0;
+    for (int k0 = 0; k0 < cols; k0 += GK) {
+        __align__(16) f16 w[16];
+        weights16(type, q, d, m, qh, rows, cols, r0 + lr, k0 + lh, w);
+        ((uint4*)(ws + lr * GS + lh))[0] = ((uint4*)w)[0];
+        ((uint4*)(ws + lr * GS + lh))[1] = ((uint4*)w)[1];
+        int t = t0 + lr, kc = k0 + lh;
+        uint4* xd = (uint4*)(xs + lr * GS + lh);
+        if (t < n && kc + 16 <= cols && x_vec) {
+            const uint4* src = (const uint4*)(xh + (size_t)t * ldx + kc);
+            xd[0] = src[0];
+            xd[1] = src[1];
+        } else {
+            __align__(16) f16 v[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) v[i] = t < n && kc + i < cols ? xh[(size_t)t * ldx + kc + i] : (f16)0;
+            xd[0] = ((uint4*)v)[0];
+            xd[1] = ((uint4*)v)[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GK; kk += 16)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma16816(c[i][j], ws + (wm + 16 * i) * GS, xs + (wn + 8 * j) * GS, kk);
+        __syncthreads();
+    }
+    int g = lane >> 2, tg = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + wm + 16 * i + g + 8 * (e >> 1);
+                int t = t0 + wn + 8 * j + 2 * tg + (e & 1);
+                if (r < rows && t < n) {
+                    float* out = y + (size_t)t * ldy + r;
+                    *out = (acc ? *out : 0.0f) + c[i][j][e] + (bias ? bias[r] : 0.0f);
+                }
+            }
+}
+
+// --- RoPE and the KV cache: each token's q and k rotated in place at position p0 + t (as
+// decode.cu's `attend`), and k, v stored at that position: f32 rows, or int8 blocks of 32 with
+// their scales (`key_scale`: the keys' channel scales, k divided by them first), as `attend`
+// stores them. One block a token, of a multiple of 32 threads.
+extern "C" __global__ void rope_store(float* qkv, int ldq, int p0, int n_heads, int n_kv_heads,
+                                      int head_dim, float base, int half_split, float* kcache,
+                                      float* vcache, float* kscales, float* vscales,
+                                      const float* key_scale, int int8) {
+    pdl_wait();
+    int t = blockIdx.x, pos = p0 + t, half = head_dim / 2;
+    int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
+    float* row = qkv + (size_t)t * ldq;
+    // Pairs of every q head, then of every k head.
+    for (int p = threadIdx.x; p < (n_heads + n_kv_heads) * half; p += blockDim.x) {
+        int head = p / half, i = p % half;
+        float* src = head < n_heads ? row + head * head_dim : row + q_dim + (head - n_heads) * head_dim;
+        float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
+        float s, c;
+        sincosf((float)pos * freq, &s, &c);
+        int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
+        float x0 = src[a], x1 = src[b];
+        src[a] = x0 * c - x1 * s;
+        src[b] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+    const float* k = row + q_dim;
+    const float* v = row + q_dim + kv_dim;
+    if (!int8) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+            kcache[(size_t)pos * kv_dim + i] = k[i];
+            vcache[(size_t)pos * kv_dim + i] = v[i];
+        }
+        return;
+    }
+    // One warp a block of 32: k's (over its channel scales) and v's.
+    int lane = threadIdx.x & 31, groups = kv_dim / 32;
+    for (int w = threadIdx.x >> 5; w < 2 * groups; w += blockDim.x >> 5) {
+        int g = w % groups, i = g * 32 + lane;
+        bool is_k = w < groups;
+        float x = is_k ? (key_scale ? k[i] / key_scale[i] : k[i]) : v[i];
+        float dq;
+        int qv = quant32(x, dq);
+        ((i8*)(is_k ? kcache : vcache))[(size_t)pos * kv_dim + i] = (i8)qv;
+        if (lane == 0) (is_k ? kscales : vscales)[(size_t)pos * groups + g] = dq;
+    }
+}
+
+// --- causal attention over the batch: query t (position p0 + t) of head h attends over
+// positions 0..=p0 + t of its KV head. A block takes QT queries of one head and walks the
+// cache KT positions at a time through shared memory (the int8 cache dequantized on the way;
+// its queries times the key channel scales, as `attend`'s), with an online softmax per query:
+// lane j scores position j of the tile, then every lane adds the tile's values to the output
+// dimensions it owns (lane + 32 i). The output goes to xh in f16: wo's input.
+// Shared: QT x head_dim queries, KT x (head_dim + 1) keys (padded: lanes read different rows),
+// KT x head_dim values, floats. Threads: 256, QT / 8 queries a warp.
+extern "C" __global__ void __launch_bounds__(256)
+    attention_rows(const float* qkv, int ldq, int n, int p0, int n_heads, int n_kv_heads,
+                   int head_dim, const float* kcache, const float* vcache, const float* kscales,
+                   const float* vscales, const float* key_scale, int int8, int qt, int kt,
+                   f16* xh, int ldx) {
+    extern __shared__ float smem[];
+    pdl_wait();
+    int q_tiles = (n + qt - 1) / qt;
+    int h = blockIdx.x / q_tiles, tq0 = (blockIdx.x % q_tiles) * qt;
+    int kvh = h / (n_heads / n_kv_heads), kv_dim = n_kv_heads * head_dim, groups = kv_dim / 32;
+    float* qs = smem;
+    float* ks = qs + qt * head_dim;
+    float* vs = ks + kt * (head_dim + 1);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < qt * head_dim; i += blockDim.x) {
+        int tq = tq0 + i / head_dim, dd = i % head_dim;
+        float v = tq < n ? qkv[(size_t)tq * ldq + h * head_dim + dd] : 0.0f;
+        if (int8 && key_scale) v *= key_scale[kvh * head_dim + dd];
+        qs[i] = v;
+    }
+    int per_warp = qt / 8;
+    float scale = 1.0f / sqrtf((float)head_dim);
+    // Up to 2 queries a warp, each lane up to 8 output dimensions (head_dim <= 256).
+    float mx[2], l[2], o[2][8];
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+        mx[a] = NEG_INF;
+        l[a] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[a][i] = 0.0f;
+    }
+    int last = p0 + min(n, tq0 + qt) - 1;  // the block's last query position
+    for (int k0 = 0; k0 <= last; k0 += kt) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < kt * head_dim; i += blockDim.x) {
+            int j = i / head_dim, dd = i % head_dim, t = k0 + j;
+            float kv = 0.0f, vv = 0.0f;
+            if (t <= last) {
+                size_t at = (size_t)t * kv_dim + kvh * head_dim + dd;
+                if (int8) {
+                    size_t s = (size_t)t * groups + (kvh * head_dim + dd) / 32;
+                    kv = (float)((const i8*)kcache)[at] * kscales[s];
+                    vv = (float)((const i8*)vcache)[at] * vscales[s];
+                } else {
+                    kv = kcache[at];
+                    vv = vcache[at];
+                }
+            }
+            ks[j * (head_dim + 1) + dd] = kv;
+            vs[j * head_dim + dd] = vv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            if (a >= per_warp) break;
+            int qi = warp * per_warp + a, tq = tq0 + qi;
+            if (tq >= n) break;
+            int qpos = p0 + tq, t = k0 + lane;
+            float s = NEG_INF;
+            if (lane < kt && t <= qpos) {
+                const float* qr = qs + qi * head_dim;
+                const float* kr = ks + lane * (head_dim + 1);
+                float acc = 0.0f;
+                for (int dd = 0; dd < head_dim; dd++) acc += qr[dd] * kr[dd];
+                s = acc * scale;
+            }
+            float mn = fmaxf(mx[a], warp_max(s));  // finite: position 0 <= every query's
+            float corr = expf(mx[a] - mn);
+            float p = s == NEG_INF ? 0.0f : expf(s - mn);
+            l[a] = l[a] * corr + warp_sum(p);
+            mx[a] = mn;
+#pragma unroll
+            for (int i = 0; i < 8; i++) o[a][i] *= corr;
+            int top = min(kt, qpos - k0 + 1);
+            for (int j = 0; j < top; j++) {
+                float pj = __shfl_sync(0xffffffff, p, j);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    int dd = lane + 32 * i;
+                    if (dd < head_dim) o[a][i] += pj * vs[j * head_dim + dd];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+        if (a >= per_warp) break;
+        int tq = tq0 + warp * per_warp + a;
+        if (tq >= n) break;
+        f16* out = xh + (size_t)tq * ldx + h * head_dim;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int dd = lane + 32 * i;
+            if (dd < head_dim) out[dd] = f2h(o[a][i] / l[a]);
+        }
+    }
+}
