@@ -68,94 +68,182 @@ extern "C" __global__ void swiglu_rows(const float* gu, int ldg, int hidden, int
 // --- products: y[t][r] = (acc ? y[t][r] : 0) + W[r] . xh[t] + bias[r], for r < rows, t < n.
 //
 // A block of 128 threads (4 warps) computes a tile of GM rows x GN tokens, GK columns at a
-// time: each thread loads 16 weights of one row (dequantized to f16) and 16 inputs of one
-// token into shared memory, then each warp multiplies its 32 x 32 quarter with mma.sync
-// m16n8k16 (f16 in, f32 sums): 2 x 4 tiles of 16 x 8. Rows of shared memory are padded to GS
-// halves so a fragment's 8 rows fall in different banks. sm_72 (Xavier) has no m16n8k16: it
-// computes the same fragments with plain FMAs (correct, slow).
+// time: each thread loads 2 x 16 weights of one row (dequantized to f16) and 2 x 16 inputs of
+// one token, and each warp multiplies its 32 x 32 quarter with mma.sync m16n8k16 (f16 in, f32
+// sums): 2 x 4 tiles of 16 x 8, their fragments read with ldmatrix. Two shared buffers: the
+// next step's loads are issued before the current one is multiplied. The products are bound
+// by the latency of those loads, not by the tensor cores (grids are small: a 1,536-row
+// product of 512 tokens is 192 blocks, about one a multiprocessor, waiting ~1 us a step), so
+// a step is wide (64 columns) to move more bytes per wait. Rows of shared memory are padded to
+// GS halves (144 bytes), so the 8 rows an ldmatrix phase reads fall in different banks. sm_72 (Xavier) has neither mma
+// m16n8k16 nor ldmatrix: it computes the same sums with plain FMAs (correct, slow).
 
 #define GM 64
 #define GN 64
-#define GK 32
-#define GS 40
+#define GK 64
+#define GS 72
 
-// 16 weights of row r from column c (a multiple of 16) as f16; zeros past the matrix.
+// Two halves in one word, `lo` first (as they lie in memory).
+__device__ __forceinline__ u32 pack2(f16 lo, f16 hi) { return (u32)lo | ((u32)hi << 16); }
+
+// 16 weights of row r from column c (a multiple of 16) as f16 pairs (two 16-byte words);
+// zeros past the matrix. Built in registers (no array: an array cast to words goes through
+// local memory).
 __device__ __forceinline__ void weights16(int type, const u8* q, const f16* d, const f16* m,
                                           const u32* qh, int rows, int cols, int r, int c,
-                                          f16* out) {
+                                          uint4* out) {
+    u32 p[8];
     if (r >= rows) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) out[i] = 0;
+        out[0] = out[1] = make_uint4(0, 0, 0, 0);
         return;
     }
     size_t nb = cols / 32, b = (size_t)r * nb + c / 32;
     bool whole = c + 16 <= cols;
     if (type == T_F16 && whole && (cols & 7) == 0) {
         const uint4* src = (const uint4*)((const f16*)q + (size_t)r * cols + c);
-        uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
-        ((uint4*)out)[0] = v0;
-        ((uint4*)out)[1] = v1;
+        out[0] = __ldg(src);
+        out[1] = __ldg(src + 1);
+        return;
     } else if (type == T_Q8_0) {
         float s = h2f(d[b]);
         uint4 v = __ldg((const uint4*)((const i8*)q + (size_t)r * cols + c));
-        const i8* qs = (const i8*)&v;
+        u32 words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 16; i++) out[i] = f2h(s * (float)qs[i]);
+        for (int i = 0; i < 8; i++) {
+            u32 wd = words[i / 2];
+            int sh = 16 * (i & 1);
+            float a = (float)(i8)((wd >> sh) & 0xff), bb = (float)(i8)((wd >> (sh + 8)) & 0xff);
+            p[i] = pack2(f2h(s * a), f2h(s * bb));
+        }
     } else if (type == T_Q4_0 || type == T_Q4_1) {
         float s = h2f(d[b]);
         float lo = type == T_Q4_0 ? -8.0f * s : h2f(m[b]);
         uint4 v = __ldg((const uint4*)(q + b * 16));
-        const u8* bytes = (const u8*)&v;
+        u32 words[4] = {v.x, v.y, v.z, v.w};
         int shift = (c & 16) ? 4 : 0;
 #pragma unroll
-        for (int i = 0; i < 16; i++) out[i] = f2h(s * (float)((bytes[i] >> shift) & 15) + lo);
+        for (int i = 0; i < 8; i++) {
+            u32 wd = words[i / 2] >> shift;
+            int sh = 16 * (i & 1);
+            float a = (float)((wd >> sh) & 15), bb = (float)((wd >> (sh + 8)) & 15);
+            p[i] = pack2(f2h(s * a + lo), f2h(s * bb + lo));
+        }
     } else {
-#pragma unroll 4
-        for (int i = 0; i < 16; i++)
-            out[i] = c + i < cols ? f2h(mat_value(type, q, d, m, qh, cols, r, c + i)) : (f16)0;
+#pragma unroll 2
+        for (int i = 0; i < 8; i++) {
+            int k = c + 2 * i;
+            f16 a = k < cols ? f2h(mat_value(type, q, d, m, qh, cols, r, k)) : (f16)0;
+            f16 bb = k + 1 < cols ? f2h(mat_value(type, q, d, m, qh, cols, r, k + 1)) : (f16)0;
+            p[i] = pack2(a, bb);
+        }
+    }
+    out[0] = make_uint4(p[0], p[1], p[2], p[3]);
+    out[1] = make_uint4(p[4], p[5], p[6], p[7]);
+}
+
+// 16 weights of row r and 16 inputs of token t from column c (zeros past the matrix or the
+// chunk), as two 16-byte words each.
+__device__ __forceinline__ void load16(int type, const u8* q, const f16* d, const f16* m,
+                                       const u32* qh, int rows, int cols, const f16* xh, int ldx,
+                                       int n, int r, int t, int c, uint4* w, uint4* x) {
+    weights16(type, q, d, m, qh, rows, cols, r, c, w);
+    if (t < n && c + 16 <= cols && (ldx & 7) == 0) {
+        const uint4* src = (const uint4*)(xh + (size_t)t * ldx + c);
+        x[0] = src[0];
+        x[1] = src[1];
+    } else {
+        u32 p[8];
+        const f16* row = xh + (size_t)t * ldx;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int k = c + 2 * i;
+            p[i] = pack2(t < n && k < cols ? row[k] : (f16)0, t < n && k + 1 < cols ? row[k + 1] : (f16)0);
+        }
+        x[0] = make_uint4(p[0], p[1], p[2], p[3]);
+        x[1] = make_uint4(p[4], p[5], p[6], p[7]);
     }
 }
 
-// The fragments of one m16n8k16 product from shared memory: A = 16 rows of `a` from column k,
-// B = 8 rows (tokens) of `b` from column k (its "col" layout); c += A B^T.
-__device__ __forceinline__ void mma16816(float* c, const f16* a, const f16* b, int k) {
-    int lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
-#if __CUDA_ARCH__ >= 800
-    u32 a0 = *(const u32*)(a + g * GS + k + 2 * tg);
-    u32 a1 = *(const u32*)(a + (g + 8) * GS + k + 2 * tg);
-    u32 a2 = *(const u32*)(a + g * GS + k + 2 * tg + 8);
-    u32 a3 = *(const u32*)(a + (g + 8) * GS + k + 2 * tg + 8);
-    u32 b0 = *(const u32*)(b + g * GS + k + 2 * tg);
-    u32 b1 = *(const u32*)(b + g * GS + k + 2 * tg + 8);
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    // c0, c1: row g, tokens 2tg, 2tg+1; c2, c3: row g+8, the same tokens.
+// This thread's share of one step's loads: row r0 + lr's weights and token t0 + lr's inputs at
+// columns k0 + lh and k0 + lh + 32, 16 each.
+__device__ __forceinline__ void load_step(int type, const u8* q, const f16* d, const f16* m,
+                                          const u32* qh, int rows, int cols, const f16* xh,
+                                          int ldx, int n, int r, int t, int c, uint4* w,
+                                          uint4* x) {
+    load16(type, q, d, m, qh, rows, cols, xh, ldx, n, r, t, c, w, x);
+    load16(type, q, d, m, qh, rows, cols, xh, ldx, n, r, t, c + 32, w + 2, x + 2);
+}
+
+__device__ __forceinline__ u32 shared_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// c[i][j] += the warp's 32 x 32 quarter (rows wm.., tokens wn..) of one GK step.
+__device__ __forceinline__ void step_mma(float (*c)[4][4], const f16* ws, const f16* xs, int wm,
+                                         int wn) {
+    int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const f16* ar = a + (g + 8 * (e >> 1)) * GS + k;
-        const f16* br = b + (2 * tg + (e & 1)) * GS + k;
-        float s = 0.0f;
-        for (int i = 0; i < 16; i++) s += h2f(ar[i]) * h2f(br[i]);
-        c[e] += s;
-    }
+    for (int kk = 0; kk < GK; kk += 16) {
+#if __CUDA_ARCH__ >= 800
+        u32 a[2][4], b[4][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            u32 p = shared_addr(ws + (wm + 16 * i + (lane & 15)) * GS + kk + (lane >> 4) * 8);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a[i][0]), "=r"(a[i][1]), "=r"(a[i][2]), "=r"(a[i][3])
+                         : "r"(p));
+        }
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            u32 p = shared_addr(xs + (wn + 16 * jj + (lane >> 4) * 8 + (lane & 7)) * GS + kk +
+                                ((lane >> 3) & 1) * 8);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b[2 * jj][0]), "=r"(b[2 * jj][1]), "=r"(b[2 * jj + 1][0]),
+                           "=r"(b[2 * jj + 1][1])
+                         : "r"(p));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                asm volatile(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                    "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                    : "+f"(c[i][j][0]), "+f"(c[i][j][1]), "+f"(c[i][j][2]), "+f"(c[i][j][3])
+                    : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]),
+                      "r"(b[j][1]));
+#else
+        // The same fragments' sums: c0, c1 row g, tokens 2tg, 2tg+1; c2, c3 row g + 8.
+        int g = lane >> 2, tg = lane & 3;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const f16* ar = ws + (wm + 16 * i + g + 8 * (e >> 1)) * GS + kk;
+                    const f16* br = xs + (wn + 8 * j + 2 * tg + (e & 1)) * GS + kk;
+                    float s = 0.0f;
+                    for (int k = 0; k < 16; k++) s += h2f(ar[k]) * h2f(br[k]);
+                    c[i][j][e] += s;
+                }
 #endif
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     gemm(int type, const u8* q, const f16* d, const f16* m, const u32* qh, int rows, int cols,
          const f16* xh, int ldx, int n, float* y, int ldy, const float* bias, int acc) {
-    __shared__ __align__(16) f16 ws[GM * GS];
-    __shared__ __align__(16) f16 xs[GN * GS];
+    __shared__ __align__(16) f16 ws[2][GM * GS];
+    __shared__ __align__(16) f16 xs[2][GN * GS];
     pdl_wait();
     int row_tiles = (rows + GM - 1) / GM;
     int r0 = (blockIdx.x % row_tiles) * GM, t0 = (blockIdx.x / row_tiles) * GN;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
-    // This thread's share of each load: 16 values of row (or token) `lr` from column 16 * lh.
+    // This thread's share of each load: 16 values of row (or token) `lr` from column `lh`.
     int lr = threadIdx.x >> 1, lh = (threadIdx.x & 1) * 16;
     float c[2][4][4];
 #pragma unroll
@@ -164,34 +252,29 @@ extern "C" __global__ void __launch_bounds__(128)
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) c[i][j][e] = 0.0f;
-    bool x_vec = (ldx & 7) == 0;
+    uint4 w[4], x[4];
+    load_step(type, q, d, m, qh, rows, cols, xh, ldx, n, r0 + lr, t0 + lr, lh, w, x);
+    int cur = 0;
     for (int k0 = 0; k0 < cols; k0 += GK) {
-        __align__(16) f16 w[16];
-        weights16(type, q, d, m, qh, rows, cols, r0 + lr, k0 + lh, w);
-        ((uint4*)(ws + lr * GS + lh))[0] = ((uint4*)w)[0];
-        ((uint4*)(ws + lr * GS + lh))[1] = ((uint4*)w)[1];
-        int t = t0 + lr, kc = k0 + lh;
-        uint4* xd = (uint4*)(xs + lr * GS + lh);
-        if (t < n && kc + 16 <= cols && x_vec) {
-            const uint4* src = (const uint4*)(xh + (size_t)t * ldx + kc);
-            xd[0] = src[0];
-            xd[1] = src[1];
-        } else {
-            __align__(16) f16 v[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) v[i] = t < n && kc + i < cols ? xh[(size_t)t * ldx + kc + i] : (f16)0;
-            xd[0] = ((uint4*)v)[0];
-            xd[1] = ((uint4*)v)[1];
-        }
+        uint4* wd = (uint4*)(ws[cur] + lr * GS + lh);
+        uint4* xd = (uint4*)(xs[cur] + lr * GS + lh);
+        wd[0] = w[0];
+        wd[1] = w[1];
+        wd[4] = w[2];  // 32 columns on: 64 bytes, 4 words
+        wd[5] = w[3];
+        xd[0] = x[0];
+        xd[1] = x[1];
+        xd[4] = x[2];
+        xd[5] = x[3];
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < GK; kk += 16)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    mma16816(c[i][j], ws + (wm + 16 * i) * GS, xs + (wn + 8 * j) * GS, kk);
-        __syncthreads();
+        // The next step's loads go out before this step's products.
+        if (k0 + GK < cols)
+            load_step(type, q, d, m, qh, rows, cols, xh, ldx, n, r0 + lr, t0 + lr, k0 + GK + lh,
+                      w, x);
+        step_mma(c, ws[cur], xs[cur], wm, wn);
+        // The other buffer is written next; the one read here is not written again until
+        // every warp has passed the next barrier.
+        cur ^= 1;
     }
     int g = lane >> 2, tg = lane & 3;
 #pragma unroll

@@ -3,7 +3,7 @@
 # scripts/hil.sh staged (carry hil-out/leanstream.gz and .whl). Builds nothing of ours.
 #   1. same-shape random-weight models written here (HIL_SHAPES, HIL_TYPES);
 #   2. prompt processing of HIL_PROMPT (512) tokens, batched against token by token
-#      (`--ablate token-prefill`), every file in one bench run (each checked against the CPU
+#      (`--ablate token-prefill`, or HIL_PREFILL_ABLATE), every file in one bench run (each checked against the CPU
 #      backend first, through the batched path);
 #   3. time to first token at 128, 512, 1000 and 4000 prompt tokens (HIL_TTFT) on the
 #      HIL_TTFT_SHAPE files (default the 1.5B shape), discrete and, with HIL_UNIFIED=1, unified.
@@ -49,7 +49,7 @@ fi
 
 echo "== prefill $prompt tokens: batched against token by token"
 timeout ${HIL_BENCH_TIMEOUT:-400} $h/leanstream bench --model "$files" --backend cuda --memory discrete \
-  --prompt-tokens $prompt --gen-tokens 16 --reps 3 --ablate token-prefill \
+  --prompt-tokens $prompt --gen-tokens 16 --reps 3 ${HIL_PREFILL_ABLATE---ablate token-prefill} \
   --json "$res/prefill-$prompt.json" --markdown "$res/prefill-$prompt.md" --png "$res/prefill-$prompt.png" 2>&1 \
   | tee "$res/prefill-$prompt.txt"
 rc=$(( rc | ${PIPESTATUS[0]} ))
