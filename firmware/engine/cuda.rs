@@ -831,24 +831,33 @@ impl<'a> CudaEngine<'a> {
         )
     }
 
-    /// Layer `l`'s attention, added to the residual, whose norm it leaves for the FFN.
-    fn record_attention(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
+    /// Layer `l`'s part of the cache: (keys, values, key scales, value scales, channel scales).
+    fn layer_cache(&self, l: usize) -> (u64, u64, u64, u64, u64) {
         let h = &self.hyper;
-        let (g, k, a) = (&self.gpu, &self.k, &self.a);
-        let head_dim = h.head_dim;
-        let kv_dim = h.n_kv_heads * head_dim;
+        let kv_dim = h.n_kv_heads * h.head_dim;
         let ctx = self.context;
-        // Layer l's part of the cache (and of its scales: int8).
         let value_bytes = if self.int8_kv { 1 } else { 4 };
         let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
         let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
         let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
             b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
         };
-        let per_layer_scales = ctx * h.n_kv_heads * (head_dim / 32);
-        let ks = scales_at(&self.kv.k_scales, per_layer_scales);
-        let vs = scales_at(&self.kv.v_scales, per_layer_scales);
-        let key_scale = scales_at(&self.kv.key_scale, kv_dim);
+        let per_layer_scales = ctx * kv_dim / 32;
+        (
+            kc,
+            vc,
+            scales_at(&self.kv.k_scales, per_layer_scales),
+            scales_at(&self.kv.v_scales, per_layer_scales),
+            scales_at(&self.kv.key_scale, kv_dim),
+        )
+    }
+
+    /// Layer `l`'s attention, added to the residual, whose norm it leaves for the FFN.
+    fn record_attention(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
+        let h = &self.hyper;
+        let (g, k, a) = (&self.gpu, &self.k, &self.a);
+        let head_dim = h.head_dim;
+        let (kc, vc, ks, vs, key_scale) = self.layer_cache(l);
         // Attention: q, k, v of the normed input.
         for &(m, off) in &w.qkv {
             let bias = if w.qkv_bias != 0 {

@@ -283,27 +283,6 @@ impl CudaEngine<'_> {
         )
     }
 
-    /// Layer `l`'s part of the cache: (keys, values, key scales, value scales, channel scales).
-    fn layer_cache(&self, l: usize) -> (u64, u64, u64, u64, u64) {
-        let h = &self.hyper;
-        let kv_dim = h.n_kv_heads * h.head_dim;
-        let ctx = self.context;
-        let value_bytes = if self.int8_kv { 1 } else { 4 };
-        let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-        let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-        let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
-            b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
-        };
-        let per_layer_scales = ctx * kv_dim / 32;
-        (
-            kc,
-            vc,
-            scales_at(&self.kv.k_scales, per_layer_scales),
-            scales_at(&self.kv.v_scales, per_layer_scales),
-            scales_at(&self.kv.key_scale, kv_dim),
-        )
-    }
-
     /// RoPE on q and k of the n tokens, and their keys and values into layer `l`'s cache.
     fn rope_store(&self, p: &Prefill, l: usize, p0: usize, n: usize) -> CudaResult<()> {
         let h = &self.hyper;
