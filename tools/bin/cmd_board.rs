@@ -54,12 +54,13 @@ pub fn run(a: BoardArgs) -> Result<(), String> {
     }
     println!();
     println!(
-        "limits: context {} tokens, {} client slots of {} request bytes, queue {}, prefill batch {}, {} CPU threads",
+        "limits: context {} tokens, {} client slots of {} request bytes, queue {}, prefill batch {} (GPU {}), {} CPU threads",
         board::MAX_CONTEXT,
         board::MAX_CLIENTS,
         board::MAX_REQUEST_BYTES,
         board::REQUEST_QUEUE,
         board::PREFILL_BATCH,
+        board::GPU_PREFILL_BATCH,
         board::CPU_THREADS
     );
     println!(

@@ -32,6 +32,13 @@ fn every_budget_is_listed_with_its_bytes_and_owner() {
         assert!(row.contains(&k.board_budget().to_string()), "{row}");
         assert!(row.contains(k.owner()), "{row}");
     }
+    // Both prefill chunks: the CPU's and the GPU's.
+    let limits = format!(
+        "prefill batch {} (GPU {})",
+        leanstream::board::PREFILL_BATCH,
+        leanstream::board::GPU_PREFILL_BATCH
+    );
+    assert!(out.contains(&limits), "{limits} in {out}");
 }
 
 #[test]
