@@ -18,8 +18,8 @@ use crate::backend::cuda::ptx_for;
 use crate::engine::EngineError;
 use crate::model::{Hyper, RopeStyle};
 
-/// Tokens a product block takes (GN in prefill.cu): chunks are rounded to no multiple of it,
-/// but a chunk smaller than it leaves part of each block idle.
+/// Tokens a product block takes (GN in prefill.cu). A chunk need not be a multiple of it; one
+/// smaller than it leaves part of each block idle.
 const GEMM_TOKENS: usize = 64;
 /// Weight rows a product block takes (GM in prefill.cu).
 const GEMM_ROWS: usize = 64;
