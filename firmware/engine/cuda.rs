@@ -671,14 +671,7 @@ impl<'a> CudaEngine<'a> {
             4 * max_slices * h.n_heads * (h.head_dim + 2), // apart
             4 * h.n_heads,                                 // acount
         ];
-        let total: usize = sizes.iter().map(|s| s.next_multiple_of(256)).sum();
-        let buf = gpu.alloc(total).map_err(cuda)?;
-        let mut ptrs = [0u64; 14];
-        let mut off = 0u64;
-        for (p, s) in ptrs.iter_mut().zip(sizes) {
-            *p = buf.ptr + off;
-            off += s.next_multiple_of(256) as u64;
-        }
+        let (buf, ptrs) = alloc_carved(&gpu, sizes)?;
         let [x, qkv, gu, logits, state, xf, xq, counter, part, swiglu_tiles, hf, hq, apart, acount] =
             ptrs;
         let a = Activations {
@@ -1144,6 +1137,27 @@ impl<'a> CudaEngine<'a> {
         self.device_state = None;
         Ok(())
     }
+}
+
+/// Bytes of buffers of `sizes` carved from one device allocation, each aligned to 256.
+fn carved_bytes(sizes: &[usize]) -> usize {
+    sizes.iter().map(|s| s.next_multiple_of(256)).sum()
+}
+
+/// One device allocation (zeroed) carved into buffers of `sizes`, each aligned to 256: the
+/// allocation and each buffer's address.
+fn alloc_carved<const N: usize>(
+    gpu: &Gpu,
+    sizes: [usize; N],
+) -> Result<(DeviceBuffer, [u64; N]), EngineError> {
+    let buf = gpu.alloc(carved_bytes(&sizes)).map_err(cuda)?;
+    let mut ptrs = [0u64; N];
+    let mut off = 0u64;
+    for (p, s) in ptrs.iter_mut().zip(sizes) {
+        *p = buf.ptr + off;
+        off += s.next_multiple_of(256) as u64;
+    }
+    Ok((buf, ptrs))
 }
 
 fn bytemuck_step(s: &[i32; 2]) -> &[u8; 8] {

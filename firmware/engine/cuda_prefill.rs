@@ -10,7 +10,7 @@
 //! counted in the board's activation budget by the boot), and the prompt's tokens a pinned
 //! buffer of `context` words; a prefill allocates nothing.
 
-use super::{cuda, CudaEngine, Mat};
+use super::{alloc_carved, carved_bytes, cuda, CudaEngine, Mat};
 use crate::backend::cuda::driver::{
     CudaResult, DeviceBuffer, Function, Gpu, KernelArgs, MappedHost, Module,
 };
@@ -82,7 +82,7 @@ impl PrefillBuffers {
 
     /// Device bytes of the chunk (each buffer aligned to 256).
     pub fn bytes(&self) -> usize {
-        self.sizes.iter().map(|s| s.next_multiple_of(256)).sum()
+        carved_bytes(&self.sizes)
     }
 }
 
@@ -117,13 +117,7 @@ impl Prefill {
             attention_rows: f("attention_rows")?,
         };
         let sizes = PrefillBuffers::of(h, batch);
-        let buf = gpu.alloc(sizes.bytes()).map_err(cuda)?;
-        let mut ptrs = [0u64; 4];
-        let mut off = 0u64;
-        for (p, s) in ptrs.iter_mut().zip(sizes.sizes) {
-            *p = buf.ptr + off;
-            off += s.next_multiple_of(256) as u64;
-        }
+        let (buf, ptrs) = alloc_carved(gpu, sizes.sizes)?;
         let [x, xh, qkv, gu] = ptrs;
         let (qt, kt) = attention_tiles(h.head_dim);
         Ok(Prefill {

@@ -208,6 +208,30 @@ fn run_gpu(
     Ok((logits, tokens, gpu.int8_activations, gpu.int8_kv))
 }
 
+/// The parity models of $LEANSTREAM_HIL_MODELS, opened, with their file names; None (and a
+/// `skipped:` line) without a GPU or without the list.
+fn parity_models() -> Option<Vec<(ModelFile, String)>> {
+    if let Err(why) = probe() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let Ok(list) = std::env::var("LEANSTREAM_HIL_MODELS") else {
+        eprintln!("skipped: LEANSTREAM_HIL_MODELS names no parity models");
+        return None;
+    };
+    let models = list
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|path| {
+            let path = std::path::Path::new(path);
+            let file = ModelFile::open(path).expect("model opens");
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (file, name)
+        })
+        .collect();
+    Some(models)
+}
+
 /// For every parity model in both memory models, with every product kernel narrow and then
 /// every one wide (the default mixes the two by size; the wide runs also split each head's
 /// attention over blocks), at each precision against the CPU
@@ -220,21 +244,10 @@ fn run_gpu(
 ///   printed.
 #[test]
 fn cuda_matches_cpu_logits_and_greedy_tokens() {
-    if let Err(why) = probe() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let Ok(list) = std::env::var("LEANSTREAM_HIL_MODELS") else {
-        eprintln!("skipped: LEANSTREAM_HIL_MODELS names no parity models");
+    let Some(models) = parity_models() else {
         return;
     };
-    for path in list.split(',').filter(|p| !p.is_empty()) {
-        let file = ModelFile::open(std::path::Path::new(path)).expect("model opens");
-        let name = std::path::Path::new(path)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+    for (file, name) in models {
         check_parity(
             &file,
             &name,
@@ -348,21 +361,10 @@ fn prefill_run(
 ///   int8 KV cache): within 5e-2, as the CPU parity gate; greedy agreement printed.
 #[test]
 fn batched_prefill_matches_token_by_token_prompting() {
-    if let Err(why) = probe() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let Ok(list) = std::env::var("LEANSTREAM_HIL_MODELS") else {
-        eprintln!("skipped: LEANSTREAM_HIL_MODELS names no parity models");
+    let Some(models) = parity_models() else {
         return;
     };
-    for path in list.split(',').filter(|p| !p.is_empty()) {
-        let file = ModelFile::open(std::path::Path::new(path)).expect("model opens");
-        let name = std::path::Path::new(path)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+    for (file, name) in models {
         let vocab = file.hyper().unwrap().vocab_size as u32;
         let prompt: Vec<u32> = (0..37u32).map(|i| (3 + i * 7919) % vocab).collect();
         let more: Vec<u32> = (0..21u32).map(|i| (5 + i * 104729) % vocab).collect();
