@@ -292,6 +292,32 @@ extern "C" __global__ void __launch_bounds__(128)
             }
 }
 
+// --- products through cuBLAS (engine/cuda_prefill.rs `Products::Blas`): integer and K-quant
+// weights are dequantized to f16, `nrows` rows from row r0 at a time, into a scratch matrix
+// cuBLAS reads (`cols` a multiple of 16); the bias, which the f16 product cannot add, is added
+// after it.
+
+// out[i] = W[r0 + i] in f16 for i < nrows. A thread 16 columns of one row, grid-strided.
+extern "C" __global__ void dequant_rows(int type, const u8* q, const f16* d, const f16* m,
+                                        const u32* qh, int rows, int cols, int r0, int nrows,
+                                        f16* out) {
+    pdl_wait();
+    int per_row = cols / 16;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)nrows * per_row;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / per_row), c = (int)(i % per_row) * 16;
+        uint4* dst = (uint4*)(out + (size_t)r * cols + c);
+        weights16(type, q, d, m, qh, rows, cols, r0 + r, c, dst);
+    }
+}
+
+// y[t][r] += bias[r] for r < rows. One block a token.
+extern "C" __global__ void bias_rows(float* y, int ldy, int rows, const float* bias) {
+    pdl_wait();
+    float* row = y + (size_t)blockIdx.x * ldy;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) row[r] += bias[r];
+}
+
 // --- RoPE and the KV cache: each token's q and k rotated in place at position p0 + t (as
 // decode.cu's `attend`), and k, v stored at that position: f32 rows, or int8 blocks of 32 with
 // their scales (`key_scale`: the keys' channel scales, k divided by them first), as `attend`
@@ -444,3 +470,204 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
+
+// --- causal attention on tensor cores (sm_80 and newer, heads of 64 or 128: the host picks
+// `attention_rows` otherwise), flash attention's tiling. A block of 4 warps takes AQ = 64
+// queries of one head, 16 a warp, and walks the cache AK = 64 positions at a time: each tile's
+// keys and values converted to f16 into shared memory (the int8 cache dequantized; queries
+// times the key channel scales, as `attend`'s). A warp's scores S = Q K^T (16 x 64) and its
+// output O += P V are mma.sync m16n8k16 (f16 in, f32 sums); the scores' accumulators become
+// P's fragments in registers (the m16n8 accumulator of two n-tiles is the m16k16 A fragment).
+// The softmax is online per query row, in f32 (base 2, the scale folded in). The output goes
+// to xh in f16: wo's input. Blocks run the last (longest) query tiles first.
+#define AQ 64
+#define AK 64
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix4(u32* r, const f16* p, bool trans) {
+#if __CUDA_ARCH__ >= 800
+    u32 a = shared_addr(p);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#endif
+}
+
+// Four f32 of one key (or value) row from column dd, as f16 into shared memory at `dst`
+// (int8 cache: times its group's scale).
+__device__ __forceinline__ void store4_f16(f16* dst, const float* cache, const float* scales,
+                                           int int8, size_t at, size_t s) {
+    float a, b, c, e;
+    if (int8) {
+        u32 w = *(const u32*)((const i8*)cache + at);
+        float sc = scales[s];
+        a = (float)(i8)(w & 0xff) * sc;
+        b = (float)(i8)((w >> 8) & 0xff) * sc;
+        c = (float)(i8)((w >> 16) & 0xff) * sc;
+        e = (float)(i8)(w >> 24) * sc;
+    } else {
+        float4 v = *(const float4*)(cache + at);
+        a = v.x, b = v.y, c = v.z, e = v.w;
+    }
+    *(uint2*)dst = make_uint2(pack2(f2h(a), f2h(b)), pack2(f2h(c), f2h(e)));
+}
+
+template <int HD>
+__device__ __forceinline__ void attention_tc(const float* qkv, int ldq, int n, int p0,
+                                             int n_heads, int n_kv_heads, const float* kcache,
+                                             const float* vcache, const float* kscales,
+                                             const float* vscales, const float* key_scale,
+                                             int int8, f16* xh, int ldx) {
+#if __CUDA_ARCH__ >= 800
+    // Rows of HD + 8 halves: 16 bytes past a multiple of 128, so an ldmatrix phase's 8 rows
+    // fall in different banks.
+    constexpr int S = HD + 8;
+    __shared__ __align__(16) f16 ks[AK * S];
+    __shared__ __align__(16) f16 vs[AK * S];
+    pdl_wait();
+    int q_tiles = (n + AQ - 1) / AQ;
+    int h = blockIdx.x % n_heads, tq0 = (q_tiles - 1 - blockIdx.x / n_heads) * AQ;
+    int kvh = h / (n_heads / n_kv_heads), kv_dim = n_kv_heads * HD, groups = kv_dim / 32;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    // The block's queries (through ks), then each warp's 16 as A fragments in registers.
+    for (int i = tid; i < AQ * HD; i += 128) {
+        int r = i / HD, dd = i % HD, tq = tq0 + r;
+        float v = tq < n ? qkv[(size_t)tq * ldq + h * HD + dd] : 0.0f;
+        if (int8 && key_scale) v *= key_scale[kvh * HD + dd];
+        ks[r * S + dd] = f2h(v);
+    }
+    __syncthreads();
+    u32 qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        ldmatrix4(qa[kk], ks + (16 * warp + (lane & 15)) * S + 16 * kk + (lane >> 4) * 8, false);
+    float o[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    // Rows g and g + 8 of the warp's 16: running max (base 2, scaled) and this thread's part
+    // of the sum of their weights.
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.0f, 0.0f};
+    const float scale = 1.4426950408889634f / sqrtf((float)HD);
+    int q_first = p0 + tq0 + 16 * warp;   // the warp's first query position
+    int last = p0 + min(n, tq0 + AQ) - 1;  // the block's last query position
+    for (int k0 = 0; k0 <= last; k0 += AK) {
+        __syncthreads();  // every warp is done with the last tile (or the queries)
+        for (int i = tid; i < AK * HD / 4; i += 128) {
+            int j = (4 * i) / HD, dd = (4 * i) % HD, t = k0 + j;
+            f16* kd = ks + j * S + dd;
+            f16* vd = vs + j * S + dd;
+            if (t <= last) {
+                size_t at = (size_t)t * kv_dim + kvh * HD + dd;
+                size_t s = (size_t)t * groups + (kvh * HD + dd) / 32;
+                store4_f16(kd, kcache, kscales, int8, at, s);
+                store4_f16(vd, vcache, vscales, int8, at, s);
+            } else {
+                *(uint2*)kd = make_uint2(0, 0);
+                *(uint2*)vd = make_uint2(0, 0);
+            }
+        }
+        __syncthreads();
+        if (k0 > q_first + 15) continue;  // the whole tile is after the warp's queries
+        float s[AK / 8][4];
+#pragma unroll
+        for (int j = 0; j < AK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int jj = 0; jj < AK / 16; jj++) {
+                u32 b[4];
+                ldmatrix4(b, ks + (16 * jj + (lane >> 4) * 8 + (lane & 7)) * S + 16 * kk +
+                                 ((lane >> 3) & 1) * 8,
+                          false);
+                mma16816(s[2 * jj], qa[kk], b[0], b[1]);
+                mma16816(s[2 * jj + 1], qa[kk], b[2], b[3]);
+            }
+        // Scale, mask what follows each query, and the rows' new maxima (over the quad).
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < AK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int pos = k0 + 8 * j + 2 * tg + (e & 1), qpos = q_first + g + 8 * (e >> 1);
+                s[j][e] = pos <= qpos ? s[j][e] * scale : NEG_INF;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            // Finite: position 0 precedes every query, and tile 0 is never skipped.
+            float mn = fmaxf(mrow[r], mx[r]);
+            corr[r] = exp2f(mrow[r] - mn);
+            mrow[r] = mn;
+            lrow[r] *= corr[r];
+        }
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] *= corr[e >> 1];
+        u32 pa[AK / 16][4];
+#pragma unroll
+        for (int j = 0; j < AK / 8; j++) {
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                p[e] = exp2f(s[j][e] - mrow[e >> 1]);
+                lrow[e >> 1] += p[e];
+            }
+            pa[j / 2][2 * (j & 1)] = pack2(f2h(p[0]), f2h(p[1]));
+            pa[j / 2][2 * (j & 1) + 1] = pack2(f2h(p[2]), f2h(p[3]));
+        }
+#pragma unroll
+        for (int kk = 0; kk < AK / 16; kk++)
+#pragma unroll
+            for (int dj = 0; dj < HD / 16; dj++) {
+                u32 b[4];
+                ldmatrix4(b, vs + (16 * kk + (lane & 15)) * S + 16 * dj + (lane >> 4) * 8, true);
+                mma16816(o[2 * dj], pa[kk], b[0], b[1]);
+                mma16816(o[2 * dj + 1], pa[kk], b[2], b[3]);
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += __shfl_xor_sync(0xffffffff, lrow[r], 1);
+        lrow[r] += __shfl_xor_sync(0xffffffff, lrow[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int tq = tq0 + 16 * warp + g + 8 * r;
+        if (tq >= n) continue;
+        float inv = 1.0f / lrow[r];
+        u32* out = (u32*)(xh + (size_t)tq * ldx + h * HD + 2 * tg);
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+            out[4 * j] = pack2(f2h(o[j][2 * r] * inv), f2h(o[j][2 * r + 1] * inv));
+    }
+#endif
+}
+
+#define ATTENTION_TC(HD)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) attention_tc##HD(                       \
+        const float* qkv, int ldq, int n, int p0, int n_heads, int n_kv_heads,                \
+        const float* kcache, const float* vcache, const float* kscales, const float* vscales, \
+        const float* key_scale, int int8, f16* xh, int ldx) {                                 \
+        attention_tc<HD>(qkv, ldq, n, p0, n_heads, n_kv_heads, kcache, vcache, kscales,       \
+                         vscales, key_scale, int8, xh, ldx);                                  \
+    }
+ATTENTION_TC(64)
+ATTENTION_TC(128)

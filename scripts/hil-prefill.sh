@@ -9,17 +9,40 @@
 #      HIL_TTFT_SHAPE files (default the 1.5B shape), discrete and, with HIL_UNIFIED=1, unified.
 # LLAMA_SRC (a tar.xz of the llama-cpp-python sdist's vendor/llama.cpp; never committed), when
 # set: llama.cpp built here for this GPU (CUDA) and `llama-bench -p HIL_PROMPT -n 0` on the same
-# files, in the same call.
+# files, in the same call (a build longer than a call: see below).
 # Results in $OUT (else hil-out/results/prefill).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results/prefill}; mkdir -p "$res"
 [ -f "$h/leanstream.gz" ] && { gunzip -c "$h/leanstream.gz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
+. "$(dirname "$0")/hil-cublas.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 if ! python3 -c 'import gguf' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
 fi
+
+# LLAMA_SRC: llama.cpp for this GPU, built while nothing else runs, in LLAMA_BUILD_DIR
+# (/tmp/llama-cuda). The build resumes where a call ended (LLAMA_BUILD_TIMEOUT bounds it;
+# HIL_LLAMA_ONLY=1 stops after it): the machine keeps the folder while it stays warm.
+llama=""
+if [ -n "${LLAMA_SRC:-}" ]; then
+  b=${LLAMA_BUILD_DIR:-/tmp/llama-cuda}
+  if [ ! -x $b/llama.cpp/build/bin/llama-bench ]; then
+    [ -d $b/llama.cpp ] || { mkdir -p $b && tar xJf "$LLAMA_SRC" -C $b; } || exit 1
+    export PATH=$PATH:/usr/local/cuda/bin
+    t0=$(date +%s)
+    (cd $b/llama.cpp && { [ -f build/CMakeCache.txt ] || cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF > $res/llama-cmake.log 2>&1; } \
+      && timeout ${LLAMA_BUILD_TIMEOUT:-3000} cmake --build build --target llama-bench -j"$(nproc)" > $res/llama-build.log 2>&1) \
+      || { echo "llama.cpp build failed or stopped (llama-*.log)"; tail -5 $res/llama-build.log; }
+    echo "llama.cpp build: $(( $(date +%s) - t0 )) s this call" | tee -a $res/llama-build-time.txt
+  fi
+  [ -x $b/llama.cpp/build/bin/llama-bench ] && llama=$b/llama.cpp/build/bin/llama-bench
+  [ "${HIL_LLAMA_ONLY:-0}" = 1 ] && exit 0
+fi
+
 syn=/tmp/synth; mkdir -p $syn
 types=${HIL_TYPES:-f16,q8_0,q4_0}
 for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-1.5b}; do
@@ -28,24 +51,6 @@ done
 files=$(ls $syn/*.gguf | tr '\n' ',' | sed 's/,$//')
 rc=0
 prompt=${HIL_PROMPT:-512}
-
-# LLAMA_SRC: llama.cpp for this GPU, built while nothing else runs.
-llama=""
-if [ -n "${LLAMA_SRC:-}" ]; then
-  b=/tmp/llama-cuda
-  if [ ! -x $b/llama.cpp/build/bin/llama-bench ]; then
-    mkdir -p $b && tar xJf "$LLAMA_SRC" -C $b || exit 1
-    export PATH=$PATH:/usr/local/cuda/bin
-    t0=$(date +%s)
-    (cd $b/llama.cpp && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_OPENSSL=OFF > $res/llama-cmake.log 2>&1 \
-      && cmake --build build --target llama-bench -j"$(nproc)" > $res/llama-build.log 2>&1) \
-      || { echo "llama.cpp build failed (llama-*.log)"; tail -20 $res/llama-build.log; }
-    echo "llama.cpp build: $(( $(date +%s) - t0 )) s" | tee $res/llama-build-time.txt
-  fi
-  [ -x $b/llama.cpp/build/bin/llama-bench ] && llama=$b/llama.cpp/build/bin/llama-bench
-fi
 
 echo "== prefill $prompt tokens: batched against token by token"
 timeout ${HIL_BENCH_TIMEOUT:-400} $h/leanstream bench --model "$files" --backend cuda --memory discrete \

@@ -19,10 +19,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
-for b in leanstream cuda-tests; do  # staged compressed by scripts/hil.sh
+for b in leanstream cuda-tests cuda-no-alloc; do  # staged compressed by scripts/hil.sh
   [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
 done
 m=$h/models
+. "$(dirname "$0")/hil-cublas.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 
 parity=$m/stories260K.bin
@@ -32,6 +33,9 @@ if [ "${HIL_TESTS:-1}" = 1 ]; then
   echo "== GPU tests (parity models: $parity)"
   LEANSTREAM_HIL_MODELS=$parity timeout 300 $h/cuda-tests --test-threads=1 --nocapture 2>&1 | tee "$res/tests.txt"
   tests_rc=${PIPESTATUS[0]}
+  echo "== fixed memory on the GPU"
+  LEANSTREAM_HIL_MODELS=$parity timeout 120 $h/cuda-no-alloc 2>&1 | tee "$res/no-alloc.txt"
+  tests_rc=$(( tests_rc | ${PIPESTATUS[0]} ))
 fi
 
 bench_rc=0

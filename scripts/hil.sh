@@ -11,13 +11,17 @@ out=hil-out
 rm -rf "$out"; mkdir -p "$out/models"
 
 cargo build --release --bins
-test_bin=$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
+# A test binary's path: `cargo test --test NAME --no-run` builds it.
+test_bin() {
+  cargo test --release --test "$1" --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="cuda" and m.get("executable"): print(m["executable"])' | tail -1)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]==sys.argv[1] and m.get("executable"): print(m["executable"])' "$1" | tail -1
+}
 cp target/hil/release/leanstream target/hil/release/leanstreamd "$out/"
-cp "$test_bin" "$out/cuda-tests"
+cp "$(test_bin cuda)" "$out/cuda-tests"
+cp "$(test_bin cuda_no_alloc)" "$out/cuda-no-alloc"
 
 # Parity models: stories260K whole, SmolLM2-135M and Qwen2.5-0.5B cut to a few layers (and
 # Qwen's vocabulary cut) so that they travel (scripts/cut-gguf.py; same tensors, fewer of them).
@@ -30,17 +34,17 @@ fi
 if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
   python3 scripts/cut-gguf.py "$models/qwen2.5-coder-0.5b-instruct.gguf" "$out/models/qwen2.5-0.5b-cut1.gguf" --layers 1 --vocab 4096
 fi
-strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" 2>/dev/null || true
+strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" "$out/cuda-no-alloc" 2>/dev/null || true
 # The binaries embed the PTX as text: compressed, they leave room under the call's 64 MiB
 # (hil-run.sh unpacks them).
-gzip -9 -f "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests"
+gzip -9 -f "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" "$out/cuda-no-alloc"
 # The synth script needs the gguf package on the GPU machine: carried as a wheel in .whl/.
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 # A self-contained copy (scripts, shapes, wheel) so hil-out/ alone can travel, e.g. from a
 # checkout that is not the one the device call sends: `HIL_DIR=. bash DIR/scripts/hil-run.sh`.
 mkdir -p "$out/scripts" "$out/.whl"
-cp scripts/hil-run.sh scripts/hil-prefill.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-gpu-stream.sh scripts/hil-daemon-stream.sh scripts/synth-gguf.py "$out/scripts/"
+cp scripts/hil-run.sh scripts/hil-cublas.sh scripts/hil-prefill.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-gpu-stream.sh scripts/hil-daemon-stream.sh scripts/synth-gguf.py "$out/scripts/"
 cp -r bench-shapes "$out/"
 cp .whl/gguf-*.whl "$out/.whl/"
 du -sh "$out"; ls -la "$out" "$out/models"

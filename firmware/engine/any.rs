@@ -158,7 +158,7 @@ impl<'a> AnyEngine<'a> {
             AnyEngine::Cpu(e) => format!("cpu, {} threads", e.threads()),
             #[cfg(feature = "cuda")]
             AnyEngine::Cuda(e) => format!(
-                "cuda {} (sm_{}{}), {} memory{}",
+                "cuda {} (sm_{}{}), {} memory{}{}",
                 e.gpu.name,
                 e.gpu.compute_capability.0,
                 e.gpu.compute_capability.1,
@@ -172,6 +172,10 @@ impl<'a> AnyEngine<'a> {
                         ", {p} weights, KV cache {}",
                         if e.int8_kv { "int8" } else { "f32" }
                     ),
+                },
+                match e.prefill_kernels() {
+                    Some(k) => format!(", prefill: {k}"),
+                    None => String::new(),
                 }
             ),
         }

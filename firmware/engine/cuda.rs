@@ -5,8 +5,8 @@
 //! paid once per token instead of once per kernel.
 
 use super::cuda_options::{
-    CudaOptions, DependentLaunch, InBlockNorm, ProductKernels, INT8_KV_MAX_HEAD_DIM,
-    IN_BLOCK_NORM_MAX_DIM,
+    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+    INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM,
 };
 use super::{Arenas, Decoder, EngineError};
 use crate::backend::cuda::driver::{
@@ -307,6 +307,12 @@ fn cuda(e: CudaError) -> EngineError {
 }
 
 impl<'a> CudaEngine<'a> {
+    /// The kernels a batched prompt runs ("cuBLAS products, tensor-core attention"); None
+    /// where prompts run token by token.
+    pub fn prefill_kernels(&self) -> Option<String> {
+        self.prefill.as_ref().map(|p| p.kernels())
+    }
+
     /// Boots `model` whole on the GPU.
     pub fn boot(
         arenas: &'a mut Arenas,
@@ -443,7 +449,7 @@ impl<'a> CudaEngine<'a> {
         };
         let mut plan = ImageWriter::plan();
         plan.precision = opts.precision;
-        build(&mut plan)?;
+        let (_, _, _, planned_layers) = build(&mut plan)?;
         let image_bytes = plan.len;
         let conversions = std::mem::take(&mut plan.report);
 
@@ -497,8 +503,25 @@ impl<'a> CudaEngine<'a> {
             None if opts.prefill_batch > 1 => opts.prefill_batch.min(context),
             _ => 0,
         };
+        // cuBLAS's workspace and scratch where it is asked for and loads (PTX products else).
+        let prefill_blas = if prefill_batch > 0
+            && opts.prefill_products == PrefillProducts::Blas
+            && crate::backend::cuda::blas::Blas::present()
+        {
+            let mats = planned_layers.iter().flat_map(|l| {
+                let (_, qkv, _, wo, _, (gate_up, _), down) = l;
+                qkv.iter()
+                    .chain(gate_up.iter())
+                    .map(|(m, _)| m)
+                    .chain([wo])
+                    .chain(down.iter())
+            });
+            prefill::blas_bytes(gpu.compute_capability, mats)
+        } else {
+            [0, 0]
+        };
         let prefill_bytes = if prefill_batch > 0 {
-            PrefillBuffers::of(&h, prefill_batch).bytes()
+            PrefillBuffers::of(&h, prefill_batch, prefill_blas).bytes()
         } else {
             0
         };
@@ -760,6 +783,8 @@ impl<'a> CudaEngine<'a> {
                 &e.hyper,
                 context,
                 prefill_batch,
+                prefill_blas,
+                opts.prefill_tensor_attention,
             )?);
         }
         if let Some(p) = streamed {

@@ -47,6 +47,23 @@ pub struct CudaOptions {
     /// board's `gpu_prefill_batch` by default; 1 = token by token, as decode (`bench
     /// --ablate token-prefill`). The chunk's activations come out of the activation budget.
     pub prefill_batch: usize,
+    /// Which kernels multiply a batched prompt's chunk by the weights (`bench --ablate
+    /// ptx-products` is the ablation of cuBLAS).
+    pub prefill_products: PrefillProducts,
+    /// A batched prompt's attention on tensor cores where the GPU (sm_80 and newer) and the
+    /// head (64 or 128 wide) allow (true), or always the scalar kernel (`bench --ablate
+    /// scalar-attention`).
+    pub prefill_tensor_attention: bool,
+}
+
+/// The batched prefill's products (engine/cuda_prefill.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillProducts {
+    /// cuBLAS where the library loads (integer and K-quant weights dequantized to f16 into a
+    /// scratch matrix first), the project's PTX kernel where it does not (the default).
+    Blas,
+    /// The project's PTX kernel (kernels-ptx/prefill.cu `gemm`), whatever is installed.
+    Ptx,
 }
 
 /// Programmatic dependent launch (sm_90): every kernel of a step is launched to start while
@@ -106,6 +123,8 @@ impl Default for CudaOptions {
             attention_slice: ATTENTION_SLICE,
             dependent_launch: DependentLaunch::On,
             prefill_batch: crate::board::GPU_PREFILL_BATCH,
+            prefill_products: PrefillProducts::Blas,
+            prefill_tensor_attention: true,
         }
     }
 }

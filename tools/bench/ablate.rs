@@ -6,7 +6,9 @@
 
 use leanstream::backend::cpu::KernelSet;
 use leanstream::engine::any::Backend;
-use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use leanstream::engine::cuda_options::{
+    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ablation {
@@ -42,6 +44,10 @@ pub enum Ablation {
     TokenPrefill,
     /// CUDA: the prompt batched N tokens a chunk (the board's `gpu_prefill_batch` otherwise).
     PrefillBatch(usize),
+    /// CUDA: the batched prompt's products on the project's PTX kernel rather than cuBLAS.
+    PtxProducts,
+    /// CUDA: the batched prompt's attention on the scalar kernel rather than tensor cores.
+    ScalarAttention,
 }
 
 /// Every ablation's name, backend and meaning: `--help` and docs/BENCHMARKS.md print this.
@@ -62,6 +68,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
     ("token-prefill", "cuda", "the prompt run token by token, as decode, rather than batched"),
     ("prefill-batch=N", "cuda", "the prompt batched N tokens a chunk rather than the board's gpu_prefill_batch"),
+    ("ptx-products", "cuda", "the batched prompt's products on the project's PTX kernel rather than cuBLAS"),
+    ("scalar-attention", "cuda", "the batched prompt's attention on the scalar kernel rather than tensor cores"),
 ];
 
 /// The ablations, one per line, for `--help`.
@@ -74,7 +82,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 14] = {
+const PLAIN: [Ablation; 16] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -91,6 +99,8 @@ const PLAIN: [Ablation; 14] = {
         PdlPrefetch,
         F32Kv,
         TokenPrefill,
+        PtxProducts,
+        ScalarAttention,
     ]
 };
 
@@ -148,6 +158,8 @@ impl Ablation {
             F32Kv => "f32-kv".into(),
             TokenPrefill => "token-prefill".into(),
             PrefillBatch(n) => format!("prefill-batch={n}"),
+            PtxProducts => "ptx-products".into(),
+            ScalarAttention => "scalar-attention".into(),
         }
     }
 
@@ -187,6 +199,8 @@ impl Ablation {
             F32Kv => o.f32_kv = true,
             TokenPrefill => o.prefill_batch = 1,
             PrefillBatch(n) => o.prefill_batch = n,
+            PtxProducts => o.prefill_products = PrefillProducts::Ptx,
+            ScalarAttention => o.prefill_tensor_attention = false,
             NoDeferredDequant | NoVnni | NoAvx512 => {}
         }
     }

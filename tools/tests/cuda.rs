@@ -13,7 +13,9 @@ use leanstream::backend::cuda::probe;
 use leanstream::backend::cuda::ptx_for;
 use leanstream::board::MemoryModel;
 use leanstream::engine::cuda::CudaEngine;
-use leanstream::engine::cuda_options::{CudaOptions, DependentLaunch, InBlockNorm, ProductKernels};
+use leanstream::engine::cuda_options::{
+    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+};
 use leanstream::engine::sample::argmax;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use leanstream::model::ggml::GgmlType;
@@ -315,17 +317,20 @@ fn check_parity(file: &ModelFile, name: &str, precisions: &[Precision]) {
 }
 
 /// `prefill_run`'s logits after the prompt, greedy tokens, logits after the second turn, and
-/// whether any product quantized its input to int8.
-type PrefillRun = (Vec<f32>, Vec<u32>, Vec<f32>, bool);
+/// whether any product quantized its input to int8, and the kernels the batch ran.
+type PrefillRun = (Vec<f32>, Vec<u32>, Vec<f32>, bool, String);
 
 /// The logits after `prompt` from position 0, the 32 greedy tokens after them, and the logits
 /// after `more` fed next (a second turn: a prefill that starts past position 0), on a GPU
 /// engine whose prompts go `batch` tokens a chunk (1: token by token).
+/// `kernels`: the products and whether attention may run on tensor cores.
+#[allow(clippy::too_many_arguments)]
 fn prefill_run(
     file: &ModelFile,
     memory: MemoryModel,
     precision: Precision,
     batch: usize,
+    kernels: (PrefillProducts, bool),
     prompt: &[u32],
     more: &[u32],
 ) -> Result<PrefillRun, EngineError> {
@@ -335,9 +340,21 @@ fn prefill_run(
         context: 256,
         precision,
         prefill_batch: batch,
+        prefill_products: kernels.0,
+        prefill_tensor_attention: kernels.1,
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
+    let used = gpu
+        .prefill_kernels()
+        .unwrap_or_else(|| "token by token".into());
+    // The HIL script installs cuBLAS and says so: a silent fall-back to PTX is a failure there.
+    if std::env::var_os("LEANSTREAM_EXPECT_CUBLAS").is_some()
+        && batch > 1
+        && kernels.0 == PrefillProducts::Blas
+    {
+        assert!(used.starts_with("cuBLAS"), "cuBLAS was expected: {used}");
+    }
     let first = gpu.prefill(prompt, 0).to_vec();
     let mut tokens = Vec::new();
     let mut tok = argmax(&first);
@@ -346,7 +363,7 @@ fn prefill_run(
         tok = gpu.forward_greedy(tok, prompt.len() + i);
     }
     let second = gpu.prefill(more, prompt.len() + 32).to_vec();
-    Ok((first, tokens, second, gpu.int8_activations))
+    Ok((first, tokens, second, gpu.int8_activations, used))
 }
 
 /// Batched prefill (engine/cuda_prefill.rs) against the same GPU engine prompting token by
@@ -371,8 +388,10 @@ fn batched_prefill_matches_token_by_token_prompting() {
         for precision in [Precision::F16, Precision::Native, Precision::W8a8] {
             for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
                 let what = format!("{name} {memory:?} {precision}");
-                let run = |batch| prefill_run(&file, memory, precision, batch, &prompt, &more);
-                let (p1, t1, q1, int8) = match run(1) {
+                let run = |batch, kernels| {
+                    prefill_run(&file, memory, precision, batch, kernels, &prompt, &more)
+                };
+                let (p1, t1, q1, int8, _) = match run(1, (PrefillProducts::Blas, true)) {
                     Ok(r) => r,
                     // A model the GPU cannot run at a low-bit precision says why at boot.
                     Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
@@ -381,12 +400,22 @@ fn batched_prefill_matches_token_by_token_prompting() {
                     }
                     Err(e) => panic!("{what}: boot failed: {e}"),
                 };
-                for batch in [16, leanstream::board::GPU_PREFILL_BATCH] {
-                    let (p, t, q, _) = run(batch).expect("boots as the token-by-token engine");
+                // The default kernels at both chunk sizes, and the PTX products with the
+                // scalar attention (what a GPU without cuBLAS or sm_80 runs).
+                for (batch, kernels) in [
+                    (16, (PrefillProducts::Blas, true)),
+                    (
+                        leanstream::board::GPU_PREFILL_BATCH,
+                        (PrefillProducts::Blas, true),
+                    ),
+                    (16, (PrefillProducts::Ptx, false)),
+                ] {
+                    let (p, t, q, _, used) =
+                        run(batch, kernels).expect("boots as the token-by-token engine");
                     let (e1, e2) = (rel_err(&p, &p1), rel_err(&q, &q1));
                     let agree = t.iter().zip(&t1).take_while(|(a, b)| a == b).count();
                     eprintln!(
-                        "prefill {what} chunk {batch}{}: logits rel err {e1:.2e} after the prompt, {e2:.2e} after the second turn; greedy tokens identical {agree}/32",
+                        "prefill {what} chunk {batch} ({used}){}: logits rel err {e1:.2e} after the prompt, {e2:.2e} after the second turn; greedy tokens identical {agree}/32",
                         if int8 { " (int8 activations)" } else { "" },
                     );
                     let tol = if int8 { 5e-2 } else { 1e-2 };

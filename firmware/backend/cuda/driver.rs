@@ -610,7 +610,12 @@ impl Module {
             check(
                 "cuModuleGetFunction",
                 sys::cuModuleGetFunction(&mut f, self.0, c.as_ptr()),
-            )?
+            )
+            // A PTX older than its host code lacks a kernel: name it.
+            .map_err(|e| CudaError {
+                code: format!("{} (kernel {name})", e.code),
+                ..e
+            })?
         };
         Ok(Function(f))
     }

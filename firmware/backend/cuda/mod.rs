@@ -3,6 +3,7 @@
 //! machine without a GPU gets one clear sentence (`driver::probe`).
 //!
 //! - `driver`: the checked driver calls (memory, modules, launches, graphs, events).
+//! - `blas`: cuBLAS loaded at run time, for the batched prefill's products.
 //! - `weights`: GGUF tensors repacked into the kernels' layout (same values).
 //! - `kquant`: the K-quants' super-blocks in that layout (same bytes).
 //! - `ptx_for`: the committed PTX module for a GPU's compute capability.
@@ -13,6 +14,7 @@
 //! - `stream_layer`: that kernel fed by the I/O lanes from a flash image, block by block as
 //!   reads land, with per-stage updates for the next layer's reads (Algorithm 1).
 
+pub mod blas;
 pub mod driver;
 pub mod flags;
 pub mod kquant;
