@@ -297,17 +297,57 @@ extern "C" __global__ void __launch_bounds__(128)
 // cuBLAS reads (`cols` a multiple of 16); the bias, which the f16 product cannot add, is added
 // after it.
 
-// out[i] = W[r0 + i] in f16 for i < nrows. A thread 16 columns of one row, grid-strided.
+// One word of two f16: the signed bytes at bit `sh` and `sh + 8` of `w` times `s` (Q8_0).
+__device__ __forceinline__ u32 q8_pair(u32 w, int sh, float s) {
+    return pack2(f2h(s * (float)(i8)((w >> sh) & 0xff)), f2h(s * (float)(i8)((w >> (sh + 8)) & 0xff)));
+}
+
+// The nibbles at bit `sh` and `sh + 8` of `w` times `s`, plus `lo` (Q4_0: -8 s; Q4_1: m).
+__device__ __forceinline__ u32 q4_pair(u32 w, int sh, float s, float lo) {
+    return pack2(f2h(s * (float)((w >> sh) & 15) + lo), f2h(s * (float)((w >> (sh + 8)) & 15) + lo));
+}
+
+// `weights16` for the types most files hold (Q8_0, Q4_0, Q4_1), written straight to `dst`
+// without the generic path's array (which lives in local memory); false for other types.
+__device__ __forceinline__ bool blocks16(int type, const u8* q, const f16* d, const f16* m,
+                                         int cols, int r, int c, uint4* dst) {
+    size_t b = (size_t)r * (cols / 32) + c / 32;
+    if (type == T_Q8_0) {
+        float s = h2f(d[b]);
+        uint4 v = __ldg((const uint4*)((const i8*)q + (size_t)r * cols + c));
+        dst[0] = make_uint4(q8_pair(v.x, 0, s), q8_pair(v.x, 16, s), q8_pair(v.y, 0, s),
+                            q8_pair(v.y, 16, s));
+        dst[1] = make_uint4(q8_pair(v.z, 0, s), q8_pair(v.z, 16, s), q8_pair(v.w, 0, s),
+                            q8_pair(v.w, 16, s));
+        return true;
+    }
+    if (type == T_Q4_0 || type == T_Q4_1) {
+        float s = h2f(d[b]);
+        float lo = type == T_Q4_0 ? -8.0f * s : h2f(m[b]);
+        uint4 v = __ldg((const uint4*)(q + b * 16));
+        int sh = (c & 16) ? 4 : 0;  // the block's second 16 are its high nibbles
+        v.x >>= sh, v.y >>= sh, v.z >>= sh, v.w >>= sh;
+        dst[0] = make_uint4(q4_pair(v.x, 0, s, lo), q4_pair(v.x, 16, s, lo),
+                            q4_pair(v.y, 0, s, lo), q4_pair(v.y, 16, s, lo));
+        dst[1] = make_uint4(q4_pair(v.z, 0, s, lo), q4_pair(v.z, 16, s, lo),
+                            q4_pair(v.w, 0, s, lo), q4_pair(v.w, 16, s, lo));
+        return true;
+    }
+    return false;
+}
+
+// out[i] = W[r0 + i] in f16 for i < nrows. A thread 16 columns of one row, grid-strided
+// (nrows x cols fits the scratch: 32-bit indices).
 extern "C" __global__ void dequant_rows(int type, const u8* q, const f16* d, const f16* m,
                                         const u32* qh, int rows, int cols, int r0, int nrows,
                                         f16* out) {
     pdl_wait();
-    int per_row = cols / 16;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)nrows * per_row;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int r = (int)(i / per_row), c = (int)(i % per_row) * 16;
+    int per_row = cols / 16, items = nrows * per_row;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
+        int r = i / per_row, c = (i - r * per_row) * 16;
         uint4* dst = (uint4*)(out + (size_t)r * cols + c);
-        weights16(type, q, d, m, qh, rows, cols, r0 + r, c, dst);
+        if (!blocks16(type, q, d, m, cols, r0 + r, c, dst))
+            weights16(type, q, d, m, qh, rows, cols, r0 + r, c, dst);
     }
 }
 

@@ -39,8 +39,9 @@ const ATTENTION_THREADS: u32 = 256;
 const ATTENTION_TC_QUERIES: usize = 64;
 const ATTENTION_TC_THREADS: u32 = 128;
 /// Most bytes of the f16 matrix that integer and K-quant weights are dequantized into for
-/// cuBLAS; a larger matrix goes through it in slabs of rows.
-const DEQUANT_SCRATCH_MAX: usize = 32 << 20;
+/// cuBLAS; a larger matrix goes through it in slabs of rows. 64 MiB holds a 1.5B model's
+/// gate/up (55 MB) whole: one product where slabs would take two smaller, slower ones.
+const DEQUANT_SCRATCH_MAX: usize = 64 << 20;
 
 struct PrefillKernels {
     embed_rows: Function,
@@ -396,8 +397,12 @@ impl CudaEngine<'_> {
                 .blas
                 .gemm_f16(m.rows, n, m.cols, m.q, p.xh, p.ldx, y, ldy, beta);
         }
-        // `blas_bytes` sized the scratch for at least one row of the widest matrix.
-        let slab = (b.scratch_bytes / (2 * m.cols)).min(m.rows);
+        // `blas_bytes` sized the scratch for at least one row of the widest matrix. Slabs of
+        // whole 128s of rows where it holds more: each slab's output then starts aligned, and
+        // cuBLAS picks its fast kernels only for aligned pointers (ncu, round 22: an unaligned
+        // second slab ran Ampere's kernels at half the speed).
+        let fit = b.scratch_bytes / (2 * m.cols);
+        let slab = if fit >= 128 { fit / 128 * 128 } else { fit }.min(m.rows);
         assert!(
             slab > 0,
             "the dequantization scratch holds no row of {} columns",
