@@ -101,7 +101,7 @@ pub(super) struct Prefill {
     /// The tensor-core attention kernel for this head, where it runs; None: `attention_rows`.
     attention_tc: Option<Function>,
     /// Why the products are not on cuBLAS though they were asked to be (for `describe`).
-    pub blas_missing: Option<String>,
+    blas_missing: Option<String>,
 }
 
 /// Sizes of the chunk's buffers: [x, xh, qkv, gu, cuBLAS workspace, dequantization scratch]
