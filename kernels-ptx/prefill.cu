@@ -180,6 +180,31 @@ __device__ __forceinline__ u32 shared_addr(const void* p) {
     return a;
 }
 
+// c += a b on one m16n8k16 tile (f16 in, f32 sums); sm_80 and newer.
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix4(u32* r, const f16* p, bool trans) {
+#if __CUDA_ARCH__ >= 800
+    u32 a = shared_addr(p);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#endif
+}
+
 // c[i][j] += the warp's 32 x 32 quarter (rows wm.., tokens wn..) of one GK step.
 __device__ __forceinline__ void step_mma(float (*c)[4][4], const f16* ws, const f16* xs, int wm,
                                          int wn) {
@@ -187,33 +212,22 @@ __device__ __forceinline__ void step_mma(float (*c)[4][4], const f16* ws, const 
 #pragma unroll
     for (int kk = 0; kk < GK; kk += 16) {
 #if __CUDA_ARCH__ >= 800
-        u32 a[2][4], b[4][2];
+        // b[jj]: tokens wn + 16 jj.. as two n-tiles' fragments (b0, b1 of each).
+        u32 a[2][4], b[2][4];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            u32 p = shared_addr(ws + (wm + 16 * i + (lane & 15)) * GS + kk + (lane >> 4) * 8);
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a[i][0]), "=r"(a[i][1]), "=r"(a[i][2]), "=r"(a[i][3])
-                         : "r"(p));
-        }
+        for (int i = 0; i < 2; i++)
+            ldmatrix4(a[i], ws + (wm + 16 * i + (lane & 15)) * GS + kk + (lane >> 4) * 8, false);
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-            u32 p = shared_addr(xs + (wn + 16 * jj + (lane >> 4) * 8 + (lane & 7)) * GS + kk +
-                                ((lane >> 3) & 1) * 8);
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(b[2 * jj][0]), "=r"(b[2 * jj][1]), "=r"(b[2 * jj + 1][0]),
-                           "=r"(b[2 * jj + 1][1])
-                         : "r"(p));
-        }
+        for (int jj = 0; jj < 2; jj++)
+            ldmatrix4(b[jj],
+                      xs + (wn + 16 * jj + (lane >> 4) * 8 + (lane & 7)) * GS + kk +
+                          ((lane >> 3) & 1) * 8,
+                      false);
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                    "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                    : "+f"(c[i][j][0]), "+f"(c[i][j][1]), "+f"(c[i][j][2]), "+f"(c[i][j][3])
-                    : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]),
-                      "r"(b[j][1]));
+                mma16816(c[i][j], a[i], b[j / 2][2 * (j & 1)], b[j / 2][2 * (j & 1) + 1]);
 #else
         // The same fragments' sums: c0, c1 row g, tokens 2tg, 2tg+1; c2, c3 row g + 8.
         int g = lane >> 2, tg = lane & 3;
@@ -522,30 +536,6 @@ extern "C" __global__ void __launch_bounds__(256)
 // to xh in f16: wo's input. Blocks run the last (longest) query tiles first.
 #define AQ 64
 #define AK 64
-
-__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ void ldmatrix4(u32* r, const f16* p, bool trans) {
-#if __CUDA_ARCH__ >= 800
-    u32 a = shared_addr(p);
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-#endif
-}
 
 // Four f32 of one key (or value) row from column dd, as f16 into shared memory at `dst`
 // (int8 cache: times its group's scale).
