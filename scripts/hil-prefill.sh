@@ -9,7 +9,7 @@
 #      HIL_TTFT_SHAPE files (default the 1.5B shape), discrete and, with HIL_UNIFIED=1, unified.
 # LLAMA_SRC (a tar.xz of the llama-cpp-python sdist's vendor/llama.cpp; never committed), when
 # set: llama.cpp built here for this GPU (CUDA) and `llama-bench -p HIL_PROMPT -n 0` on the same
-# files, in the same call (a build longer than a call: see below).
+# files, in the same call (scripts/hil-llama.sh: a build longer than a call resumes).
 # Results in $OUT (else hil-out/results/prefill).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,26 +22,7 @@ if ! python3 -c 'import gguf' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
 fi
 
-# LLAMA_SRC: llama.cpp for this GPU, built while nothing else runs, in LLAMA_BUILD_DIR
-# (/tmp/llama-cuda). The build resumes where a call ended (LLAMA_BUILD_TIMEOUT bounds it;
-# HIL_LLAMA_ONLY=1 stops after it): the machine keeps the folder while it stays warm.
-llama=""
-if [ -n "${LLAMA_SRC:-}" ]; then
-  b=${LLAMA_BUILD_DIR:-/tmp/llama-cuda}
-  if [ ! -x $b/llama.cpp/build/bin/llama-bench ]; then
-    [ -d $b/llama.cpp ] || { mkdir -p $b && tar xJf "$LLAMA_SRC" -C $b; } || exit 1
-    export PATH=$PATH:/usr/local/cuda/bin
-    t0=$(date +%s)
-    (cd $b/llama.cpp && { [ -f build/CMakeCache.txt ] || cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF > $res/llama-cmake.log 2>&1; } \
-      && timeout ${LLAMA_BUILD_TIMEOUT:-3000} cmake --build build --target llama-bench -j"$(nproc)" > $res/llama-build.log 2>&1) \
-      || { echo "llama.cpp build failed or stopped (llama-*.log)"; tail -5 $res/llama-build.log; }
-    echo "llama.cpp build: $(( $(date +%s) - t0 )) s this call" | tee -a $res/llama-build-time.txt
-  fi
-  [ -x $b/llama.cpp/build/bin/llama-bench ] && llama=$b/llama.cpp/build/bin/llama-bench
-  [ "${HIL_LLAMA_ONLY:-0}" = 1 ] && exit 0
-fi
+. "$(dirname "$0")/hil-llama.sh"
 
 syn=/tmp/synth; mkdir -p $syn
 types=${HIL_TYPES:-f16,q8_0,q4_0}

@@ -7,7 +7,9 @@
 # HIL_DIR: where the staged binaries and models are (default hil-out; `.` when this script runs
 # from the self-contained copy that scripts/hil.sh puts in hil-out/, see docs/HIL.md).
 # Other knobs (a device call lasts at most 10 minutes, so a long run is split over calls):
-#   HIL_TESTS=0 skips the GPU tests; HIL_BENCH=0 the benchmarks (HIL_DISCRETE=0, HIL_UNIFIED=0,
+#   HIL_TESTS=0 skips the GPU tests (HIL_TEST_FILTER: only those whose name holds it;
+#   HIL_LONG_SHAPES: bench shapes whose q4_0 file the long-context attention test adds);
+#   HIL_BENCH=0 the benchmarks (HIL_DISCRETE=0, HIL_UNIFIED=0,
 #   HIL_W4A8=0 parts of them); HIL_SHAPES the bench-shapes
 #   to write and time (HIL_TYPES: only these types); HIL_COMPARE the ablations beside each
 #   discrete CUDA configuration (default --ablate no-graph,narrow,norm-tail); HIL_GEN (128) and HIL_UNIFIED_GEN the decoded
@@ -26,12 +28,23 @@ m=$h/models
 . "$(dirname "$0")/hil-cublas.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 
+gguf_py() {  # the synth script's gguf package, from the carried wheel where pip has none
+  python3 -c 'import gguf' 2>/dev/null \
+    || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site; }
+}
+
 parity=$m/stories260K.bin
-for f in $m/*.gguf; do parity="$parity,$f"; done
+for f in $m/*.gguf; do [ -f "$f" ] && parity="$parity,$f"; done
+# HIL_LONG_SHAPES: bench shapes whose q4_0 file the long-context attention test also runs.
+long=""
+for shape in ${HIL_LONG_SHAPES:-}; do
+  gguf_py
+  python3 scripts/synth-gguf.py bench-shapes/$shape.toml /tmp/synth-long --types q4_0 && long="$long,/tmp/synth-long/$shape-q4_0.gguf"
+done
 tests_rc=0
 if [ "${HIL_TESTS:-1}" = 1 ]; then
-  echo "== GPU tests (parity models: $parity)"
-  LEANSTREAM_HIL_MODELS=$parity timeout 300 $h/cuda-tests --test-threads=1 --nocapture 2>&1 | tee "$res/tests.txt"
+  echo "== GPU tests (parity models: $parity; long-context models: ${long#,})"
+  LEANSTREAM_HIL_MODELS=$parity LEANSTREAM_HIL_LONG_MODELS=${long#,} timeout ${HIL_TESTS_TIMEOUT:-300} $h/cuda-tests --test-threads=1 --nocapture ${HIL_TEST_FILTER:-} 2>&1 | tee "$res/tests.txt"
   tests_rc=${PIPESTATUS[0]}
   echo "== fixed memory on the GPU"
   LEANSTREAM_HIL_MODELS=$parity timeout 120 $h/cuda-no-alloc 2>&1 | tee "$res/no-alloc.txt"
@@ -41,9 +54,7 @@ fi
 bench_rc=0
 if [ "${HIL_BENCH:-1}" = 1 ]; then
   echo "== same-shape random-weight models"
-  if ! python3 -c 'import gguf' 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
-  fi
+  gguf_py
   syn=/tmp/synth; mkdir -p $syn
   for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-0.5b qwen2.5-1.5b}; do
     [ -f $syn/.$shape ] || { python3 scripts/synth-gguf.py bench-shapes/$shape.toml $syn ${HIL_TYPES:+--types $HIL_TYPES} && touch $syn/.$shape; } || bench_rc=1

@@ -40,6 +40,10 @@ pub struct CudaOptions {
     /// read by the whole GPU rather than a block per head; 0 = one block per head
     /// (`bench --compare-no-split-attention`).
     pub attention_slice: usize,
+    /// When a split attention block takes all the query heads of one kv head, so that each key
+    /// and value row is read once rather than once per query head (where a group fits a block:
+    /// `cuda::max_group_slices`).
+    pub grouped_attention: GroupedAttention,
     /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
     /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
     pub dependent_launch: DependentLaunch,
@@ -54,6 +58,22 @@ pub struct CudaOptions {
     /// head (64 or 128 wide) allow (true), or always the scalar kernel (`bench --ablate
     /// scalar-attention`).
     pub prefill_tensor_attention: bool,
+}
+
+/// When a split attention's block takes a kv head's query heads (`CudaOptions::grouped_attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedAttention {
+    /// From the position where one layer's keys and values outgrow half the L2
+    /// (`cuda::group_from`). Below it the L2 serves each query head's block its kv head's rows,
+    /// and a block a query head was as fast or faster on the H200 (docs/BENCHMARKS.md); past it
+    /// each of those blocks would read them from DRAM (an Orin's 4 MiB L2 holds a Qwen2.5-1.5B
+    /// layer's f32 cache up to 1,024 positions).
+    Auto,
+    /// From the first split (`attention_slice`) on: the GPU tests, and `bench --ablate
+    /// grouped-attention`.
+    Always,
+    /// A block a query head at any length (`bench --ablate per-head-attention`).
+    Never,
 }
 
 /// The batched prefill's products (engine/cuda_prefill.rs).
@@ -121,6 +141,7 @@ impl Default for CudaOptions {
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             attention_slice: ATTENTION_SLICE,
+            grouped_attention: GroupedAttention::Auto,
             dependent_launch: DependentLaunch::On,
             prefill_batch: crate::board::GPU_PREFILL_BATCH,
             prefill_products: PrefillProducts::Blas,

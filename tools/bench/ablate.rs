@@ -7,7 +7,8 @@
 use leanstream::backend::cpu::KernelSet;
 use leanstream::engine::any::Backend;
 use leanstream::engine::cuda_options::{
-    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+    CudaOptions, DependentLaunch, GroupedAttention as GroupedAttentionMode, InBlockNorm,
+    PrefillProducts, ProductKernels,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +35,10 @@ pub enum Ablation {
     NoSplitAttention,
     /// CUDA: each head's attention split over one more block every N positions.
     AttentionSlice(usize),
+    /// CUDA: a long context's attention split per query head, not per kv head.
+    PerHeadAttention,
+    /// CUDA: a split attention per kv head from the first split on, whatever the L2 holds.
+    GroupedAttention,
     /// CUDA (sm_90): every kernel launched after the one before has finished.
     NoPdl,
     /// CUDA (sm_90): each product block pulls its first weights into L2 while it waits.
@@ -63,6 +68,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
+    ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
+    ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2"),
     ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
     ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
     ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
@@ -82,7 +89,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 16] = {
+const PLAIN: [Ablation; 18] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -95,6 +102,8 @@ const PLAIN: [Ablation; 16] = {
         NormInBlock,
         NoPrefetch,
         NoSplitAttention,
+        PerHeadAttention,
+        GroupedAttention,
         NoPdl,
         PdlPrefetch,
         F32Kv,
@@ -153,6 +162,8 @@ impl Ablation {
             NoPrefetch => "no-prefetch".into(),
             NoSplitAttention => "no-split-attention".into(),
             AttentionSlice(n) => format!("attention-slice={n}"),
+            PerHeadAttention => "per-head-attention".into(),
+            GroupedAttention => "grouped-attention".into(),
             NoPdl => "no-pdl".into(),
             PdlPrefetch => "pdl-prefetch".into(),
             F32Kv => "f32-kv".into(),
@@ -194,6 +205,8 @@ impl Ablation {
             NoPrefetch => o.prefetch = false,
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
+            PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
+            GroupedAttention => o.grouped_attention = GroupedAttentionMode::Always,
             NoPdl => o.dependent_launch = DependentLaunch::Off,
             PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
             F32Kv => o.f32_kv = true,
