@@ -755,7 +755,7 @@ fn max_slices(resident: usize, n_heads: usize, attention_slice: usize) -> usize 
     (resident / n_heads.max(1)).clamp(1, ATTENTION_JOIN_PARTS)
 }
 
-/// The most parts (heads times slices) one block joins: decode.cu's `join_slices` folds each
+/// The most parts (heads times slices) one block joins: attention.cuh's `join_slices` folds each
 /// part's max and sum in the attention block's 32 x 256 floats of shared memory.
 const ATTENTION_JOIN_PARTS: usize = 32 * 256 / 2;
 
@@ -766,7 +766,7 @@ fn group_from(l2_bytes: usize, position_bytes: usize, attention_slice: usize) ->
     (l2_bytes / 2 / position_bytes.max(1)).max(attention_slice)
 }
 
-/// Most blocks a kv head's attention is split over in grouped mode (decode.cu's
+/// Most blocks a kv head's attention is split over in grouped mode (attention.cuh's
 /// `attention_launch`: a block takes the `group` query heads of a kv head, its 32 warps split
 /// among them), on a GPU that runs `resident` attention blocks at once: one wave over the kv
 /// heads. 0 (grouped mode off) where splitting is off, the heads are not grouped, or a group
