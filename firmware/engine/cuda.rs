@@ -931,6 +931,7 @@ mod tests {
             512
         );
     }
+
     /// Grouped mode starts where a layer's keys and values outgrow half the L2: the 1.5B
     /// shape's f32 cache (2 x 256 floats a position) at 12,800 positions on a 50 MiB L2 (an
     /// H100's) and 1,024 on an AGX Orin's 4 MiB; its int8 cache (256 bytes and 8 scales each)
