@@ -16,12 +16,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results/decode}; mkdir -p "$res"
-[ -f "$h/leanstream.gz" ] && { gunzip -c "$h/leanstream.gz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
-. "$(dirname "$0")/hil-cublas.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
-if ! python3 -c 'import gguf' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site
-fi
+. "$(dirname "$0")/hil-setup.sh"
+gguf_py
 
 . "$(dirname "$0")/hil-llama.sh"
 

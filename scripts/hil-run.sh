@@ -21,17 +21,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
-for b in leanstream cuda-tests cuda-no-alloc; do  # staged compressed by scripts/hil.sh
-  [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
-done
+. "$(dirname "$0")/hil-setup.sh"
 m=$h/models
-. "$(dirname "$0")/hil-cublas.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
-
-gguf_py() {  # the synth script's gguf package, from the carried wheel where pip has none
-  python3 -c 'import gguf' 2>/dev/null \
-    || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site; }
-}
 
 parity=$m/stories260K.bin
 for f in $m/*.gguf; do [ -f "$f" ] && parity="$parity,$f"; done

@@ -5,7 +5,7 @@
 //! paid once per token instead of once per kernel.
 
 use super::cuda_options::{
-    CudaOptions, DependentLaunch, GroupedAttention, InBlockNorm, PrefillProducts, ProductKernels,
+    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
     INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM,
 };
 use super::{Arenas, Decoder, EngineError};
@@ -24,6 +24,10 @@ mod stream;
 
 #[path = "cuda_boot.rs"]
 mod boot;
+
+#[path = "cuda_attention.rs"]
+mod attention;
+pub use attention::AttentionSplit;
 
 #[path = "cuda_prefill.rs"]
 mod prefill;
@@ -276,13 +280,9 @@ pub struct CudaEngine<'a> {
     prefetch: bool,
     /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
     pdl: i32,
-    /// Most blocks a head's attention is split over, and `CudaOptions::attention_slice`.
-    max_slices: usize,
+    /// How attention splits over blocks, and `CudaOptions::attention_slice`.
+    split: AttentionSplit,
     attention_slice: usize,
-    /// Most blocks a kv head's attention is split over in grouped mode (all its query heads a
-    /// block; `max_group_slices`), 0: never grouped; and the position it starts at.
-    max_group_slices: usize,
-    group_from: usize,
     /// What the device's `state` holds after the last step (token, position), so a step that
     /// continues from there needs no upload.
     device_state: Option<(u32, usize)>,
@@ -413,9 +413,7 @@ impl<'a> CudaEngine<'a> {
         // is long), and writes wo's input; meanwhile at least `pf_blocks` more blocks pull
         // the weights from wo on into L2.
         let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
-        let grid = (h.n_heads * self.max_slices)
-            .max(h.n_kv_heads * self.max_group_slices)
-            .max(h.n_heads + pf_blocks);
+        let grid = self.split.blocks(h).max(h.n_heads + pf_blocks);
         g.launch(
             k.attention,
             grid as u32,
@@ -439,10 +437,10 @@ impl<'a> CudaEngine<'a> {
                 .i32(pf_lines as i32)
                 .ptr(a.apart)
                 .ptr(a.acount)
-                .i32(self.max_slices as i32)
+                .i32(self.split.max_slices as i32)
                 .i32(self.attention_slice as i32)
-                .i32(self.max_group_slices as i32)
-                .i32(self.group_from as i32)
+                .i32(self.split.max_group_slices as i32)
+                .i32(self.split.group_from as i32)
                 .i32(self.pdl),
         )?;
         // Added to the residual (whose norm is the FFN's input).
@@ -603,11 +601,9 @@ impl<'a> CudaEngine<'a> {
         )
     }
 
-    /// Most blocks a query head's attention is split over, a kv head's in grouped mode (0: not
-    /// grouped), and the position grouped mode starts at, as boot chose them for this GPU and
-    /// model.
-    pub fn attention_split(&self) -> (usize, usize, usize) {
-        (self.max_slices, self.max_group_slices, self.group_from)
+    /// How attention splits over blocks, as boot chose it for this GPU and model.
+    pub fn attention_split(&self) -> AttentionSplit {
+        self.split
     }
 
     /// Queues one step for `token` at `pos` (state upload, then the graph or every kernel).
@@ -745,51 +741,6 @@ fn prefetch_span(start: u64, end: u64, l2_bytes: i32, sm_count: i32) -> (u64, us
     (start, bytes / 128, sm_count.max(1) as usize)
 }
 
-/// Most blocks a head's attention is split over on a GPU that runs `resident` attention blocks
-/// at once: all heads' slices together are one wave of them; 1 when splitting is off
-/// (`attention_slice` 0) or the heads alone fill the GPU.
-fn max_slices(resident: usize, n_heads: usize, attention_slice: usize) -> usize {
-    if attention_slice == 0 {
-        return 1;
-    }
-    (resident / n_heads.max(1)).clamp(1, ATTENTION_JOIN_PARTS)
-}
-
-/// The most parts (heads times slices) one block joins: attention.cuh's `join_slices` folds each
-/// part's max and sum in the attention block's 32 x 256 floats of shared memory.
-const ATTENTION_JOIN_PARTS: usize = 32 * 256 / 2;
-
-/// The position from which a split attention takes a kv head's query heads a block
-/// (`GroupedAttention::Auto`): where one layer's keys and values (`position_bytes` a position)
-/// outgrow half of an L2 of `l2_bytes`; never before the split starts.
-fn group_from(l2_bytes: usize, position_bytes: usize, attention_slice: usize) -> usize {
-    (l2_bytes / 2 / position_bytes.max(1)).max(attention_slice)
-}
-
-/// Most blocks a kv head's attention is split over in grouped mode (attention.cuh's
-/// `attention_launch`: a block takes the `group` query heads of a kv head, its 32 warps split
-/// among them), on a GPU that runs `resident` attention blocks at once: one wave over the kv
-/// heads. 0 (grouped mode off) where splitting is off, the heads are not grouped, or a group
-/// does not fit a block: its queries and outputs (group x head_dim floats) in 1024 floats of
-/// shared memory, a warp a head at least, and with an int8 cache a warp for each group of 32 of
-/// k, v and every query.
-fn max_group_slices(
-    resident: usize,
-    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-    int8_kv: bool,
-    attention_slice: usize,
-) -> usize {
-    let group = n_heads / n_kv_heads.max(1);
-    let fits = group > 1
-        && group <= 32
-        && group * head_dim <= 1024
-        && (!int8_kv || (2 + group) * (head_dim / 32) <= 32);
-    if attention_slice == 0 || !fits {
-        return 0;
-    }
-    (resident / n_kv_heads).clamp(1, ATTENTION_JOIN_PARTS / group)
-}
-
 fn fault(e: CudaError) -> ! {
     panic!("GPU fault during decode: {e}")
 }
@@ -844,7 +795,7 @@ impl Decoder for CudaEngine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cuda_options::{int8_kv, ATTENTION_SLICE};
+    use crate::engine::cuda_options::int8_kv;
 
     fn mat(ty: GpuType, rows: usize, cols: usize) -> Mat {
         Mat {
@@ -873,82 +824,6 @@ mod tests {
         assert_eq!(prefetch_span(0, 64, 4 * mib, 16), (0, 0, 0));
         assert_eq!(prefetch_span(5000, 4096, 50 * mib, 132), (0, 0, 0));
         assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
-    }
-
-    /// Split attention, one wave: an H200 runs one 1024-thread attention block per
-    /// multiprocessor (its registers), so 132 at once: 11 slices a head at the 1.5B shape (12
-    /// heads), 14 at SmolLM2's (9); an Orin (16) 1; off, or more heads than blocks, means one a
-    /// head.
-    #[test]
-    fn attention_splits_into_one_wave() {
-        assert_eq!(max_slices(132, 12, ATTENTION_SLICE), 11);
-        assert_eq!(max_slices(132, 9, ATTENTION_SLICE), 14);
-        assert_eq!(max_slices(16, 12, ATTENTION_SLICE), 1);
-        assert_eq!(max_slices(16, 64, ATTENTION_SLICE), 1);
-        assert_eq!(max_slices(132, 12, 0), 1);
-    }
-
-    /// Grouped attention, one wave over the kv heads where a group fits a block: the 1.5B
-    /// shape (12 heads of 128 over 2) 66 slices a kv head with either cache; SmolLM2 (9 of 64
-    /// over 3) 44; an Orin 8; never for one query head a kv head (Llama-2-7B), a group wider
-    /// than a block's 1024 floats, an int8 cache's group that needs more than 32 warps to
-    /// quantize, or splitting off.
-    #[test]
-    fn grouped_attention_splits_kv_heads_into_one_wave_where_a_group_fits() {
-        assert_eq!(
-            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE),
-            66
-        );
-        assert_eq!(
-            max_group_slices(132, (12, 2, 128), true, ATTENTION_SLICE),
-            66
-        );
-        assert_eq!(max_group_slices(132, (9, 3, 64), true, ATTENTION_SLICE), 44);
-        assert_eq!(
-            max_group_slices(16, (12, 2, 128), false, ATTENTION_SLICE),
-            8
-        );
-        assert_eq!(
-            max_group_slices(132, (32, 32, 128), false, ATTENTION_SLICE),
-            0
-        );
-        assert_eq!(
-            max_group_slices(132, (16, 2, 256), false, ATTENTION_SLICE),
-            0
-        );
-        assert_eq!(
-            max_group_slices(132, (16, 2, 128), false, ATTENTION_SLICE),
-            66
-        );
-        assert_eq!(
-            max_group_slices(132, (16, 2, 128), true, ATTENTION_SLICE),
-            0
-        );
-        assert_eq!(max_group_slices(132, (12, 2, 128), false, 0), 0);
-        // The join's shared memory caps the parts: 4096 over a group of 8.
-        assert_eq!(
-            max_group_slices(100_000, (16, 2, 64), false, ATTENTION_SLICE),
-            512
-        );
-    }
-
-    /// Grouped mode starts where a layer's keys and values outgrow half the L2: the 1.5B
-    /// shape's f32 cache (2 x 256 floats a position) at 12,800 positions on a 50 MiB L2 (an
-    /// H100's) and 1,024 on an AGX Orin's 4 MiB; its int8 cache (256 bytes and 8 scales each)
-    /// at 45,511; never before the first split.
-    #[test]
-    fn grouped_attention_starts_where_a_layers_cache_outgrows_half_the_l2() {
-        let mib = 1 << 20;
-        assert_eq!(group_from(50 * mib, 2 * 256 * 4, ATTENTION_SLICE), 12_800);
-        assert_eq!(group_from(4 * mib, 2 * 256 * 4, ATTENTION_SLICE), 1_024);
-        assert_eq!(
-            group_from(50 * mib, 2 * (256 + 32), ATTENTION_SLICE),
-            45_511
-        );
-        assert_eq!(
-            group_from(64 * 1024, 2 * 256 * 4, ATTENTION_SLICE),
-            ATTENTION_SLICE
-        );
     }
 
     /// The int8 cache where the CPU keeps one and the kernel takes the head (16 values a

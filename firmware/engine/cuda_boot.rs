@@ -339,58 +339,34 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
-        // Split attention fills the GPU with one wave of attention blocks at most: a second
-        // wave would cost a whole block's time at once (a step in latency per token).
         let attention_per_sm = gpu.blocks_per_sm(k.attention, 1024, 0).map_err(cuda)?;
-        let max_slices = max_slices(
+        let split = AttentionSplit::plan(
             gpu.sm_count as usize * attention_per_sm as usize,
-            h.n_heads,
-            opts.attention_slice,
+            gpu.l2_bytes.max(0) as usize,
+            &h,
+            int8_kv,
+            &opts,
         );
-        let kv_position_bytes = if int8_kv {
-            2 * (kv_dim + kv_dim / 32 * 4)
-        } else {
-            2 * kv_dim * 4
-        };
-        let (max_group_slices, group_from) = match opts.grouped_attention {
-            GroupedAttention::Never => (0, 0),
-            mode => (
-                max_group_slices(
-                    gpu.sm_count as usize * attention_per_sm as usize,
-                    (h.n_heads, h.n_kv_heads, h.head_dim),
-                    int8_kv,
-                    opts.attention_slice,
-                ),
-                match mode {
-                    GroupedAttention::Always => opts.attention_slice,
-                    _ => group_from(
-                        gpu.l2_bytes.max(0) as usize,
-                        kv_position_bytes,
-                        opts.attention_slice,
-                    ),
-                },
-            ),
-        };
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
         let widest = h.dim.max(q_dim);
         let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
         let sizes = [
-            h.dim * 4,                                                           // x
-            (q_dim + 2 * kv_dim) * 4,                                            // qkv
-            2 * h.hidden_dim * 4,                                                // gu
-            h.vocab_size * 4,                                                    // logits
-            8,                                                                   // state
-            widest * 4,                                                          // xf
-            widest + 8 * widest.div_ceil(32), // xq: int8, then f32 scales and i32 sums
-            4,                                // counter
-            8 * out_grid,                     // part
-            4 * h.hidden_dim.div_ceil(SWIGLU_TILE), // swiglu_tiles
-            h.hidden_dim * 4,                 // hf
+            h.dim * 4,                                    // x
+            (q_dim + 2 * kv_dim) * 4,                     // qkv
+            2 * h.hidden_dim * 4,                         // gu
+            h.vocab_size * 4,                             // logits
+            8,                                            // state
+            widest * 4,                                   // xf
+            widest + 8 * widest.div_ceil(32),             // xq: int8, then f32 scales and i32 sums
+            4,                                            // counter
+            8 * out_grid,                                 // part
+            4 * h.hidden_dim.div_ceil(SWIGLU_TILE),       // swiglu_tiles
+            h.hidden_dim * 4,                             // hf
             h.hidden_dim + 8 * h.hidden_dim.div_ceil(32), // hq
-            4 * max_slices.max(max_group_slices) * h.n_heads * (h.head_dim + 2), // apart
-            4 * h.n_heads,                    // acount
+            4 * split.parts(&h) * (h.head_dim + 2),       // apart
+            4 * h.n_heads,                                // acount
         ];
         let (buf, ptrs) = alloc_carved(&gpu, sizes)?;
         let [x, qkv, gu, logits, state, xf, xq, counter, part, swiglu_tiles, hf, hq, apart, acount] =
@@ -468,10 +444,8 @@ impl<'a> CudaEngine<'a> {
                 InBlockNorm::Never => false,
             },
             prefetch: opts.prefetch && streamed.is_none(),
-            max_slices,
+            split,
             attention_slice: opts.attention_slice,
-            max_group_slices,
-            group_from,
             pdl: pdl_kernel_mode(dependent_launch),
             device_state: None,
             stream: None,

@@ -520,9 +520,10 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 } else {
                     GroupedAttention::Never
                 };
-                let (logits, _, (slices, group_slices, _)) =
+                let (logits, _, split) =
                     run(leanstream::engine::cuda_options::ATTENTION_SLICE, mode)
                         .expect("boots as the reference did");
+                let (slices, group_slices) = (split.max_slices, split.max_group_slices);
                 if grouped && h.n_heads > h.n_kv_heads {
                     assert!(group_slices > 0, "{what}: grouped attention is off");
                 }

@@ -1,0 +1,197 @@
+//! How decode's attention splits over blocks: the host side of attention.cuh's
+//! `attention_launch` (its `max_slices`, `max_group_slices` and `group_from`), chosen once at
+//! boot from the GPU and the model.
+
+use crate::engine::cuda_options::{CudaOptions, GroupedAttention};
+use crate::model::Hyper;
+
+/// How decode's attention splits over blocks, for one GPU and model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSplit {
+    /// Most blocks a query head's attention is split over.
+    pub max_slices: usize,
+    /// Most blocks a kv head's attention is split over in grouped mode (all its query heads a
+    /// block); 0: never grouped.
+    pub max_group_slices: usize,
+    /// The position grouped mode starts at.
+    pub group_from: usize,
+}
+
+impl AttentionSplit {
+    /// The split on a GPU that runs `resident` attention blocks at once and has `l2_bytes` of
+    /// L2, for a model of `h` whose cache is int8 or f32. Split attention fills the GPU with one
+    /// wave of attention blocks at most: a second wave would cost a whole block's time at once
+    /// (a step in latency per token).
+    pub(super) fn plan(
+        resident: usize,
+        l2_bytes: usize,
+        h: &Hyper,
+        int8_kv: bool,
+        opts: &CudaOptions,
+    ) -> AttentionSplit {
+        let kv_dim = h.n_kv_heads * h.head_dim;
+        let position_bytes = if int8_kv {
+            2 * (kv_dim + kv_dim / 32 * 4)
+        } else {
+            2 * kv_dim * 4
+        };
+        let slice = opts.attention_slice;
+        let (max_group_slices, group_from) = match opts.grouped_attention {
+            GroupedAttention::Never => (0, 0),
+            mode => (
+                max_group_slices(
+                    resident,
+                    (h.n_heads, h.n_kv_heads, h.head_dim),
+                    int8_kv,
+                    slice,
+                ),
+                match mode {
+                    GroupedAttention::Always => slice,
+                    _ => group_from(l2_bytes, position_bytes, slice),
+                },
+            ),
+        };
+        AttentionSplit {
+            max_slices: max_slices(resident, h.n_heads, slice),
+            max_group_slices,
+            group_from,
+        }
+    }
+
+    /// The blocks a launch needs for the widest split of either mode.
+    pub(super) fn blocks(&self, h: &Hyper) -> usize {
+        (h.n_heads * self.max_slices).max(h.n_kv_heads * self.max_group_slices)
+    }
+
+    /// Parts (max, sum and head_dim values each) the split's blocks leave for the join.
+    pub(super) fn parts(&self, h: &Hyper) -> usize {
+        self.max_slices.max(self.max_group_slices) * h.n_heads
+    }
+}
+
+/// Most blocks a head's attention is split over on a GPU that runs `resident` attention blocks
+/// at once: all heads' slices together are one wave of them; 1 when splitting is off
+/// (`attention_slice` 0) or the heads alone fill the GPU.
+fn max_slices(resident: usize, n_heads: usize, attention_slice: usize) -> usize {
+    if attention_slice == 0 {
+        return 1;
+    }
+    (resident / n_heads.max(1)).clamp(1, ATTENTION_JOIN_PARTS)
+}
+
+/// The most parts (heads times slices) one block joins: attention.cuh's `join_slices` folds each
+/// part's max and sum in the attention block's 32 x 256 floats of shared memory.
+const ATTENTION_JOIN_PARTS: usize = 32 * 256 / 2;
+
+/// The position from which a split attention takes a kv head's query heads a block
+/// (`GroupedAttention::Auto`): where one layer's keys and values (`position_bytes` a position)
+/// outgrow half of an L2 of `l2_bytes`; never before the split starts.
+fn group_from(l2_bytes: usize, position_bytes: usize, attention_slice: usize) -> usize {
+    (l2_bytes / 2 / position_bytes.max(1)).max(attention_slice)
+}
+
+/// Most blocks a kv head's attention is split over in grouped mode (attention.cuh's
+/// `attention_launch`: a block takes the `group` query heads of a kv head, its 32 warps split
+/// among them), on a GPU that runs `resident` attention blocks at once: one wave over the kv
+/// heads. 0 (grouped mode off) where splitting is off, the heads are not grouped, or a group
+/// does not fit a block: its queries and outputs (group x head_dim floats) in 1024 floats of
+/// shared memory, a warp a head at least, and with an int8 cache a warp for each group of 32 of
+/// k, v and every query.
+fn max_group_slices(
+    resident: usize,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    int8_kv: bool,
+    attention_slice: usize,
+) -> usize {
+    let group = n_heads / n_kv_heads.max(1);
+    let fits = group > 1
+        && group <= 32
+        && group * head_dim <= 1024
+        && (!int8_kv || (2 + group) * (head_dim / 32) <= 32);
+    if attention_slice == 0 || !fits {
+        return 0;
+    }
+    (resident / n_kv_heads).clamp(1, ATTENTION_JOIN_PARTS / group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cuda_options::ATTENTION_SLICE;
+
+    /// Split attention, one wave: an H200 runs one 1024-thread attention block per
+    /// multiprocessor (its registers), so 132 at once: 11 slices a head at the 1.5B shape (12
+    /// heads), 14 at SmolLM2's (9); an Orin (16) 1; off, or more heads than blocks, means one a
+    /// head.
+    #[test]
+    fn attention_splits_into_one_wave() {
+        assert_eq!(max_slices(132, 12, ATTENTION_SLICE), 11);
+        assert_eq!(max_slices(132, 9, ATTENTION_SLICE), 14);
+        assert_eq!(max_slices(16, 12, ATTENTION_SLICE), 1);
+        assert_eq!(max_slices(16, 64, ATTENTION_SLICE), 1);
+        assert_eq!(max_slices(132, 12, 0), 1);
+    }
+
+    /// Grouped attention, one wave over the kv heads where a group fits a block: the 1.5B
+    /// shape (12 heads of 128 over 2) 66 slices a kv head with either cache; SmolLM2 (9 of 64
+    /// over 3) 44; an Orin 8; never for one query head a kv head (Llama-2-7B), a group wider
+    /// than a block's 1024 floats, an int8 cache's group that needs more than 32 warps to
+    /// quantize, or splitting off.
+    #[test]
+    fn grouped_attention_splits_kv_heads_into_one_wave_where_a_group_fits() {
+        assert_eq!(
+            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE),
+            66
+        );
+        assert_eq!(
+            max_group_slices(132, (12, 2, 128), true, ATTENTION_SLICE),
+            66
+        );
+        assert_eq!(max_group_slices(132, (9, 3, 64), true, ATTENTION_SLICE), 44);
+        assert_eq!(
+            max_group_slices(16, (12, 2, 128), false, ATTENTION_SLICE),
+            8
+        );
+        assert_eq!(
+            max_group_slices(132, (32, 32, 128), false, ATTENTION_SLICE),
+            0
+        );
+        assert_eq!(
+            max_group_slices(132, (16, 2, 256), false, ATTENTION_SLICE),
+            0
+        );
+        assert_eq!(
+            max_group_slices(132, (16, 2, 128), false, ATTENTION_SLICE),
+            66
+        );
+        assert_eq!(
+            max_group_slices(132, (16, 2, 128), true, ATTENTION_SLICE),
+            0
+        );
+        assert_eq!(max_group_slices(132, (12, 2, 128), false, 0), 0);
+        // The join's shared memory caps the parts: 4096 over a group of 8.
+        assert_eq!(
+            max_group_slices(100_000, (16, 2, 64), false, ATTENTION_SLICE),
+            512
+        );
+    }
+
+    /// Grouped mode starts where a layer's keys and values outgrow half the L2: the 1.5B
+    /// shape's f32 cache (2 x 256 floats a position) at 12,800 positions on a 50 MiB L2 (an
+    /// H100's) and 1,024 on an AGX Orin's 4 MiB; its int8 cache (256 bytes and 8 scales each)
+    /// at 45,511; never before the first split.
+    #[test]
+    fn grouped_attention_starts_where_a_layers_cache_outgrows_half_the_l2() {
+        let mib = 1 << 20;
+        assert_eq!(group_from(50 * mib, 2 * 256 * 4, ATTENTION_SLICE), 12_800);
+        assert_eq!(group_from(4 * mib, 2 * 256 * 4, ATTENTION_SLICE), 1_024);
+        assert_eq!(
+            group_from(50 * mib, 2 * (256 + 32), ATTENTION_SLICE),
+            45_511
+        );
+        assert_eq!(
+            group_from(64 * 1024, 2 * 256 * 4, ATTENTION_SLICE),
+            ATTENTION_SLICE
+        );
+    }
+}
