@@ -42,7 +42,7 @@ pub struct CudaOptions {
     pub attention_slice: usize,
     /// When a split attention block takes all the query heads of one kv head, so that each key
     /// and value row is read once rather than once per query head (where a group fits a block:
-    /// `cuda::max_group_slices`).
+    /// `cuda_attention::max_group_slices`).
     pub grouped_attention: GroupedAttention,
     /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
     /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
@@ -64,7 +64,7 @@ pub struct CudaOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupedAttention {
     /// From the position where one layer's keys and values outgrow half the L2
-    /// (`cuda::group_from`). Below it the L2 serves each query head's block its kv head's rows,
+    /// (`cuda_attention::group_from`). Below it the L2 serves each query head's block its kv head's rows,
     /// and a block a query head was as fast or faster on the H200 (docs/BENCHMARKS.md); past it
     /// each of those blocks would read them from DRAM (an Orin's 4 MiB L2 holds a Qwen2.5-1.5B
     /// layer's f32 cache up to 1,024 positions).

@@ -1,0 +1,113 @@
+//! Decode's attention at long context on the GPU: split and grouped against one block a head.
+
+use super::parity_models;
+use leanstream::engine::cuda::CudaEngine;
+use leanstream::engine::cuda_options::{CudaOptions, GroupedAttention};
+use leanstream::engine::{Arenas, Decoder, EngineError};
+use leanstream::model::ModelFile;
+use leanstream::quant::Precision;
+use leanstream_tools::bench::rel_err;
+
+/// A long context's attention three ways, on the parity models and the files named in
+/// $LEANSTREAM_HIL_LONG_MODELS (the benchmarks' shapes written on the GPU machine: heads of
+/// 128): one block a query head over all positions (no split: the reference), split into
+/// slices per query head, and split per kv head for all its query heads (grouped, forced from
+/// the first split: by default it starts where a layer's cache outgrows half the L2). The logits before the split starts (position 200), where it starts (256) and
+/// after several slices (to 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
+/// (int8 activations: another float order can move a value over an int8 rounding step), with
+/// the f32 cache (f16) and the int8 one (w8a8, where the head allows).
+#[test]
+fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
+    let Some(mut models) = parity_models() else {
+        return;
+    };
+    for path in std::env::var("LEANSTREAM_HIL_LONG_MODELS")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|p| !p.is_empty())
+    {
+        let file = ModelFile::open(std::path::Path::new(path)).expect("model opens");
+        models.push((file, path.rsplit('/').next().unwrap_or(path).to_string()));
+    }
+    const N: usize = 700;
+    let checked = [200usize, 256, 300, 511, 699];
+    for (file, name) in &models {
+        let h = file.hyper().unwrap();
+        // stories260K was trained to 512 positions: its context ends there.
+        let n = if h.ctx_train > 0 {
+            N.min(h.ctx_train)
+        } else {
+            N
+        };
+        let checked: Vec<usize> = checked.into_iter().filter(|&p| p < n).collect();
+        let tokens: Vec<u32> = (0..n as u32)
+            .map(|i| (11 + i * 7919) % h.vocab_size as u32)
+            .collect();
+        for precision in [Precision::F16, Precision::W8a8] {
+            let run = |attention_slice: usize, grouped_attention: GroupedAttention| {
+                let mut arenas = Arenas::from_board().unwrap();
+                let opts = CudaOptions {
+                    context: n,
+                    precision,
+                    attention_slice,
+                    grouped_attention,
+                    ..CudaOptions::default()
+                };
+                let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
+                let mut logits = Vec::new();
+                for (pos, &t) in tokens.iter().enumerate() {
+                    if checked.contains(&pos) {
+                        logits.push(gpu.forward(t, pos).to_vec());
+                    } else {
+                        gpu.feed(t, pos);
+                    }
+                }
+                Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split()))
+            };
+            let what = format!("{name} {precision}");
+            let (reference, int8, _) = match run(0, GroupedAttention::Never) {
+                Ok(r) => r,
+                Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
+                    eprintln!("skipped: long attention {what}: {why}");
+                    continue;
+                }
+                Err(e) => panic!("{what}: boot failed: {e}"),
+            };
+            let tol = if int8 { 5e-2 } else { 1e-3 };
+            for grouped in [false, true] {
+                let mode = if grouped {
+                    GroupedAttention::Always
+                } else {
+                    GroupedAttention::Never
+                };
+                let (logits, _, split) =
+                    run(leanstream::engine::cuda_options::ATTENTION_SLICE, mode)
+                        .expect("boots as the reference did");
+                let (slices, group_slices) = (split.max_slices, split.max_group_slices);
+                if grouped && h.n_heads > h.n_kv_heads {
+                    assert!(group_slices > 0, "{what}: grouped attention is off");
+                }
+                let errs: Vec<f64> = logits
+                    .iter()
+                    .zip(&reference)
+                    .map(|(a, b)| rel_err(a, b))
+                    .collect();
+                eprintln!(
+                    "long attention {what}{} {}: up to {slices} slices a head, {group_slices} a kv head; logits rel err at positions {checked:?}: {}",
+                    if int8 { " (int8 activations)" } else { "" },
+                    if grouped { "grouped" } else { "per head" },
+                    errs.iter()
+                        .map(|e| format!("{e:.2e}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                for (e, pos) in errs.iter().zip(&checked) {
+                    assert!(
+                        *e < tol,
+                        "{what} grouped {grouped} at {pos}: {e:.3e} > {tol}"
+                    );
+                }
+            }
+        }
+    }
+}
