@@ -10,6 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
+[ -f "$h/leanstream.xz" ] && [ ! -x "$h/leanstream" ] && { xz -dc "$h/leanstream.xz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
 [ -f "$h/leanstream.gz" ] && [ ! -x "$h/leanstream" ] && { gunzip -c "$h/leanstream.gz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
@@ -56,6 +57,16 @@ if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
       $h/leanstream generate --model "$f" --backend cuda --memory discrete --ablate no-graph \
       --precision ${PROFILE_PRECISION:-native} --prompt "" --max-tokens 4 > "$res/detail-$name.txt" 2>&1
   done
+fi
+# PROFILE_DEPTH=N: decode's attention kernel alone at position N (a prompt of N tokens through
+# `bench`, then the third decoded token's first three layers) with Nsight Compute's full
+# sections, on the PROFILE_DEPTH_TYPE (q4_0) file: why long-context attention takes what it takes.
+if [ -n "${PROFILE_DEPTH:-}" ]; then
+  f=$syn/$shape-${PROFILE_DEPTH_TYPE:-q4_0}.gguf
+  "$ncu" --kernel-name regex:'^attention(_i8)?$' --launch-skip $(( 2 * layers )) --launch-count 3 --set full \
+    $h/leanstream bench --model "$f" --backend cuda --memory discrete --precision ${PROFILE_PRECISION:-native} \
+    --prompt-tokens $PROFILE_DEPTH --gen-tokens 4 --reps 1 --json /tmp/p.json --markdown /tmp/p.md \
+    > "$res/attention-depth$PROFILE_DEPTH-$(basename "$f" .gguf).txt" 2>&1
 fi
 if [ "${PROFILE_BENCH:-1}" = 1 ]; then
   echo "== the same models timed with the graph (bench)"

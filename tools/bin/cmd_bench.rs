@@ -629,6 +629,15 @@ fn long_context<D: Decoder>(
             worst = (p99 / med, w);
         }
     }
+    // The curve in finer steps (a median per 64 positions), for where the growth happens.
+    let fine: Vec<f64> = ms
+        .chunks(64)
+        .map(|c| {
+            let mut v = c.to_vec();
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2] * 1e4).round() / 1e4
+        })
+        .collect();
     let h = engine.hyper();
     let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
     let matrix = (h.n_layers * (2 * h.dim * q_dim + 2 * h.dim * kv_dim + 3 * h.dim * h.hidden_dim)
@@ -640,7 +649,7 @@ fn long_context<D: Decoder>(
     let growth = medians[last] / medians[0];
     let segs = segs(engine);
     let json = format!(
-        "    {{\"config\": {label:?}, \"positions\": {n}, \"window_median_ms\": {:?}, \"first_median_ms\": {:.3}, \"last_median_ms\": {:.3}, \"growth\": {growth:.3}, \"linear_bound\": {bound:.3}, \"worst_p99_over_median\": {:.3}, \"worst_window\": {}, \"kv_segments\": {segs:?}}}",
+        "    {{\"config\": {label:?}, \"positions\": {n}, \"window_median_ms\": {:?}, \"first_median_ms\": {:.3}, \"last_median_ms\": {:.3}, \"growth\": {growth:.3}, \"linear_bound\": {bound:.3}, \"worst_p99_over_median\": {:.3}, \"worst_window\": {}, \"kv_segments\": {segs:?}, \"median_ms_per_64\": {fine:?}}}",
         medians.iter().map(|m| (m * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
         medians[0],
         medians[last],
