@@ -228,16 +228,80 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
     }
 }
 
+// Thread block clusters (sm_90): the blocks of a cluster run at once on one GPC and read each
+// other's shared memory. A split attention whose slices are a cluster joins them there, after
+// a hardware barrier, instead of through L2 (a fence, a counter, the last block's loads).
+// Older architectures compile none of it; their host never launches clusters.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The float at `p` (this block's shared memory) in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+    return v;
+}
+// Most blocks a cluster of split attention has (the portable cluster size).
+#define ATTENTION_CLUSTER_MAX 8
+
+// One output element joined from n <= N slices' parts, `part(k)` giving slice k's (max, sum,
+// unscaled value): every part's three loads are issued before any is used, so the join is one
+// round trip (to L2, or to the cluster's shared memory).
+template <int N, typename Part>
+__device__ __forceinline__ float fold_parts(int n, Part part) {
+    float mk[N], lk[N], vk[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        float3 p = k < n ? part(k) : make_float3(NEG_INF, 0.0f, 0.0f);
+        mk[k] = p.x;
+        lk[k] = p.y;
+        vk[k] = p.z;
+    }
+    float mx = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < N; k++) mx = fmaxf(mx, mk[k]);
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        float f = mk[k] == NEG_INF ? 0.0f : expf(mk[k] - mx);  // a slice with no position: 0
+        sum += lk[k] * f;
+        acc += vk[k] * f;
+    }
+    return acc / sum;
+}
+
 // The last block of a split attention joins the `slices` parts (max, sum, unscaled values; in
 // `apart`, `attend`'s layout) of each of its `hb` heads h0.. into the output xf and `out` (hb *
 // head_dim floats). Latency rules: a join of many slices is on the step's chain, so each part's
 // max and sum are loaded by a thread of their own, a warp a head folds them from shared memory
 // (`scratch`: hb * slices floats), and each output element's loads are unrolled to be in
 // flight together.
+// Up to JOIN_DIRECT slices a value's thread folds them itself (`fold_parts`: one round trip to
+// L2, where the general fold below takes two and three barriers).
+#define JOIN_DIRECT 12
 __device__ void join_slices(int h0, int hb, int slices, int head_dim, const float* apart,
                             float* scratch, float* head_sum, float* xf, float* out) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int stride = head_dim + 2;
+    if (slices <= JOIN_DIRECT) {
+        for (int i = threadIdx.x; i < hb * head_dim; i += blockDim.x) {
+            int e = i / head_dim, d = i % head_dim;
+            const float* pk = apart + (size_t)(h0 + e) * slices * stride;
+            float v = fold_parts<JOIN_DIRECT>(slices, [&](int k) {
+                const float* p = pk + (size_t)k * stride;
+                return make_float3(__ldcg(p), __ldcg(p + 1), __ldcg(p + 2 + d));
+            });
+            xf[(h0 + e) * head_dim + d] = v;
+            out[i] = v;
+        }
+        return;
+    }
     float* ms = scratch;                // [hb][slices]: each part's max, then its factor
     float* ls = scratch + hb * slices;  // [hb][slices]: each part's sum
     __syncthreads();                    // (scratch is the warps' parts, read by the join before)
@@ -302,19 +366,33 @@ __device__ void join_slices(int h0, int hb, int slices, int head_dim, const floa
 // divided per channel by `key_scale` (kv::key_scales_from_bias, models with a K bias); the
 // query is then multiplied by it and stays float, else it is quantized per group too and a
 // group's q.k is one integer dot (dp4a), scaled once. See `attend_i8_loop`.
-template <bool I8>
-__device__ void attend(int h0, int hb, int slice, int slices, const float* qkv, int n_heads,
-                       int n_kv_heads, int head_dim, float base, int half_split, int pos,
-                       float* kcache, float* vcache, float* kscales, float* vscales,
-                       bool key_scaled, float fk, float* xf, i8* xq, float* apart,
-                       unsigned* acount) {
-    __shared__ __align__(16) float qh[1024], kh[256], vh[256];
+// attend's shared memory, declared once by the launch for every call of attend in it (the
+// cluster kernel calls it on two paths; arrays of its own in each could double the 40 KB).
+struct AttendShared {
+    __align__(16) float qh[1024], kh[256], vh[256];
     // The int8 path's queries, key and value of p (int8, and their group scales).
-    __shared__ __align__(16) i8 qq[1024], kq[256], vq[256];
-    __shared__ float qd[32], kd[8], vd[8];
-    __shared__ __align__(16) float warp_o[32][256];
-    __shared__ float warp_m[32], warp_l[32];
-    __shared__ int last;
+    __align__(16) i8 qq[1024], kq[256], vq[256];
+    float qd[32], kd[8], vd[8];
+    __align__(16) float warp_o[32][256];
+    float warp_m[32], warp_l[32];
+    // A cluster's slice's part (max, sum, head_dim unscaled values; hb 1).
+    float cpart[2 + 256];
+    int last;
+};
+
+template <bool I8, bool CLUSTER>
+__device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
+                       const float* qkv, int n_heads, int n_kv_heads, int head_dim, float base,
+                       int half_split, int pos, float* kcache, float* vcache, float* kscales,
+                       float* vscales, bool key_scaled, float fk, float* xf, i8* xq,
+                       float* apart, unsigned* acount, bool cluster_join = CLUSTER) {
+    // (CLUSTER: compiled for the cluster kernel; cluster_join: this call's slices are a
+    // cluster, joined in shared memory, else through L2.)
+    float *qh = sh.qh, *kh = sh.kh, *vh = sh.vh, *qd = sh.qd, *kd = sh.kd, *vd = sh.vd;
+    i8 *qq = sh.qq, *kq = sh.kq, *vq = sh.vq;
+    float(*warp_o)[256] = sh.warp_o;
+    float *warp_m = sh.warp_m, *warp_l = sh.warp_l, *cpart = sh.cpart;
+    int& last = sh.last;
     int group = n_heads / n_kv_heads, kvh = h0 / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
@@ -424,6 +502,12 @@ __device__ void attend(int h0, int hb, int slice, int slices, const float* qkv, 
         if (slices == 1) {
             xf[(h0 + e) * head_dim + d] = acc / sum;
             qh[i] = acc / sum;  // q is no longer needed: the output, for quantizing
+        } else if (CLUSTER && cluster_join) {
+            cpart[2 + d] = acc;
+            if (d == 0) {
+                cpart[0] = mx;
+                cpart[1] = sum;
+            }
         } else {
             float* part = apart + (size_t)((h0 + e) * slices + slice) * (head_dim + 2);
             part[2 + d] = acc;
@@ -433,7 +517,22 @@ __device__ void attend(int h0, int hb, int slice, int slices, const float* qkv, 
             }
         }
     }
-    if (slices > 1) {
+    if (CLUSTER && cluster_join && slices > 1) {
+        // The cluster's first block joins every slice's part from the blocks' shared memory
+        // (each value's thread loading them all at once); the others stay until it has read.
+        cluster_sync();
+        if (slice == 0)
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+                float v = fold_parts<ATTENTION_CLUSTER_MAX>(slices, [&](int k) {
+                    return make_float3(ld_cluster(&cpart[0], k), ld_cluster(&cpart[1], k),
+                                       ld_cluster(&cpart[2 + d], k));
+                });
+                xf[h0 * head_dim + d] = v;
+                qh[d] = v;  // for quantizing, as with one slice
+            }
+        cluster_sync();
+        if (slice != 0) return;
+    } else if (slices > 1) {
         // The last of the slices' blocks to finish joins all of them.
         __threadfence();
         __syncthreads();
@@ -489,27 +588,53 @@ __device__ __forceinline__ AttentionPlan attention_plan(int pos, int n_heads, in
     return p;
 }
 
-template <bool I8>
+// The cluster launch (CLUSTER: sm_90, launched as clusters of `cluster` consecutive blocks):
+// below position `cluster_until`, head h is cluster h, whose blocks split its positions from
+// `cluster_slice` on (before, its first block alone attends) and join their slices in shared
+// memory, which costs so little that they split from a few rounds' positions on. From
+// `cluster_until` on, the blocks run the plan above (slices joined through L2): it splits a
+// head over up to `max_slices` blocks, more than a cluster's, which pays once the slices are
+// long. Clusters past the heads prefetch, as blocks past the plan's do.
+template <bool I8, bool CLUSTER>
 __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
                                  float base, int half_split, const int* state, float* kcache,
                                  float* vcache, float* kscales, float* vscales,
                                  const float* key_scale, float* xf, i8* xq, const u8* pf,
                                  int pf_lines, float* apart, unsigned* acount, int max_slices,
                                  int slice_positions, int max_group_slices, int group_from,
-                                 int pdl) {
+                                 int cluster, int cluster_slice, int cluster_until, int pdl) {
     int group = n_heads / n_kv_heads;
     // The int8 cache's key channel scale that this thread's warp quantizes with (attend: warp
-    // w takes channel (w % groups) * 32 + lane), for either mode's kv head. It is written at
+    // w takes channel (w % groups) * 32 + lane), for each mode's kv head. It is written at
     // boot, so it is loaded before the wait for the kernel before, off the step's chain of
     // latencies.
-    float fk_head = 1.0f, fk_group = 1.0f;
+    float fk_head = 1.0f, fk_group = 1.0f, fk_cluster = 1.0f;
     if (I8 && key_scale) {
         int ch = ((threadIdx.x >> 5) % (head_dim / 32)) * 32 + (threadIdx.x & 31);
         fk_head = __ldg(key_scale + ((blockIdx.x % n_heads) / group) * head_dim + ch);
         fk_group = __ldg(key_scale + (blockIdx.x % n_kv_heads) * head_dim + ch);
+        if (CLUSTER) {
+            int h = min((int)blockIdx.x / cluster, n_heads - 1);
+            fk_cluster = __ldg(key_scale + (h / group) * head_dim + ch);
+        }
     }
+    __shared__ AttendShared sh;
     pdl_start(pdl);
     int pos = state[1];
+    if (CLUSTER && pos < cluster_until) {
+        int unit = blockIdx.x / cluster, rank = blockIdx.x % cluster, items = n_heads * cluster;
+        if ((int)blockIdx.x >= items) {
+            prefetch_l2(pf, pf_lines, (blockIdx.x - items) * blockDim.x + threadIdx.x,
+                        (gridDim.x - items) * blockDim.x);
+            return;
+        }
+        int slices = pos >= cluster_slice ? cluster : 1;
+        if (slices == 1 && rank > 0) return;
+        attend<I8, true>(sh, unit, 1, rank, slices, qkv, n_heads, n_kv_heads, head_dim, base,
+                         half_split, pos, kcache, vcache, kscales, vscales,
+                         key_scale != nullptr, fk_cluster, xf, xq, apart, acount);
+        return;
+    }
     AttentionPlan p = attention_plan(pos, n_heads, n_kv_heads, max_slices, slice_positions,
                                      max_group_slices, group_from);
     int items = p.units * p.slices;
@@ -519,9 +644,12 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         return;
     }
     int unit = blockIdx.x % p.units;
-    attend<I8>(p.grouped ? unit * group : unit, p.hb, blockIdx.x / p.units, p.slices, qkv, n_heads,
-               n_kv_heads, head_dim, base, half_split, pos, kcache, vcache, kscales, vscales,
-               key_scale != nullptr, p.grouped ? fk_group : fk_head, xf, xq, apart, acount + unit);
+    // (The cluster kernel's one instantiation of attend, joining through L2 here: a second
+    // would raise its registers into spills.)
+    attend<I8, CLUSTER>(sh, p.grouped ? unit * group : unit, p.hb, blockIdx.x / p.units, p.slices,
+                        qkv, n_heads, n_kv_heads, head_dim, base, half_split, pos, kcache, vcache,
+                        kscales, vscales, key_scale != nullptr, p.grouped ? fk_group : fk_head,
+                        xf, xq, apart, acount + unit, false);
 }
 
 // The float cache (`kscales`, `vscales`, `key_scale` unused) and the int8 cache (`kcache`,
@@ -531,14 +659,22 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         const int *state, float *kcache, float *vcache, float *kscales, float *vscales,       \
         const float *key_scale, float *xf, i8 *xq, const u8 *pf, int pf_lines, float *apart,  \
         unsigned *acount, int max_slices, int slice_positions, int max_group_slices,          \
-        int group_from, int pdl
+        int group_from, int cluster, int cluster_slice, int cluster_until, int pdl
 #define ATTENTION_PASS                                                                          \
     qkv, n_heads, n_kv_heads, head_dim, base, half_split, state, kcache, vcache, kscales,     \
         vscales, key_scale, xf, xq, pf, pf_lines, apart, acount, max_slices, slice_positions,   \
-        max_group_slices, group_from, pdl
+        max_group_slices, group_from, cluster, cluster_slice, cluster_until, pdl
 extern "C" __global__ void __launch_bounds__(1024) attention(ATTENTION_ARGS) {
-    attention_launch<false>(ATTENTION_PASS);
+    attention_launch<false, false>(ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(1024) attention_i8(ATTENTION_ARGS) {
-    attention_launch<true>(ATTENTION_PASS);
+    attention_launch<true, false>(ATTENTION_PASS);
+}
+// The same, launched as clusters of `cluster` blocks a head (sm_90; engine/cuda_attention.rs
+// `AttentionSplit::cluster`): the split's slices join in shared memory.
+extern "C" __global__ void __launch_bounds__(1024) attention_cluster(ATTENTION_ARGS) {
+    attention_launch<false, true>(ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(1024) attention_i8_cluster(ATTENTION_ARGS) {
+    attention_launch<true, true>(ATTENTION_PASS);
 }

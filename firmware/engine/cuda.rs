@@ -90,6 +90,8 @@ struct Kernels {
     add_norm: Function,
     /// Attention over the f32 cache, or over the int8 one (`attention_i8`).
     attention: Function,
+    /// The same launched as clusters (`attention_cluster`, `attention_i8_cluster`).
+    attention_cluster: Function,
     /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
     /// the same two preparing their own normed input (`_prep`, see `in_block_norm`).
     matvec: [[Function; 4]; PRODUCT_TYPES],
@@ -410,39 +412,44 @@ impl<'a> CudaEngine<'a> {
         }
         // Each head rotates its q and k, attends over positions 0..=pos of its KV head
         // (storing k and v of pos; split over up to `max_slices` blocks once the context
-        // is long), and writes wo's input; meanwhile at least `pf_blocks` more blocks pull
-        // the weights from wo on into L2.
+        // is long; on sm_90 a head's blocks are a thread block cluster up to `cluster_until`),
+        // and writes wo's input; meanwhile at least `pf_blocks` more blocks pull the weights
+        // from wo on into L2.
         let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
-        let grid = self.split.blocks(h).max(h.n_heads + pf_blocks);
-        g.launch(
-            k.attention,
-            grid as u32,
-            1024,
-            KernelArgs::default()
-                .ptr(a.qkv)
-                .i32(h.n_heads as i32)
-                .i32(h.n_kv_heads as i32)
-                .i32(head_dim as i32)
-                .f32(h.rope_base)
-                .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
-                .ptr(a.state)
-                .ptr(kc)
-                .ptr(vc)
-                .ptr(ks)
-                .ptr(vs)
-                .ptr(key_scale)
-                .ptr(a.xf)
-                .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
-                .ptr(pf_from)
-                .i32(pf_lines as i32)
-                .ptr(a.apart)
-                .ptr(a.acount)
-                .i32(self.split.max_slices as i32)
-                .i32(self.attention_slice as i32)
-                .i32(self.split.max_group_slices as i32)
-                .i32(self.split.group_from as i32)
-                .i32(self.pdl),
-        )?;
+        let grid = self
+            .split
+            .grid(self.split.blocks(h).max(h.n_heads + pf_blocks));
+        let mut args = KernelArgs::default();
+        args.ptr(a.qkv)
+            .i32(h.n_heads as i32)
+            .i32(h.n_kv_heads as i32)
+            .i32(head_dim as i32)
+            .f32(h.rope_base)
+            .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
+            .ptr(a.state)
+            .ptr(kc)
+            .ptr(vc)
+            .ptr(ks)
+            .ptr(vs)
+            .ptr(key_scale)
+            .ptr(a.xf)
+            .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
+            .ptr(pf_from)
+            .i32(pf_lines as i32)
+            .ptr(a.apart)
+            .ptr(a.acount)
+            .i32(self.split.max_slices as i32)
+            .i32(self.attention_slice as i32)
+            .i32(self.split.max_group_slices as i32)
+            .i32(self.split.group_from as i32)
+            .i32(self.split.cluster as i32)
+            .i32(self.split.cluster_slice as i32)
+            .i32(self.split.cluster_until as i32)
+            .i32(self.pdl);
+        match self.split.cluster {
+            0 => g.launch(k.attention, grid as u32, 1024, &mut args)?,
+            c => g.launch_cluster(k.attention_cluster, grid as u32, 1024, c as u32, &mut args)?,
+        }
         // Added to the residual (whose norm is the FFN's input).
         self.matvec(
             &w.wo,

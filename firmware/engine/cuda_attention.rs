@@ -15,6 +15,16 @@ pub struct AttentionSplit {
     pub max_group_slices: usize,
     /// The position grouped mode starts at.
     pub group_from: usize,
+    /// Blocks of the thread block cluster a split head runs as (sm_90: attention.cuh's
+    /// `attention_cluster`, whose slices join in shared memory) below `cluster_until`; 0: no
+    /// clusters, the slices always join through L2.
+    pub cluster: usize,
+    /// The position from which a cluster's blocks split its head.
+    pub cluster_slice: usize,
+    /// The position from which the split above runs instead of clusters.
+    pub cluster_until: usize,
+    /// Blocks the GPU runs at once as clusters: the cluster launch's grid, at most.
+    pub cluster_wave: usize,
 }
 
 impl AttentionSplit {
@@ -55,12 +65,54 @@ impl AttentionSplit {
             max_slices: max_slices(resident, h.n_heads, slice),
             max_group_slices,
             group_from,
+            cluster: 0,
+            cluster_slice: 0,
+            cluster_until: 0,
+            cluster_wave: 0,
+        }
+    }
+
+    /// This split with heads run as clusters of `cluster` blocks, `wave` blocks of which the
+    /// GPU runs at once (`cluster_size` chose both; 0: none), at short and middle lengths, on a
+    /// split every `attention_slice` positions. A cluster's join costs little (measured:
+    /// docs/BENCHMARKS.md), so its blocks split a head four times sooner. It gives way to the
+    /// split through L2 where that one would have more slices than a cluster (`cluster *
+    /// attention_slice` positions; measured on the H200: the two cross near there): from
+    /// there on its slices are the shorter, and a long context is rounds of loads. The launch
+    /// is one wave of clusters (those that do not fit wait for a whole cluster's room), so the
+    /// split through L2 and the prefetch keep within it.
+    pub(super) fn with_cluster(
+        self,
+        (cluster, wave): (usize, usize),
+        attention_slice: usize,
+        (n_heads, n_kv_heads): (usize, usize),
+    ) -> AttentionSplit {
+        if cluster < 2 || attention_slice == 0 {
+            return self;
+        }
+        let max_slices = self.max_slices.min(wave / n_heads.max(1)).max(cluster);
+        AttentionSplit {
+            max_slices,
+            max_group_slices: self.max_group_slices.min(wave / n_kv_heads.max(1)),
+            cluster,
+            cluster_slice: (attention_slice / 4).max(1),
+            cluster_until: cluster * attention_slice,
+            cluster_wave: wave,
+            ..self
         }
     }
 
     /// The blocks a launch needs for the widest split of either mode.
     pub(super) fn blocks(&self, h: &Hyper) -> usize {
-        (h.n_heads * self.max_slices).max(h.n_kv_heads * self.max_group_slices)
+        (h.n_heads * self.max_slices.max(self.cluster)).max(h.n_kv_heads * self.max_group_slices)
+    }
+
+    /// The launch's grid for at least `blocks` blocks: whole clusters when split as clusters.
+    pub(super) fn grid(&self, blocks: usize) -> usize {
+        match self.cluster {
+            0 => blocks,
+            c => (blocks.div_ceil(c) * c).min(self.cluster_wave),
+        }
     }
 
     /// Parts (max, sum and head_dim values each) the split's blocks leave for the join.
@@ -78,6 +130,31 @@ fn max_slices(resident: usize, n_heads: usize, attention_slice: usize) -> usize 
     }
     (resident / n_heads.max(1)).clamp(1, ATTENTION_JOIN_PARTS)
 }
+
+/// The cluster size a split head runs as, where clusters are allowed (`cluster_attention`,
+/// sm_90) and splitting is on: the largest power of two up to attention.cuh's
+/// ATTENTION_CLUSTER_MAX (8, the portable size) and `max_slices` for which every head's cluster
+/// runs at once (`resident_clusters(c)`: the driver's count), with the blocks those clusters
+/// hold; (0, 0) where none is of 2 or more.
+pub(super) fn cluster_size(
+    max_slices: usize,
+    n_heads: usize,
+    resident_clusters: impl Fn(usize) -> usize,
+) -> (usize, usize) {
+    let mut c = ATTENTION_CLUSTER_MAX.min(max_slices);
+    c = if c >= 2 { 1 << c.ilog2() } else { 0 };
+    while c >= 2 {
+        let n = resident_clusters(c);
+        if n >= n_heads {
+            return (c, n * c);
+        }
+        c /= 2;
+    }
+    (0, 0)
+}
+
+/// attention.cuh's ATTENTION_CLUSTER_MAX.
+const ATTENTION_CLUSTER_MAX: usize = 8;
 
 /// The most parts (heads times slices) one block joins: attention.cuh's `join_slices` folds each
 /// part's max and sum in the attention block's 32 x 256 floats of shared memory.
@@ -174,6 +251,48 @@ mod tests {
             max_group_slices(100_000, (16, 2, 64), false, ATTENTION_SLICE),
             512
         );
+    }
+
+    /// Clusters: 8 blocks a head on an H200 (132 one-block multiprocessors, two clusters of 8
+    /// in each GPC of 16-18) for the 1.5B shape's 12 heads; 4 where only 4 slices fit a head
+    /// (32 heads); smaller where the GPU runs too few clusters at once for every head; none
+    /// where a head gets one slice.
+    #[test]
+    fn clusters_are_the_widest_power_of_two_that_runs_every_head_at_once() {
+        let h200 = |c: usize| 132 / 16 * (16 / c);
+        assert_eq!(cluster_size(11, 12, h200), (8, 128));
+        assert_eq!(cluster_size(14, 9, h200), (8, 128));
+        assert_eq!(cluster_size(4, 32, h200), (4, 128));
+        assert_eq!(cluster_size(11, 20, h200), (4, 128));
+        assert_eq!(cluster_size(1, 12, h200), (0, 0));
+        assert_eq!(cluster_size(11, 12, |_| 0), (0, 0));
+        let split = AttentionSplit {
+            max_slices: 11,
+            max_group_slices: 66,
+            group_from: 12_800,
+            cluster: 0,
+            cluster_slice: 0,
+            cluster_until: 0,
+            cluster_wave: 0,
+        };
+        // The 1.5B shape: clusters from 64 positions (a quarter of the split's 256) to 2,048,
+        // where the split through L2 would take 9 slices a head; that one then up to 10: the
+        // 128 blocks of one wave of clusters hold 10 of its 11 (and 64 of grouped mode's 66 a
+        // kv head).
+        let c = split.with_cluster((8, 128), 256, (12, 2));
+        assert_eq!(
+            (c.cluster, c.cluster_slice, c.cluster_until),
+            (8, 64, 2_048)
+        );
+        assert_eq!(
+            (c.max_slices, c.max_group_slices, c.group_from),
+            (10, 64, 12_800)
+        );
+        assert_eq!(c.grid(137), 128);
+        assert_eq!(c.grid(100), 104);
+        assert_eq!(split.with_cluster((0, 0), 256, (12, 2)), split);
+        assert_eq!(split.with_cluster((8, 128), 0, (12, 2)), split);
+        assert_eq!(split.grid(137), 137);
     }
 
     /// Grouped mode starts where a layer's keys and values outgrow half the L2: the 1.5B

@@ -316,6 +316,11 @@ impl<'a> CudaEngine<'a> {
             embed: f("embed")?,
             add_norm: f("add_norm")?,
             attention: f(if int8_kv { "attention_i8" } else { "attention" })?,
+            attention_cluster: f(if int8_kv {
+                "attention_i8_cluster"
+            } else {
+                "attention_cluster"
+            })?,
             matvec: [
                 kernels_of(GpuType::F32)?,
                 kernels_of(GpuType::F16)?,
@@ -347,6 +352,17 @@ impl<'a> CudaEngine<'a> {
             int8_kv,
             &opts,
         );
+        // Clusters where the GPU has them; the driver's count of clusters that run at once
+        // decides their size (a failed query: none).
+        let split = if opts.cluster_attention && gpu.compute_capability.0 >= 9 {
+            let c = attention::cluster_size(split.max_slices, h.n_heads, |c| {
+                gpu.max_active_clusters(k.attention_cluster, 1024, c as u32)
+                    .map_or(0, |n| n as usize)
+            });
+            split.with_cluster(c, opts.attention_slice, (h.n_heads, h.n_kv_heads))
+        } else {
+            split
+        };
 
         // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.

@@ -44,6 +44,12 @@ pub struct CudaOptions {
     /// and value row is read once rather than once per query head (where a group fits a block:
     /// `cuda_attention::max_group_slices`).
     pub grouped_attention: GroupedAttention,
+    /// Where the GPU has thread block clusters (sm_90), a split head's blocks run as one
+    /// cluster and join their slices in shared memory (`cuda_attention::cluster_size`), not
+    /// through L2 by the last block to finish, up to the length where the split through L2
+    /// reaches its widest (`AttentionSplit::with_cluster`). `bench --ablate
+    /// no-cluster-attention` is the ablation.
+    pub cluster_attention: bool,
     /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
     /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
     pub dependent_launch: DependentLaunch,
@@ -142,6 +148,7 @@ impl Default for CudaOptions {
             prefetch: true,
             attention_slice: ATTENTION_SLICE,
             grouped_attention: GroupedAttention::Auto,
+            cluster_attention: true,
             dependent_launch: DependentLaunch::On,
             prefill_batch: crate::board::GPU_PREFILL_BATCH,
             prefill_products: PrefillProducts::Blas,

@@ -39,6 +39,8 @@ pub enum Ablation {
     PerHeadAttention,
     /// CUDA: a split attention per kv head from the first split on, whatever the L2 holds.
     GroupedAttention,
+    /// CUDA (sm_90): a split head's slices joined through L2, not in a cluster's shared memory.
+    NoClusterAttention,
     /// CUDA (sm_90): every kernel launched after the one before has finished.
     NoPdl,
     /// CUDA (sm_90): each product block pulls its first weights into L2 while it waits.
@@ -69,7 +71,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
-    ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2"),
+    ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
+    ("no-cluster-attention", "cuda", "sm_90: a split head's slices joined through L2 by the last block to finish, not in a thread block cluster's shared memory"),
     ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
     ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
     ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
@@ -89,7 +92,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 18] = {
+const PLAIN: [Ablation; 19] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -104,6 +107,7 @@ const PLAIN: [Ablation; 18] = {
         NoSplitAttention,
         PerHeadAttention,
         GroupedAttention,
+        NoClusterAttention,
         NoPdl,
         PdlPrefetch,
         F32Kv,
@@ -164,6 +168,7 @@ impl Ablation {
             AttentionSlice(n) => format!("attention-slice={n}"),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
+            NoClusterAttention => "no-cluster-attention".into(),
             NoPdl => "no-pdl".into(),
             PdlPrefetch => "pdl-prefetch".into(),
             F32Kv => "f32-kv".into(),
@@ -206,7 +211,11 @@ impl Ablation {
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
-            GroupedAttention => o.grouped_attention = GroupedAttentionMode::Always,
+            GroupedAttention => {
+                o.grouped_attention = GroupedAttentionMode::Always;
+                o.cluster_attention = false;
+            }
+            NoClusterAttention => o.cluster_attention = false,
             NoPdl => o.dependent_launch = DependentLaunch::Off,
             PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
             F32Kv => o.f32_kv = true,

@@ -181,7 +181,8 @@ fn run_gpu(
         },
         // Likewise attention: one block a head, or split from position 2 on (so the logits
         // compared below already join several slices a head): in discrete memory a block a kv
-        // head for all its query heads (grouped, the default), in unified a block a query head.
+        // head for all its query heads (grouped), in unified a block a query head, its slices a
+        // thread block cluster on sm_90 (the default there).
         attention_slice: if products == ProductKernels::Wide {
             2
         } else {
@@ -192,6 +193,7 @@ fn run_gpu(
         } else {
             GroupedAttention::Never
         },
+        cluster_attention: memory == MemoryModel::Unified,
         // And dependent launch (an sm_90 GPU; others run it off): on (the default) in the
         // wide runs, with the weight prefetch in the narrow discrete ones, off in the narrow
         // unified ones.

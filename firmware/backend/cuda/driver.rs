@@ -343,7 +343,7 @@ impl Gpu {
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
         if self.dependent_launch {
-            return self.launch_dependent(f, grid, block, shared, &mut ptrs);
+            return self.launch_ex(f, grid, block, shared, 0, &mut ptrs);
         }
         // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
         // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
@@ -368,22 +368,44 @@ impl Gpu {
         }
     }
 
-    /// `launch_shared` with the programmatic-stream-serialization attribute (`dependent_launch`).
-    /// A path of its own: `cuLaunchKernelEx` came with CUDA 11.8, so the plain launch stays
-    /// `cuLaunchKernel`, which older drivers have too (JetPack 5 ships CUDA 11.4).
-    fn launch_dependent(
+    /// `launch` as clusters of `cluster` consecutive blocks (sm_90: thread block clusters,
+    /// whose blocks run at once and share their shared memory); `grid` is a multiple of it.
+    pub fn launch_cluster(
         &self,
         f: Function,
         grid: u32,
         block: u32,
-        shared: u32,
-        ptrs: &mut [*mut c_void; 32],
+        cluster: u32,
+        args: &mut KernelArgs,
     ) -> CudaResult<()> {
-        // SAFETY: the attribute union is plain data (zeroed, then its int member set).
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
+        let mut ptrs = args.pointers();
+        self.launch_ex(f, grid, block, 0, cluster, &mut ptrs)
+    }
+
+    /// Clusters of `cluster` blocks of `f` (`block` threads) the GPU runs at once.
+    pub fn max_active_clusters(&self, f: Function, block: u32, cluster: u32) -> CudaResult<u32> {
+        let mut attrs = launch_attributes(false, cluster);
+        let config = self.launch_config(cluster, block, 0, &mut attrs);
+        let mut n = 0;
+        // SAFETY: a valid function handle, a config whose attributes live across the call, and
+        // an out-pointer.
+        unsafe {
+            check(
+                "cuOccupancyMaxActiveClusters",
+                sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &config),
+            )?;
+        }
+        Ok(n.max(0) as u32)
+    }
+
+    fn launch_config(
+        &self,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        attrs: &mut (usize, [sys::CUlaunchAttribute; 2]),
+    ) -> sys::CUlaunchConfig {
+        sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
             gridDimZ: 1,
@@ -392,10 +414,27 @@ impl Gpu {
             blockDimZ: 1,
             sharedMemBytes: shared,
             hStream: self.stream,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: as `launch_shared`'s parameters; `config` and the attribute it points at live
+            attrs: attrs.1.as_mut_ptr(),
+            numAttrs: attrs.0 as u32,
+        }
+    }
+
+    /// `launch_shared` through `cuLaunchKernelEx`: with the programmatic-stream-serialization
+    /// attribute where `dependent_launch` is set, and as clusters of `cluster` blocks (0: none).
+    /// A path of its own: `cuLaunchKernelEx` came with CUDA 11.8, so the plain launch stays
+    /// `cuLaunchKernel`, which older drivers have too (JetPack 5 ships CUDA 11.4).
+    fn launch_ex(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        cluster: u32,
+        ptrs: &mut [*mut c_void; 32],
+    ) -> CudaResult<()> {
+        let mut attrs = launch_attributes(self.dependent_launch, cluster);
+        let config = self.launch_config(grid, block, shared, &mut attrs);
+        // SAFETY: as `launch_shared`'s parameters; `config` and the attributes it points at live
         // until the call returns (the driver copies them).
         unsafe {
             check(
@@ -741,4 +780,28 @@ impl KernelArgs {
         }
         p
     }
+}
+
+/// The attributes of a `cuLaunchKernelEx` (how many are set, then them): dependent launch, and
+/// a cluster dimension where `cluster` > 0.
+fn launch_attributes(dependent: bool, cluster: u32) -> (usize, [sys::CUlaunchAttribute; 2]) {
+    // SAFETY: the attribute unions are plain data (zeroed, then one member set).
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    if dependent {
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if cluster > 0 {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[n].value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+            x: cluster,
+            y: 1,
+            z: 1,
+        };
+        n += 1;
+    }
+    (n, attrs)
 }

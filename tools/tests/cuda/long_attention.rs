@@ -8,11 +8,14 @@ use leanstream::model::ModelFile;
 use leanstream::quant::Precision;
 use leanstream_tools::bench::rel_err;
 
-/// A long context's attention three ways, on the parity models and the files named in
+/// A long context's attention four ways, on the parity models and the files named in
 /// $LEANSTREAM_HIL_LONG_MODELS (the benchmarks' shapes written on the GPU machine: heads of
-/// 128): one block a query head over all positions (no split: the reference), split into
-/// slices per query head, and split per kv head for all its query heads (grouped, forced from
-/// the first split: by default it starts where a layer's cache outgrows half the L2). The logits before the split starts (position 200), where it starts (256) and
+/// 128): one block a query head over all positions (no split: the reference); split into
+/// slices per query head, joined through L2 by the last block, or (sm_90) as a thread block
+/// cluster joined in shared memory (also with a short split, so that the cluster kernel's own
+/// split through L2 takes over within the run); and split per kv head for all its query heads (grouped,
+/// forced from the first split: by default it starts where a layer's cache outgrows half the
+/// L2). The logits before the split starts (position 200), where it starts (256) and
 /// after several slices (to 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f32 cache (f16) and the int8 one (w8a8, where the head allows).
@@ -44,13 +47,16 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
             .map(|i| (11 + i * 7919) % h.vocab_size as u32)
             .collect();
         for precision in [Precision::F16, Precision::W8a8] {
-            let run = |attention_slice: usize, grouped_attention: GroupedAttention| {
+            let run = |attention_slice: usize,
+                       grouped_attention: GroupedAttention,
+                       cluster_attention: bool| {
                 let mut arenas = Arenas::from_board().unwrap();
                 let opts = CudaOptions {
                     context: n,
                     precision,
                     attention_slice,
                     grouped_attention,
+                    cluster_attention,
                     ..CudaOptions::default()
                 };
                 let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
@@ -62,10 +68,11 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                         gpu.feed(t, pos);
                     }
                 }
-                Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split()))
+                let sm90 = gpu.gpu.compute_capability.0 >= 9;
+                Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split(), sm90))
             };
             let what = format!("{name} {precision}");
-            let (reference, int8, _) = match run(0, GroupedAttention::Never) {
+            let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false) {
                 Ok(r) => r,
                 Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
                     eprintln!("skipped: long attention {what}: {why}");
@@ -74,18 +81,28 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 Err(e) => panic!("{what}: boot failed: {e}"),
             };
             let tol = if int8 { 5e-2 } else { 1e-3 };
-            for grouped in [false, true] {
+            let slice = leanstream::engine::cuda_options::ATTENTION_SLICE;
+            for (label, slice, grouped, cluster) in [
+                ("per head, joined through L2", slice, false, false),
+                ("per head, clusters", slice, false, true),
+                // Clusters from 8 positions, the split through L2 from max_slices x 32 on
+                // (at most 288 for these models): both paths of the cluster kernel.
+                ("clusters, then joined through L2", 32, false, true),
+                ("grouped", slice, true, false),
+            ] {
                 let mode = if grouped {
                     GroupedAttention::Always
                 } else {
                     GroupedAttention::Never
                 };
-                let (logits, _, split) =
-                    run(leanstream::engine::cuda_options::ATTENTION_SLICE, mode)
-                        .expect("boots as the reference did");
+                let (logits, _, split, sm90) =
+                    run(slice, mode, cluster).expect("boots as the reference did");
                 let (slices, group_slices) = (split.max_slices, split.max_group_slices);
                 if grouped && h.n_heads > h.n_kv_heads {
                     assert!(group_slices > 0, "{what}: grouped attention is off");
+                }
+                if cluster && sm90 {
+                    assert!(split.cluster >= 2, "{what}: no clusters on sm_90");
                 }
                 let errs: Vec<f64> = logits
                     .iter()
@@ -93,19 +110,16 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                     .map(|(a, b)| rel_err(a, b))
                     .collect();
                 eprintln!(
-                    "long attention {what}{} {}: up to {slices} slices a head, {group_slices} a kv head; logits rel err at positions {checked:?}: {}",
+                    "long attention {what}{} {label}: up to {slices} slices a head, {group_slices} a kv head, clusters of {}; logits rel err at positions {checked:?}: {}",
                     if int8 { " (int8 activations)" } else { "" },
-                    if grouped { "grouped" } else { "per head" },
+                    split.cluster,
                     errs.iter()
                         .map(|e| format!("{e:.2e}"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
                 for (e, pos) in errs.iter().zip(&checked) {
-                    assert!(
-                        *e < tol,
-                        "{what} grouped {grouped} at {pos}: {e:.3e} > {tol}"
-                    );
+                    assert!(*e < tol, "{what} {label} at {pos}: {e:.3e} > {tol}");
                 }
             }
         }
