@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A change's GPU figures against an earlier commit's, in one run on the GPU machine: the two
-# `leanstream` builds (staged here as hil-out/leanstream.gz by scripts/hil.sh and
-# hil-out/leanstream-before.gz by hand, both for the h200-hil board) time the same synthetic
+# `leanstream` builds (staged here as hil-out/leanstream.xz by scripts/hil.sh and
+# hil-out/leanstream-before.gz or .xz by hand, both for the h200-hil board) time the same synthetic
 # same-shape models in the order before, after, after, before, so that a drift of the machine
 # touches both sides alike; then the CPU backend the same way on the q4_0 files. Each bench
 # checks its CUDA configurations against the CPU backend before timing them, as always.
@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
 for b in leanstream leanstream-before; do
+  [ -f "$h/$b.xz" ] && { xz -dc "$h/$b.xz" > "$h/$b" && chmod +x "$h/$b"; }
   [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
   [ -x "$h/$b" ] || { echo "missing $h/$b"; exit 2; }
 done

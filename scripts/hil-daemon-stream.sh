@@ -21,6 +21,7 @@ cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
 for b in leanstream leanstreamd; do
+  [ -f "$h/$b.xz" ] && { xz -dc "$h/$b.xz" > "$h/$b" && chmod +x "$h/$b"; }
   [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
 done
 model=${HIL_DAEMON_MODEL:-$h/models/smollm2-135m-q4_1-cut4.gguf}

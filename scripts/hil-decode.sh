@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HIL: dense decode on the GPU against llama.cpp in the same call (issue 29), on the GPU machine
-# over what scripts/hil.sh staged (carry hil-out/leanstream.gz and .whl; with LLAMA_SRC, the
+# over what scripts/hil.sh staged (carry hil-out/leanstream.xz and .whl; with LLAMA_SRC, the
 # llama.cpp source tar.xz too). Builds nothing of ours.
 #   1. same-shape random-weight models written here (HIL_SHAPES, HIL_TYPES);
 #   2. decode of 128 tokens after a prompt of each of HIL_DEPTHS tokens (unset: 1 and 4096):

@@ -21,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 h=${HIL_DIR:-hil-out}
 res=${OUT:-$h/results}; mkdir -p "$res"
+[ -f "$h/leanstream.xz" ] && { xz -dc "$h/leanstream.xz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
 [ -f "$h/leanstream.gz" ] && { gunzip -c "$h/leanstream.gz" > "$h/leanstream" && chmod +x "$h/leanstream"; }
 shape=$1; shift
 sets=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HIL: batched prefill on the GPU (engine/cuda_prefill.rs), on the GPU machine over what
-# scripts/hil.sh staged (carry hil-out/leanstream.gz and .whl). Builds nothing of ours.
+# scripts/hil.sh staged (carry hil-out/leanstream.xz and .whl). Builds nothing of ours.
 #   1. same-shape random-weight models written here (HIL_SHAPES, HIL_TYPES);
 #   2. prompt processing of HIL_PROMPT (512) tokens, batched against token by token
 #      (`--ablate token-prefill`, or HIL_PREFILL_ABLATE), every file in one bench run (each checked against the CPU

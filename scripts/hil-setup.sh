@@ -4,6 +4,7 @@
 # $res/gpu.txt, and defines `gguf_py`, which makes the synth script's gguf package importable
 # (from the carried wheel where pip has none).
 for b in leanstream cuda-tests cuda-no-alloc; do
+  [ -f "$h/$b.xz" ] && { xz -dc "$h/$b.xz" > "$h/$b" && chmod +x "$h/$b"; }
   [ -f "$h/$b.gz" ] && { gunzip -c "$h/$b.gz" > "$h/$b" && chmod +x "$h/$b"; }
 done
 . "$(dirname "${BASH_SOURCE[0]}")/hil-cublas.sh"
