@@ -36,8 +36,7 @@ if [ -f "$models/qwen2.5-coder-0.5b-instruct.gguf" ]; then
 fi
 strip "$out/leanstream" "$out/leanstreamd" "$out/cuda-tests" "$out/cuda-no-alloc" 2>/dev/null || true
 # The binaries embed the PTX as text: compressed, they leave room under the call's 64 MiB
-# (hil-setup.sh unpacks them). xz takes them to about 40% of gzip's size (cuda-tests 1.4 MB
-# against 3.8 MB), room for a parity model more.
+# (hil-setup.sh unpacks them). xz takes the four to about 7 MB against gzip's 16.5 MB.
 for b in leanstream leanstreamd cuda-tests cuda-no-alloc; do
   rm -f "$out/$b.gz" "$out/$b.xz"; xz -9e -T2 "$out/$b"
 done
