@@ -1,0 +1,938 @@
+//! The x86-64 kernels of `lowbit` (AVX2, VNNI, AVX-512): see the parent module's notes.
+
+use super::*;
+use crate::backend::cpu::kernel::MAX_INPUTS;
+use std::arch::x86_64::*;
+
+/// The group's 32 int8 weights in register order (natural for w8 and contiguous, `PERM` for
+/// the lane-interleaved packings), and whether the activations must be the permuted ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weights<const F: u8>(p: *const u8, w: [usize; 4]) -> __m256i {
+    let m = _mm_set1_epi8(0x0F);
+    match F {
+        FMT_W8 => _mm256_loadu_si256(p.add(w[0]).cast()),
+        FMT_W4C => {
+            // One shift and two masks give the even and odd elements; two unpacks put them
+            // back in order (the extra work the contiguous packing costs).
+            let v = _mm_loadu_si128(p.add(w[0]).cast());
+            let lo = _mm_and_si128(v, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+            let n = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+            _mm256_sub_epi8(n, _mm256_set1_epi8(8))
+        }
+        _ => {
+            let v = if F == FMT_W4S {
+                let ld = |o: usize| p.add(o).cast::<i32>().read_unaligned();
+                _mm_set_epi32(ld(w[3]), ld(w[2]), ld(w[1]), ld(w[0]))
+            } else {
+                _mm_loadu_si128(p.add(w[0]).cast())
+            };
+            // One shift and two masks: dp4a-ready bytes in `PERM` order.
+            let lo = _mm_and_si128(v, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+            _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+        }
+    }
+}
+
+pub(crate) const VNNI_NONE: u8 = 0;
+/// AVX-VNNI: `vpdpbusd` VEX-encoded (Alder Lake, Sapphire Rapids and later; Zen 5).
+pub(crate) const VNNI_VEX: u8 = 1;
+/// AVX512-VNNI with AVX512-VL: the EVEX form on ymm registers (Cascade/Ice Lake, Zen 4).
+pub(crate) const VNNI_EVEX: u8 = 2;
+
+/// The VNNI form this CPU has (detected once by the standard library, cached).
+pub(crate) fn vnni() -> u8 {
+    if is_x86_feature_detected!("avxvnni") {
+        VNNI_VEX
+    } else if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        VNNI_EVEX
+    } else {
+        VNNI_NONE
+    }
+}
+
+/// Where VNNI is in use (any form: a CPU with both prefers the VEX one for ymm) and the CPU
+/// has AVX-512 F, BW, VL and VNNI, the kernels below take sixteen rows per zmm register
+/// (they name their own features, whatever form `V` is), unless `avx512` is off (the
+/// `no-avx512` ablation).
+fn sixteen<const V: u8>(avx512: bool) -> bool {
+    V != VNNI_NONE && has_avx512_vnni() && avx512
+}
+
+pub(super) fn chunk_for<const V: u8>(f: QFormat, avx512: bool) -> ChunkFn {
+    let sixteen = || sixteen::<V>(avx512);
+    match f {
+        QFormat::W8 => chunk::<FMT_W8, V>,
+        QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
+        QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
+        QFormat::W4(Packing::Swizzled) if sixteen() => chunk_swizzled16,
+        QFormat::W4(Packing::Swizzled) => chunk_swizzled::<V>,
+    }
+}
+
+pub(super) fn chunk_many_for<const V: u8>(f: QFormat, avx512: bool) -> ChunkManyFn {
+    let sixteen = || sixteen::<V>(avx512);
+    match f {
+        QFormat::W8 if sixteen() => chunk_many16::<FMT_W8>,
+        QFormat::W4(Packing::Contiguous) if sixteen() => chunk_many16::<FMT_W4C>,
+        QFormat::W4(Packing::Interleaved) if sixteen() => chunk_many16::<FMT_W4I>,
+        QFormat::W8 => chunk_many::<FMT_W8, V>,
+        QFormat::W4(Packing::Contiguous) => chunk_many::<FMT_W4C, V>,
+        QFormat::W4(Packing::Interleaved) => chunk_many::<FMT_W4I, V>,
+        QFormat::W4(Packing::Swizzled) if sixteen() => chunk_many_swizzled16,
+        QFormat::W4(Packing::Swizzled) => chunk_many_swizzled::<V>,
+    }
+}
+
+/// 8 lanes of int32 partial dots of signed `w` with signed `y`: |w| (unsigned) times y
+/// with w's sign, four adjacent bytes per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_lanes<const V: u8>(w: __m256i, y: __m256i) -> __m256i {
+    dot_lanes_abs::<V>(_mm256_sign_epi8(w, w), w, y)
+}
+
+/// `dot_lanes` with `u = |w|` made by the caller (once for every input that meets `w`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_lanes_abs<const V: u8>(u: __m256i, w: __m256i, y: __m256i) -> __m256i {
+    dpbusd::<V>(_mm256_setzero_si256(), u, _mm256_sign_epi8(y, w))
+}
+
+/// `acc` plus, in each 32-bit lane, the four products of unsigned bytes `u` with signed
+/// bytes `s`. VNNI: one `vpdpbusd`, exact. AVX2: `maddubs` + `madd` + add, exact only where
+/// each adjacent pair of products fits an i16 (|u| <= 128 with |s| <= 127, or u <= 31);
+/// callers keep to that.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dpbusd<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY (both asm blocks): V is a VNNI form only where `vnni()` found it on this CPU
+    // (`vnni_form`); the instruction reads and writes registers only.
+    match V {
+        VNNI_VEX => std::arch::asm!(
+            "{{vex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags)
+        ),
+        VNNI_EVEX => std::arch::asm!(
+            "{{evex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags)
+        ),
+        _ => {
+            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+            acc = _mm256_add_epi32(acc, pairs)
+        }
+    }
+    acc
+}
+
+/// Whether format `F` under `V` dots unsigned weights (`offset_weights`) with the
+/// activations as they are, starting from `bias` (no per-input sign trick): always with
+/// VNNI; without it only for w4, whose unsigned values (0..15) keep `maddubs` exact.
+#[inline(always)]
+fn unsigned_dot<const F: u8, const V: u8>() -> bool {
+    V != VNNI_NONE || F != FMT_W8
+}
+
+/// Signed bytes `w` as unsigned `w + 2^SHIFT` (SHIFT 7: the top bit flipped). Shared with
+/// the classic kernels (`backend::cpu::matvec`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn offset_unsigned<const SHIFT: i32>(w: __m256i) -> __m256i {
+    if SHIFT == 7 {
+        _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+    } else {
+        _mm256_add_epi8(w, _mm256_set1_epi8(1 << SHIFT))
+    }
+}
+
+/// The start of an unsigned dot with block `b` of `a`: `-2^SHIFT * y` summed per lane
+/// (`Act::ls`), so that `start + sum (w + 2^SHIFT) * y = sum w * y` exactly, lane by lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn offset_start<const SHIFT: i32>(a: &Act, b: usize) -> __m256i {
+    debug_assert!(a.ls.len() >= 8 * (b + 1));
+    _mm256_slli_epi32::<SHIFT>(_mm256_loadu_si256(a.ls.as_ptr().add(8 * b).cast()))
+}
+
+/// The group's weights made unsigned: `w + 128` (w8), `w + 8` (w4; the nibble itself).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_weights<const F: u8>(q: __m256i) -> __m256i {
+    if F == FMT_W8 {
+        offset_unsigned::<7>(q)
+    } else {
+        offset_unsigned::<3>(q)
+    }
+}
+
+/// `offset_start` of group `g` for format `F`'s offset. Any split of the group's sum over
+/// the lanes would do here, since these kernels add a group's eight lanes together.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bias<const F: u8>(a: &Act, g: usize) -> __m256i {
+    if F == FMT_W8 {
+        offset_start::<7>(a, g)
+    } else {
+        offset_start::<3>(a, g)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_hadd_epi32(s, s);
+    let s = _mm_hadd_epi32(s, s);
+    _mm_cvtsi128_si32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk<const F: u8, const V: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    a: &Act,
+    out: &mut [f32],
+) {
+    let ng = groups::<F>(row_bytes);
+    let act = activations::<F>(a);
+    // Once per chunk: the unchecked reads below stay inside these.
+    assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    let p = data.as_ptr();
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        let mut acc = _mm_setzero_ps();
+        for g in 0..ng {
+            let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+            let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
+            if V == VNNI_NONE && F != FMT_W8 {
+                let i4 = four_w4_dots(q, y, *a.gs.get_unchecked(g));
+                let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+                acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+                continue;
+            }
+            let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
+                let b = bias::<F>(a, g);
+                [
+                    dpbusd::<V>(b, offset_weights::<F>(q[0]), y),
+                    dpbusd::<V>(b, offset_weights::<F>(q[1]), y),
+                    dpbusd::<V>(b, offset_weights::<F>(q[2]), y),
+                    dpbusd::<V>(b, offset_weights::<F>(q[3]), y),
+                ]
+            } else {
+                [
+                    dot_lanes::<V>(q[0], y),
+                    dot_lanes::<V>(q[1], y),
+                    dot_lanes::<V>(q[2], y),
+                    dot_lanes::<V>(q[3], y),
+                ]
+            };
+            // Four exact int32 group dots, one per row.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
+            let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            // The epilogue, once per group: (d_w * d_x) * i, added in group order.
+            let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+            acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+        }
+        _mm_storeu_ps(out.as_mut_ptr().add(r), acc);
+        r += 4;
+    }
+    while r < out.len() {
+        out[r] = row_alone::<F, V>(p, row_bytes, r, a);
+        r += 1;
+    }
+}
+
+/// Without VNNI, four rows' exact w4 group dots with one `madd` instead of four: the
+/// offset weights `w + 8` (0..15) against int8 inputs (|y| <= 127) give `maddubs` pairs of
+/// at most 3,810, so the two `hadd`s that gather the four rows still hold each sum of 8
+/// products in an i16 (<= 15,240), and the `madd` that follows widens them. `neg_sum`: the
+/// group's `Act::gs`, the start `-8 * sum y`. The same int32s as `dpbusd` and the
+/// `hadd_epi32`s of the other path: bit-identical.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn four_w4_dots(q: [__m256i; 4], y: __m256i, neg_sum: i32) -> __m128i {
+    let p = |w: __m256i| _mm256_maddubs_epi16(offset_unsigned::<3>(w), y);
+    let h01 = _mm256_hadd_epi16(p(q[0]), p(q[1]));
+    let h23 = _mm256_hadd_epi16(p(q[2]), p(q[3]));
+    // Per 128-bit half: rows 0..3's sums, two i16 each; then one i32 each.
+    let m = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1));
+    let i4 = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    _mm_add_epi32(i4, _mm_set1_epi32(neg_sum << 3))
+}
+
+/// Group `g` of rows `r..r + 4`: each row's 32 weights in register order (`weights`) and
+/// the four scales as f32. It also prefetches the same group four rows on (two tiles on,
+/// swizzled): streaming DRAM is latency-bound on the hardware prefetcher alone.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn four_rows<const F: u8>(
+    p: *const u8,
+    row_bytes: usize,
+    r: usize,
+    g: usize,
+) -> ([__m256i; 4], __m128) {
+    let (s0, w0) = group_at::<F>(row_bytes, r, g);
+    let (s1, w1) = group_at::<F>(row_bytes, r + 1, g);
+    let (s2, w2) = group_at::<F>(row_bytes, r + 2, g);
+    let (s3, w3) = group_at::<F>(row_bytes, r + 3, g);
+    let ahead = if F == FMT_W4S {
+        2 * SWIZZLE_TILE_BYTES
+    } else {
+        4 * row_bytes
+    };
+    for o in [w0[0], w1[0], w2[0], w3[0]] {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o + ahead).cast());
+    }
+    let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned() as i16;
+    let dw = _mm_cvtph_ps(_mm_set_epi16(
+        0,
+        0,
+        0,
+        0,
+        scale(s3),
+        scale(s2),
+        scale(s1),
+        scale(s0),
+    ));
+    let q = [
+        weights::<F>(p, w0),
+        weights::<F>(p, w1),
+        weights::<F>(p, w2),
+        weights::<F>(p, w3),
+    ];
+    (q, dw)
+}
+
+/// Row `r` on its own (a chunk's last rows, past its last four): the same group order and
+/// epilogue as the four-row loop, one lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_alone<const F: u8, const V: u8>(
+    p: *const u8,
+    row_bytes: usize,
+    r: usize,
+    a: &Act,
+) -> f32 {
+    let act = activations::<F>(a);
+    let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
+    let mut acc = 0f32;
+    for g in 0..groups::<F>(row_bytes) {
+        let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+        let (s, w) = group_at::<F>(row_bytes, r, g);
+        let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
+        let d = f16_to_f32(scale(s)) * *a.d.get_unchecked(g);
+        acc += d * i as f32;
+    }
+    acc
+}
+
+/// The row-major many-input kernels' argument checks, once per chunk (the unchecked reads
+/// stay inside them): groups per row and inputs.
+fn many_args<const F: u8>(row_bytes: usize, acts: &[Act]) -> (usize, usize) {
+    let ng = groups::<F>(row_bytes);
+    let n = acts.len();
+    assert!(n <= MAX_INPUTS, "{n} inputs");
+    for a in acts {
+        assert!(activations::<F>(a).len() >= ng * GROUP && a.d.len() >= ng);
+        assert!(a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    }
+    (ng, n)
+}
+
+/// `chunk` for several inputs at once (a batch of prompt tokens): each group of four rows
+/// is loaded, unpacked and made unsigned once, its scales converted once, and then dotted
+/// with every input. Input `t`'s row `r` goes to `out[t * out_stride + r]`. For each input
+/// the arithmetic is `chunk`'s, in the same order, so the results are bit-identical.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_many<const F: u8, const V: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+) {
+    let (ng, n) = many_args::<F>(row_bytes, acts);
+    let p = data.as_ptr();
+    let mut r = 0;
+    if unsigned_dot::<F, V>() && F != FMT_W4S {
+        // Eight rows at a time: the rows' groups are transposed in registers once, so that
+        // every input's dot leaves each row's exact group sum in its own lane (no
+        // horizontal add). Same epilogue, eight rows wide: bit-identical.
+        let shift = if F == FMT_W8 { 7 } else { 3 };
+        let mut acc = [_mm256_setzero_ps(); MAX_INPUTS];
+        while r + OCTET <= rows {
+            acc[..n].fill(_mm256_setzero_ps());
+            for g in 0..ng {
+                let (q0, dw0) = four_rows::<F>(p, row_bytes, r, g);
+                let (q1, dw1) = four_rows::<F>(p, row_bytes, r + 4, g);
+                let u = transpose8([
+                    offset_weights::<F>(q0[0]),
+                    offset_weights::<F>(q0[1]),
+                    offset_weights::<F>(q0[2]),
+                    offset_weights::<F>(q0[3]),
+                    offset_weights::<F>(q1[0]),
+                    offset_weights::<F>(q1[1]),
+                    offset_weights::<F>(q1[2]),
+                    offset_weights::<F>(q1[3]),
+                ]);
+                let dw = _mm256_set_m128(dw1, dw0);
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let y = activations::<F>(a).as_ptr().add(g * GROUP);
+                    let gs = *a.gs.get_unchecked(g);
+                    let i = if shift == 7 {
+                        octet_dot::<V, 7>(&u, y, gs)
+                    } else {
+                        octet_dot::<V, 3>(&u, y, gs)
+                    };
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(g)));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i)));
+                }
+            }
+            for (t, acc) in acc[..n].iter().enumerate() {
+                _mm256_storeu_ps(out.add(t * out_stride + r), *acc);
+            }
+            r += OCTET;
+        }
+    }
+    // Each input's four running sums, in memory across the group loop.
+    let mut acc = [_mm_setzero_ps(); MAX_INPUTS];
+    while r + 4 <= rows {
+        acc[..n].fill(_mm_setzero_ps());
+        for g in 0..ng {
+            let (q, dw) = four_rows::<F>(p, row_bytes, r, g);
+            // Unsigned weights (`unsigned_dot`), else |w| for the sign trick.
+            let u = if unsigned_dot::<F, V>() {
+                [
+                    offset_weights::<F>(q[0]),
+                    offset_weights::<F>(q[1]),
+                    offset_weights::<F>(q[2]),
+                    offset_weights::<F>(q[3]),
+                ]
+            } else {
+                [
+                    _mm256_sign_epi8(q[0], q[0]),
+                    _mm256_sign_epi8(q[1], q[1]),
+                    _mm256_sign_epi8(q[2], q[2]),
+                    _mm256_sign_epi8(q[3], q[3]),
+                ]
+            };
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                let y = _mm256_loadu_si256(activations::<F>(a).as_ptr().add(g * GROUP).cast());
+                let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
+                    let b = bias::<F>(a, g);
+                    [
+                        dpbusd::<V>(b, u[0], y),
+                        dpbusd::<V>(b, u[1], y),
+                        dpbusd::<V>(b, u[2], y),
+                        dpbusd::<V>(b, u[3], y),
+                    ]
+                } else {
+                    [
+                        dot_lanes_abs::<V>(u[0], q[0], y),
+                        dot_lanes_abs::<V>(u[1], q[1], y),
+                        dot_lanes_abs::<V>(u[2], q[2], y),
+                        dot_lanes_abs::<V>(u[3], q[3], y),
+                    ]
+                };
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
+                let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
+                *acc = _mm_add_ps(*acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
+            }
+        }
+        for (t, acc) in acc[..n].iter().enumerate() {
+            _mm_storeu_ps(out.add(t * out_stride + r), *acc);
+        }
+        r += 4;
+    }
+    while r < rows {
+        for (t, a) in acts.iter().enumerate() {
+            *out.add(t * out_stride + r) = row_alone::<F, V>(p, row_bytes, r, a);
+        }
+        r += 1;
+    }
+}
+
+/// Rows per register in the eight-row kernels: eight 32-bit lanes, one row each.
+const OCTET: usize = 8;
+
+/// The 8 x 8 transpose of 32-bit words: register j of the result holds word j of each of
+/// the eight inputs, input i in lane i.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose8(a: [__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(a[0], a[1]);
+    let t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    let t2 = _mm256_unpacklo_epi32(a[2], a[3]);
+    let t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    let t4 = _mm256_unpacklo_epi32(a[4], a[5]);
+    let t5 = _mm256_unpackhi_epi32(a[4], a[5]);
+    let t6 = _mm256_unpacklo_epi32(a[6], a[7]);
+    let t7 = _mm256_unpackhi_epi32(a[6], a[7]);
+    // Words (0, 4), (1, 5), (2, 6), (3, 7) of inputs 0-3 and of inputs 4-7.
+    let u0 = _mm256_unpacklo_epi64(t0, t2);
+    let u1 = _mm256_unpackhi_epi64(t0, t2);
+    let u2 = _mm256_unpacklo_epi64(t1, t3);
+    let u3 = _mm256_unpackhi_epi64(t1, t3);
+    let u4 = _mm256_unpacklo_epi64(t4, t6);
+    let u5 = _mm256_unpackhi_epi64(t4, t6);
+    let u6 = _mm256_unpacklo_epi64(t5, t7);
+    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(u0, u4),
+        _mm256_permute2x128_si256::<0x20>(u1, u5),
+        _mm256_permute2x128_si256::<0x20>(u2, u6),
+        _mm256_permute2x128_si256::<0x20>(u3, u7),
+        _mm256_permute2x128_si256::<0x31>(u0, u4),
+        _mm256_permute2x128_si256::<0x31>(u1, u5),
+        _mm256_permute2x128_si256::<0x31>(u2, u6),
+        _mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
+/// Group `g` of rows `r..r + 8` of a swizzled matrix (`r` a multiple of 8, so the eight
+/// share a band): in a swizzled tile, word k of 32 rows is 128 contiguous bytes, so one
+/// load gives word k of eight rows, a 32-bit lane each. Its low nibbles are elements
+/// 8k..8k + 3 of each row and its high nibbles 8k + 4..8k + 7, i.e. bytes 4k..4k + 3 and
+/// 16 + 4k.. of the `PERM`-ordered activations. Returns the low and high nibbles of the
+/// four words (unsigned, 0..15) and the eight rows' scales as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn octet_group(p: *const u8, ng: usize, r: usize, g: usize) -> ([__m256i; 8], __m256) {
+    let (band, lane) = (r / SWIZZLE_ROWS, r % SWIZZLE_ROWS);
+    let t = p.add((band * ng + g) * SWIZZLE_TILE_BYTES);
+    // The same slice of the tile two groups on.
+    let ahead = t.wrapping_add(2 * SWIZZLE_TILE_BYTES);
+    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(2 * lane).cast());
+    let m = _mm256_set1_epi8(0x0F);
+    let mut nib = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        let at = 64 + 128 * k + 4 * lane;
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at).cast());
+        let v = _mm256_loadu_si256(t.add(at).cast());
+        nib[k] = _mm256_and_si256(v, m);
+        nib[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    }
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(t.add(2 * lane).cast()));
+    (nib, dw)
+}
+
+/// The exact int32 dots of one group of eight rows with one input's group `y`: register j
+/// holds activation bytes 4j..4j + 3 of each row (lane = row) as unsigned `u = w + 2^SHIFT`
+/// (the nibble itself for w4), so each lane gets its row's `sum w * y` as `sum u * y` from
+/// the start `-2^SHIFT * sum y`, in two chains (registers 0-3 and 4-7) added at the end.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn octet_dot<const V: u8, const SHIFT: i32>(
+    nib: &[__m256i; 8],
+    y: *const i8,
+    neg_sum: i32,
+) -> __m256i {
+    let word = |o: usize| _mm256_set1_epi32(y.add(o).cast::<i32>().read_unaligned());
+    let mut lo = _mm256_set1_epi32(neg_sum << SHIFT);
+    let mut hi = _mm256_setzero_si256();
+    for k in 0..4 {
+        lo = dpbusd::<V>(lo, nib[k], word(4 * k));
+        hi = dpbusd::<V>(hi, nib[4 + k], word(16 + 4 * k));
+    }
+    _mm256_add_epi32(lo, hi)
+}
+
+/// The swizzled packing's matrix-vector kernel: eight rows per register, so each row's
+/// group dot is whole in its lane and needs no horizontal add; the epilogue is the other
+/// kernels' (`(d_w * d_x) * i` added in group order), eight rows at once, so the results
+/// are bit-identical. Rows past the chunk's last (the band's padding) are computed from
+/// the padding bytes and not stored.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_swizzled<const V: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    a: &Act,
+    out: &mut [f32],
+) {
+    let ng = row_bytes / W4_GROUP_BYTES;
+    let rows = out.len();
+    // Once per chunk: the unchecked reads below stay inside these.
+    assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng && a.gs.len() >= ng);
+    assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+    let p = data.as_ptr();
+    for r in (0..rows).step_by(OCTET) {
+        let mut acc = _mm256_setzero_ps();
+        for g in 0..ng {
+            let (nib, dw) = octet_group(p, ng, r, g);
+            let y = a.qp.as_ptr().add(g * GROUP);
+            let i = octet_dot::<V, 3>(&nib, y, *a.gs.get_unchecked(g));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(g)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i)));
+        }
+        store_rows(acc, out.as_mut_ptr().add(r), rows - r);
+    }
+}
+
+/// The swizzled many-input kernels' argument checks, once per chunk (the unchecked reads
+/// stay inside them): groups per row and inputs.
+fn swizzled_args(data: &[u8], row_bytes: usize, acts: &[Act], rows: usize) -> (usize, usize) {
+    let ng = row_bytes / W4_GROUP_BYTES;
+    let n = acts.len();
+    assert!(n <= MAX_INPUTS, "{n} inputs");
+    for a in acts {
+        assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng && a.gs.len() >= ng);
+    }
+    assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+    (ng, n)
+}
+
+/// `chunk_swizzled` for several inputs: each group of eight rows is loaded and unpacked
+/// once, then dotted with every input (bit-identical per input).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_many_swizzled<const V: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+) {
+    let (ng, n) = swizzled_args(data, row_bytes, acts, rows);
+    let p = data.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); MAX_INPUTS];
+    for r in (0..rows).step_by(OCTET) {
+        acc[..n].fill(_mm256_setzero_ps());
+        for g in 0..ng {
+            let (nib, dw) = octet_group(p, ng, r, g);
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                let y = a.qp.as_ptr().add(g * GROUP);
+                let i = octet_dot::<V, 3>(&nib, y, *a.gs.get_unchecked(g));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(g)));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i)));
+            }
+        }
+        for (t, acc) in acc[..n].iter().enumerate() {
+            store_rows(*acc, out.add(t * out_stride + r), rows - r);
+        }
+    }
+}
+
+/// Rows per register in the AVX-512 swizzled kernel: sixteen 32-bit lanes, one row each.
+const SIXTEEN: usize = 16;
+
+/// Whether this CPU runs the sixteen-row kernels (AVX-512 F, BW and VL with VNNI).
+pub(crate) fn has_avx512_vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// `chunk_many_swizzled` sixteen rows per register, for CPUs with AVX-512 VNNI. Word k of
+/// the 16 rows `r..r + 16` of a band (r a multiple of 16) is 64 contiguous bytes of the
+/// tile, so one zmm load gives it. Per lane it is the eight-row kernel's arithmetic: the
+/// same exact int32 group dot (`octet_dot`'s start and chains), the same `(d_w * d_x) * i`
+/// added in group order, so the results are bit-identical. Twice the rows per `vpdpbusd`
+/// (measured on an Ice Lake Xeon: 1.6x the multiply-adds per second of the ymm form).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn chunk_many_swizzled16(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+) {
+    let (ng, n) = swizzled_args(data, row_bytes, acts, rows);
+    let p = data.as_ptr();
+    let m = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); MAX_INPUTS];
+    for r in (0..rows).step_by(SIXTEEN) {
+        let (band, lane) = (r / SWIZZLE_ROWS, r % SWIZZLE_ROWS);
+        acc[..n].fill(_mm512_setzero_ps());
+        for g in 0..ng {
+            let t = p.add((band * ng + g) * SWIZZLE_TILE_BYTES);
+            // The same slice of the tile two groups on (as `octet_group`).
+            let ahead = t.wrapping_add(2 * SWIZZLE_TILE_BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(2 * lane).cast());
+            let mut nib = [_mm512_setzero_si512(); 8];
+            for k in 0..4 {
+                let at = 64 + 128 * k + 4 * lane;
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at).cast());
+                let v = _mm512_loadu_si512(t.add(at).cast());
+                nib[k] = _mm512_and_si512(v, m);
+                nib[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(t.add(2 * lane).cast()));
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                *acc = sixteen_step::<3>(*acc, &nib, dw, a.qp, a, g);
+            }
+        }
+        store_sixteen(&acc[..n], out.add(r), out_stride, rows - r);
+    }
+}
+
+/// One input's step over group `g` of sixteen rows: `u` = the rows' unsigned weights,
+/// register j holding word j of each row (lane = row), as `octet_dot` takes them; `y` the
+/// activations those words meet. Returns `acc + (d_w * d_x) * i`, `octet_dot`'s int32 and
+/// the eight-row kernels' epilogue, lane by lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn sixteen_step<const SHIFT: i32>(
+    acc: __m512,
+    u: &[__m512i; 8],
+    dw: __m512,
+    y: &[i8],
+    a: &Act,
+    g: usize,
+) -> __m512 {
+    let y = y.as_ptr().add(g * GROUP);
+    let word = |o: usize| _mm512_set1_epi32(y.add(o).cast::<i32>().read_unaligned());
+    let mut lo = _mm512_set1_epi32(*a.gs.get_unchecked(g) << SHIFT);
+    let mut hi = _mm512_setzero_si512();
+    for k in 0..4 {
+        lo = _mm512_dpbusd_epi32(lo, u[k], word(4 * k));
+        hi = _mm512_dpbusd_epi32(hi, u[4 + k], word(16 + 4 * k));
+    }
+    let i = _mm512_add_epi32(lo, hi);
+    let d = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(g)));
+    _mm512_add_ps(acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(i)))
+}
+
+/// Stores each input's sixteen row sums (the first `min(16, left)` of them) at
+/// `out + t * out_stride`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn store_sixteen(acc: &[__m512], out: *mut f32, out_stride: usize, left: usize) {
+    let keep = left.min(SIXTEEN);
+    let mask: __mmask16 = if keep == SIXTEEN { !0 } else { (1 << keep) - 1 };
+    for (t, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add(t * out_stride), mask, *acc);
+    }
+}
+
+/// `chunk_many` sixteen rows per register for the row-major formats (w8, w4 contiguous
+/// and interleaved), for CPUs with AVX-512 VNNI: each sixteen rows' groups are unpacked
+/// and made unsigned once, transposed in registers (two 8 x 8 transposes, joined), and
+/// then dotted with every input as in `chunk_many_swizzled16`. The rows past the last
+/// sixteen take `chunk_many`'s EVEX form. Bit-identical to `chunk_many` and `chunk`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn chunk_many16<const F: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+) {
+    assert!(F != FMT_W4S, "swizzled rows take chunk_many_swizzled16");
+    let (ng, n) = many_args::<F>(row_bytes, acts);
+    assert!(data.len() >= rows * row_bytes);
+    let p = data.as_ptr();
+    let mut acc = [_mm512_setzero_ps(); MAX_INPUTS];
+    let mut r = 0;
+    while r + SIXTEEN <= rows {
+        acc[..n].fill(_mm512_setzero_ps());
+        for g in 0..ng {
+            let mut half = [[_mm256_setzero_si256(); 8]; 2];
+            let mut dw = [_mm_setzero_ps(); 4];
+            for (h, half) in half.iter_mut().enumerate() {
+                let (q0, dw0) = four_rows::<F>(p, row_bytes, r + 8 * h, g);
+                let (q1, dw1) = four_rows::<F>(p, row_bytes, r + 8 * h + 4, g);
+                (dw[2 * h], dw[2 * h + 1]) = (dw0, dw1);
+                *half = transpose8([
+                    offset_weights::<F>(q0[0]),
+                    offset_weights::<F>(q0[1]),
+                    offset_weights::<F>(q0[2]),
+                    offset_weights::<F>(q0[3]),
+                    offset_weights::<F>(q1[0]),
+                    offset_weights::<F>(q1[1]),
+                    offset_weights::<F>(q1[2]),
+                    offset_weights::<F>(q1[3]),
+                ]);
+            }
+            let u: [__m512i; 8] = std::array::from_fn(|j| {
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half[0][j]), half[1][j])
+            });
+            // (Joined as 64-bit halves: `insertf32x8` would need AVX-512 DQ.)
+            let half_ps = |a: __m128, b: __m128| {
+                _mm256_castps_pd(_mm256_insertf128_ps::<1>(_mm256_castps128_ps256(a), b))
+            };
+            let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(half_ps(dw[0], dw[1])),
+                half_ps(dw[2], dw[3]),
+            ));
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                *acc = if F == FMT_W8 {
+                    sixteen_step::<7>(*acc, &u, dw, activations::<F>(a), a, g)
+                } else {
+                    sixteen_step::<3>(*acc, &u, dw, activations::<F>(a), a, g)
+                };
+            }
+        }
+        store_sixteen(&acc[..n], out.add(r), out_stride, SIXTEEN);
+        r += SIXTEEN;
+    }
+    if r < rows {
+        chunk_many::<F, VNNI_EVEX>(
+            &data[r * row_bytes..],
+            row_bytes,
+            acts,
+            out.add(r),
+            out_stride,
+            rows - r,
+        );
+    }
+}
+
+/// `chunk_swizzled` (one input, decode) on the sixteen-row kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn chunk_swizzled16(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
+    let rows = out.len();
+    chunk_many_swizzled16(
+        data,
+        row_bytes,
+        std::slice::from_ref(a),
+        out.as_mut_ptr(),
+        0,
+        rows,
+    );
+}
+
+/// Stores the first `min(8, left)` lanes of `v` at `o`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_rows(v: __m256, o: *mut f32, left: usize) {
+    if left >= OCTET {
+        _mm256_storeu_ps(o, v);
+    } else {
+        let mut lanes = [0f32; OCTET];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), o, left);
+    }
+}
+
+/// The "no deferred dequantization" ablation: each group is unpacked, converted to f32 and
+/// scaled first, then dotted in f32 with the f32 activations (one row at a time).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_eager<const F: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    a: &Act,
+    out: &mut [f32],
+) {
+    let ng = groups::<F>(row_bytes);
+    // Where each 8-byte run of the unpacked register starts in the row (two runs of 4).
+    let runs: [(usize, usize); 4] = if F == FMT_W4I || F == FMT_W4S {
+        [(0, 8), (16, 24), (4, 12), (20, 28)]
+    } else {
+        [(0, 4), (8, 12), (16, 20), (24, 28)]
+    };
+    let p = data.as_ptr();
+    let x = a.x.as_ptr();
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut acc = _mm256_setzero_ps();
+        for g in 0..ng {
+            let (s, w) = group_at::<F>(row_bytes, r, g);
+            let wv = weights::<F>(p, w);
+            let d = _mm256_set1_ps(f16_to_f32(p.add(s).cast::<u16>().read_unaligned()));
+            let mut bytes = [0i8; GROUP];
+            _mm256_storeu_si256(bytes.as_mut_ptr().cast(), wv);
+            for (c, &(lo, hi)) in runs.iter().enumerate() {
+                let q = _mm_loadl_epi64(bytes.as_ptr().add(8 * c).cast());
+                let wf = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+                let xg = x.add(g * GROUP);
+                let xv = _mm256_set_m128(_mm_loadu_ps(xg.add(hi)), _mm_loadu_ps(xg.add(lo)));
+                acc = _mm256_fmadd_ps(wf, xv, acc);
+            }
+        }
+        let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        *o = _mm_cvtss_f32(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 kernel, and each VNNI form this CPU has, equal the scalar kernel bit for
+    /// bit for every format. A CPU without VNNI says so in a `skipped:` line.
+    #[test]
+    fn x86_kernels_equal_scalar() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        fn variants<const F: u8>() -> Vec<(&'static str, ChunkFn)> {
+            let mut v: Vec<(&'static str, ChunkFn)> = vec![("avx2", chunk::<F, VNNI_NONE>)];
+            match vnni() {
+                VNNI_VEX => v.push(("avx-vnni", chunk::<F, VNNI_VEX>)),
+                VNNI_EVEX => v.push(("avx512-vnni", chunk::<F, VNNI_EVEX>)),
+                _ => {}
+            }
+            // A CPU with both forms runs the EVEX one too.
+            if vnni() == VNNI_VEX
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                v.push(("avx512-vnni", chunk::<F, VNNI_EVEX>));
+            }
+            v
+        }
+        check_format::<FMT_W8>(&variants::<FMT_W8>());
+        check_format::<FMT_W4C>(&variants::<FMT_W4C>());
+        check_format::<FMT_W4I>(&variants::<FMT_W4I>());
+        check_format::<FMT_W4S>(&variants::<FMT_W4S>());
+        // The swizzled packing's own eight-row kernels, under AVX2 and this CPU's VNNI.
+        let mut swz: Vec<(&'static str, ChunkFn)> =
+            vec![("avx2 swizzled", chunk_swizzled::<VNNI_NONE>)];
+        match vnni() {
+            VNNI_VEX => swz.push(("avx-vnni swizzled", chunk_swizzled::<VNNI_VEX>)),
+            VNNI_EVEX => swz.push(("avx512-vnni swizzled", chunk_swizzled::<VNNI_EVEX>)),
+            _ => {}
+        }
+        if has_avx512_vnni() {
+            swz.push(("avx512 sixteen-row swizzled", chunk_swizzled16));
+        } else {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI (sixteen-row swizzled kernel)");
+        }
+        check_format::<FMT_W4S>(&swz);
+        if has_avx512_vnni() {
+            check_many::<FMT_W4S>(chunk_swizzled::<VNNI_EVEX>, chunk_many_swizzled16);
+            check_many::<FMT_W8>(chunk::<FMT_W8, VNNI_EVEX>, chunk_many16::<FMT_W8>);
+            check_many::<FMT_W4C>(chunk::<FMT_W4C, VNNI_EVEX>, chunk_many16::<FMT_W4C>);
+            check_many::<FMT_W4I>(chunk::<FMT_W4I, VNNI_EVEX>, chunk_many16::<FMT_W4I>);
+        }
+        // The many-input kernels under AVX2 and under the VNNI form this CPU has.
+        fn many_all<const V: u8>() {
+            check_many::<FMT_W8>(chunk::<FMT_W8, V>, chunk_many::<FMT_W8, V>);
+            check_many::<FMT_W4C>(chunk::<FMT_W4C, V>, chunk_many::<FMT_W4C, V>);
+            check_many::<FMT_W4I>(chunk::<FMT_W4I, V>, chunk_many::<FMT_W4I, V>);
+            check_many::<FMT_W4S>(chunk::<FMT_W4S, V>, chunk_many::<FMT_W4S, V>);
+            check_many::<FMT_W4S>(chunk_swizzled::<V>, chunk_many_swizzled::<V>);
+        }
+        many_all::<VNNI_NONE>();
+        match vnni() {
+            VNNI_VEX => many_all::<VNNI_VEX>(),
+            VNNI_EVEX => many_all::<VNNI_EVEX>(),
+            _ => {}
+        }
+        let names: Vec<&str> = variants::<FMT_W8>().iter().map(|v| v.0).collect();
+        if names.len() == 1 {
+            eprintln!("skipped: this CPU has no AVX-VNNI or AVX512-VNNI (AVX2 checked)");
+        } else {
+            eprintln!("x86 kernels checked against scalar: {names:?}");
+        }
+    }
+}
