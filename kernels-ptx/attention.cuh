@@ -366,8 +366,9 @@ __device__ void join_slices(int h0, int hb, int slices, int head_dim, const floa
 // divided per channel by `key_scale` (kv::key_scales_from_bias, models with a K bias); the
 // query is then multiplied by it and stays float, else it is quantized per group too and a
 // group's q.k is one integer dot (dp4a), scaled once. See `attend_i8_loop`.
-// attend's shared memory, declared once by the launch for every call of attend in it (the
-// cluster kernel calls it on two paths; arrays of its own in each could double the 40 KB).
+// attend's shared memory, declared once by the launch: a function's own __shared__ arrays are
+// one set per template instantiation, and one launch must never hold two sets (the static
+// limit is 48 KB), whichever instantiations it calls.
 struct AttendShared {
     __align__(16) float qh[1024], kh[256], vh[256];
     // The int8 path's queries, key and value of p (int8, and their group scales).

@@ -632,11 +632,7 @@ fn long_context<D: Decoder>(
     // The curve in finer steps (a median per 64 positions), for where the growth happens.
     let fine: Vec<f64> = ms
         .chunks(64)
-        .map(|c| {
-            let mut v = c.to_vec();
-            v.sort_by(f64::total_cmp);
-            (v[v.len() / 2] * 1e4).round() / 1e4
-        })
+        .map(|c| (median(c.to_vec()) * 1e4).round() / 1e4)
         .collect();
     let h = engine.hyper();
     let (q_dim, kv_dim) = (h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim);
