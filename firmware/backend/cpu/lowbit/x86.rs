@@ -791,18 +791,50 @@ pub(super) unsafe fn chunk_many16<const F: u8>(
     }
 }
 
-/// `chunk_swizzled` (one input, decode) on the sixteen-row kernel.
+/// `chunk_swizzled` (one input, decode) on sixteen-row registers, a whole band of 32 rows
+/// at a time: each tile is read front to back (its scale line, then words 0-3 of lanes 0-15
+/// and 16-31, line after line), where `chunk_many_swizzled16` passes over a band twice, each
+/// time reading every other line. Decode streams its weights from DRAM, and the one pass is
+/// what the hardware prefetcher follows. Per lane the arithmetic is `sixteen_step`'s, in the
+/// same order, so the results are bit-identical.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn chunk_swizzled16(data: &[u8], row_bytes: usize, a: &Act, out: &mut [f32]) {
     let rows = out.len();
-    chunk_many_swizzled16(
-        data,
-        row_bytes,
-        std::slice::from_ref(a),
-        out.as_mut_ptr(),
-        0,
-        rows,
-    );
+    let ng = row_bytes / W4_GROUP_BYTES;
+    // Once per chunk: the unchecked reads below stay inside these.
+    assert!(a.qp.len() >= ng * GROUP && a.d.len() >= ng && a.gs.len() >= ng);
+    assert!(data.len() >= rows.next_multiple_of(SWIZZLE_ROWS) * row_bytes);
+    let p = data.as_ptr();
+    let m = _mm512_set1_epi8(0x0F);
+    for r in (0..rows).step_by(SWIZZLE_ROWS) {
+        let band = r / SWIZZLE_ROWS;
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for g in 0..ng {
+            let t = p.add((band * ng + g) * SWIZZLE_TILE_BYTES);
+            let mut u = [[_mm512_setzero_si512(); 8]; 2];
+            for k in 0..4 {
+                for (h, u) in u.iter_mut().enumerate() {
+                    let v = _mm512_loadu_si512(t.add(64 + 128 * k + 64 * h).cast());
+                    u[k] = _mm512_and_si512(v, m);
+                    u[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+                }
+            }
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(t.add(32 * h).cast()));
+                *acc = sixteen_step::<3>(*acc, &u[h], dw, a.qp, a, g);
+            }
+        }
+        let left = rows - r;
+        store_sixteen(&acc[..1], out.as_mut_ptr().add(r), 0, left);
+        if left > SIXTEEN {
+            store_sixteen(
+                &acc[1..],
+                out.as_mut_ptr().add(r + SIXTEEN),
+                0,
+                left - SIXTEEN,
+            );
+        }
+    }
 }
 
 /// Stores the first `min(8, left)` lanes of `v` at `o`.

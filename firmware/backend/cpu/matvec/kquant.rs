@@ -106,7 +106,7 @@ pub(super) fn scalar_chunk_fn(ty: GgmlType) -> ChunkFn {
 /// The AVX2 kernel of K-quant type `ty` in the VNNI form `ks` uses. Panics for any other type.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
-    use crate::backend::cpu::lowbit::x86::{VNNI_EVEX, VNNI_NONE, VNNI_VEX};
+    use crate::backend::cpu::lowbit::x86::{has_avx512_vnni, VNNI_EVEX, VNNI_NONE, VNNI_VEX};
     macro_rules! by_vnni {
         ($t:expr) => {
             match crate::backend::cpu::lowbit::vnni_form(ks) {
@@ -119,6 +119,7 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
     match ty {
         GgmlType::Q4_K => by_vnni!(Q4K),
         GgmlType::Q5_K => by_vnni!(Q5K),
+        GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_q6k_512,
         GgmlType::Q6_K => by_vnni!(Q6K),
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
@@ -466,6 +467,115 @@ mod x86 {
             out[k] = hsum(acc[k]);
         }
         out
+    }
+
+    /// Q6_K rows on AVX-512 VNNI, one row at a time (`row_q6_k_512`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn chunk_q6k_512(
+        data: &[u8],
+        row_bytes: usize,
+        stride: usize,
+        a: &Act,
+        out: &mut [f32],
+    ) {
+        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), Q6K_BYTES);
+        let base = data.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            // SAFETY: `chunk_blocks` checked that the rows and the input are whole.
+            *o = row_q6_k_512(base.add(r * stride), nsb, a);
+        }
+    }
+
+    /// One Q6_K row of `nsb` super-blocks, two groups of 32 per zmm register: a half-block's
+    /// 64 bytes of low nibbles are groups 0 and 1 (low nibbles) and 2 and 3 (high nibbles),
+    /// each pair meeting 64 contiguous input bytes, and its 32 bytes of high bit pairs,
+    /// loaded into both register halves, give each group its two bits by one variable shift.
+    /// The same int32 sums per group of 16 as `rows_q6_k`, in half its instructions, and the
+    /// row read front to back: decode streams the output head from DRAM, and rows taken four
+    /// at a time (each 1,260 bytes at 1,536 columns) are four streams too short for the
+    /// hardware prefetcher. Four accumulators (half-block, group pair) keep the adds apart;
+    /// the floats are added in another order than the scalar kernel (within its rounding).
+    /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn row_q6_k_512(p: *const u8, nsb: usize, a: &Act) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let low = _mm512_set1_epi8(0x0F);
+        let two_bits = _mm512_set1_epi8(0x30);
+        // Bits 2I, 2I + 1 of `qh` to bits 4, 5: left by 4 and 2 for groups 0 and 1 (the
+        // register's halves), right by 0 and 2 for groups 2 and 3.
+        let half_shift = |lo: i16, hi: i16| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+                _mm256_set1_epi16(hi),
+            )
+        };
+        let (left01, right23) = (half_shift(4, 2), half_shift(0, 2));
+        // A group pair's int32 lanes take `d * sc * d_x` 0-3 (groups 0, 1) or 4-7 (groups 2,
+        // 3) of the half's eight: four lanes (16 values) each.
+        let lane_scale = |j: i32| {
+            _mm512_setr_epi32(
+                j,
+                j,
+                j,
+                j,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+            )
+        };
+        let (pick01, pick23) = (lane_scale(0), lane_scale(4));
+        // Input group g's 8 scales, each twice (its two halves of 16), as `rows_q6_k`.
+        let dx_pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        for sb in 0..nsb {
+            let q = p.add(sb * Q6K_BYTES);
+            let dx = _mm512_permutexvar_ps(
+                dx_pairs,
+                _mm512_castps256_ps512(_mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb))),
+            );
+            let d = _mm512_set1_ps(f16_at(q.add(208)));
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(192).cast())));
+            // `d * sc_j * d_x` for the 16 groups of 16, half-block n's at 8n..8n + 8.
+            let f = _mm512_mul_ps(_mm512_mul_ps(d, sc), dx);
+            for n in 0..2 {
+                let b = GROUPS * sb + 4 * n;
+                let y01 = _mm512_loadu_si512(a.qs.as_ptr().add(b * QK).cast());
+                let y23 = _mm512_loadu_si512(a.qs.as_ptr().add((b + 2) * QK).cast());
+                // `-32 * y` summed per lane (`offset_start`): the start that makes `q` `q - 32`.
+                let start = |g: usize| {
+                    _mm512_slli_epi32::<5>(_mm512_loadu_si512(a.ls.as_ptr().add(8 * g).cast()))
+                };
+                let ql = _mm512_loadu_si512(q.add(64 * n).cast());
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(128 + 32 * n).cast()));
+                let q01 = _mm512_or_si512(
+                    _mm512_and_si512(ql, low),
+                    _mm512_and_si512(_mm512_sllv_epi16(qh, left01), two_bits),
+                );
+                let q23 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low),
+                    _mm512_and_si512(_mm512_srlv_epi16(qh, right23), two_bits),
+                );
+                // q <= 63: unsigned operands as they are.
+                let i01 = _mm512_dpbusd_epi32(start(b), q01, y01);
+                let i23 = _mm512_dpbusd_epi32(start(b + 2), q23, y23);
+                let off = _mm512_set1_epi32(8 * n as i32);
+                let f01 = _mm512_permutexvar_ps(_mm512_add_epi32(pick01, off), f);
+                let f23 = _mm512_permutexvar_ps(_mm512_add_epi32(pick23, off), f);
+                acc[2 * n] = _mm512_fmadd_ps(f01, _mm512_cvtepi32_ps(i01), acc[2 * n]);
+                acc[2 * n + 1] = _mm512_fmadd_ps(f23, _mm512_cvtepi32_ps(i23), acc[2 * n + 1]);
+            }
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        _mm512_reduce_add_ps(sum)
     }
 }
 

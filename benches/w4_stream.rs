@@ -1,0 +1,116 @@
+//! Decode's w4 matrix-vector product streamed from memory: GB/s of weight bytes, one and two
+//! threads, over a set of matrices larger than the last-level cache (so every byte comes from
+//! DRAM, as in decode). `cargo bench --bench w4_stream [-- PACKING]`.
+use leanstream::backend::cpu::{matvec, ActScratch, KernelSet, WorkerPool};
+use leanstream::model::ggml::GgmlType;
+use leanstream::quant::view::Matrix;
+use leanstream::quant::{Packing, QFormat};
+use std::time::Instant;
+
+fn main() {
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    // W4_ROWS=512 W4_MATS=1: a matrix that stays in L2, the kernel's own speed.
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (rows, cols) = (env("W4_ROWS", 8960), 1536usize);
+    // W4_TYPE=q6_k (or another GGML type): that type's classic kernel instead of the w4 ones.
+    let ty = std::env::var("W4_TYPE").ok().map(|t| {
+        (0..64)
+            .filter_map(GgmlType::from_id)
+            .find(|g| g.name().eq_ignore_ascii_case(&t))
+            .expect("a GGML type")
+    });
+    let bytes = match ty {
+        Some(t) => rows * t.row_bytes(cols).unwrap(),
+        None => rows.next_multiple_of(32) * cols / 32 * 18,
+    };
+    let n_mats = env("W4_MATS", (256 << 20) / bytes + 1);
+    let reps = (256 << 20) / (n_mats * bytes) + 1;
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mats: Vec<Vec<u8>> = (0..n_mats)
+        .map(|_| {
+            let mut d: Vec<u8> = (0..bytes)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            // Every 18-byte group's (or 576-byte tile's first 64 bytes') scales sane: f16 around 2^-7.
+            for b in d.chunks_exact_mut(2) {
+                b[1] = (b[1] & 0x83) | 0x20;
+            }
+            d
+        })
+        .collect();
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let mut out = vec![0f32; rows];
+    let mut act = ActScratch::new(cols);
+    // The floor: the same bytes read and folded with 32-byte xors, one thread.
+    let mut best = f64::MAX;
+    let mut sink = 0u64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for m in &mats {
+            let mut acc = [0u64; 16];
+            for c in m.chunks_exact(128) {
+                for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+                    *a ^= u64::from_le_bytes(w.try_into().unwrap());
+                }
+            }
+            sink ^= acc.iter().fold(0, |x, y| x ^ y);
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "read 1t: {:.1} GB/s ({sink:x})",
+        (n_mats * bytes) as f64 / best / 1e9
+    );
+    for packing in [Packing::Swizzled, Packing::Interleaved, Packing::Contiguous] {
+        if ty.is_some() && packing != Packing::Swizzled {
+            continue;
+        }
+        if ty.is_none()
+            && filter
+                .as_deref()
+                .is_some_and(|f| !format!("{packing:?}").to_lowercase().contains(f))
+        {
+            continue;
+        }
+        for threads in [1, 2] {
+            let pool = WorkerPool::new(threads);
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = Instant::now();
+                for m in mats.iter().cycle().take(reps * n_mats) {
+                    let w = Matrix {
+                        ty: ty.unwrap_or(GgmlType::Q4_0),
+                        q: if ty.is_some() {
+                            None
+                        } else {
+                            Some(QFormat::W4(packing))
+                        },
+                        rows,
+                        cols,
+                        data: m,
+                    };
+                    matvec(KernelSet::best(), &pool, &w, &x, &mut act, &mut out);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let name = ty.map_or(format!("{packing:?}"), |t| t.name().to_string());
+            println!(
+                "{name} {threads}t: {:.1} GB/s ({} matrices of {rows}x{cols})",
+                (reps * n_mats * bytes) as f64 / best / 1e9,
+                n_mats
+            );
+        }
+    }
+}
