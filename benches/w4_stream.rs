@@ -18,7 +18,10 @@ fn main() {
     };
     let (rows, cols) = (env("W4_ROWS", 8960), 1536usize);
     // W4_TYPE=q6_k (or another GGML type): that type's classic kernel instead of the w4 ones.
+    // W4_TYPE=w8: the w8 integer kernels (Q8_0 bytes).
+    let w8 = std::env::var("W4_TYPE").is_ok_and(|t| t == "w8");
     let ty = std::env::var("W4_TYPE").ok().map(|t| {
+        let t = if t == "w8" { "q8_0".to_string() } else { t };
         (0..64)
             .filter_map(GgmlType::from_id)
             .find(|g| g.name().eq_ignore_ascii_case(&t))
@@ -53,6 +56,16 @@ fn main() {
         .collect();
     let mut out = vec![0f32; rows];
     let mut act = ActScratch::new(cols);
+    // W4_AVX2=1: the AVX2 kernels without VNNI or AVX-512 (a CPU without them).
+    let ks = if std::env::var("W4_AVX2").is_ok() {
+        KernelSet {
+            vnni: false,
+            avx512: false,
+            ..KernelSet::best()
+        }
+    } else {
+        KernelSet::best()
+    };
     // The floor: the same bytes read and folded with 32-byte xors, one thread.
     let mut best = f64::MAX;
     let mut sink = 0u64;
@@ -73,6 +86,35 @@ fn main() {
         "read 1t: {:.1} GB/s ({sink:x})",
         (n_mats * bytes) as f64 / best / 1e9
     );
+    // And on two threads, each its half of every matrix.
+    let read = |m: &[u8]| {
+        let mut acc = [0u64; 16];
+        for c in m.chunks_exact(128) {
+            for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+                *a ^= u64::from_le_bytes(w.try_into().unwrap());
+            }
+        }
+        acc.iter().fold(0, |x, y| x ^ y)
+    };
+    let half = bytes / 256 * 128;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        sink ^= std::thread::scope(|s| {
+            let h: Vec<_> = (0..2)
+                .map(|i| {
+                    let mats = &mats;
+                    s.spawn(move || mats.iter().fold(0, |x, m| x ^ read(&m[i * half..][..half])))
+                })
+                .collect();
+            h.into_iter().fold(0, |x, h| x ^ h.join().unwrap())
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "read 2t: {:.1} GB/s ({sink:x})",
+        (n_mats * 2 * half) as f64 / best / 1e9
+    );
     for packing in [Packing::Swizzled, Packing::Interleaved, Packing::Contiguous] {
         if ty.is_some() && packing != Packing::Swizzled {
             continue;
@@ -92,20 +134,24 @@ fn main() {
                 for m in mats.iter().cycle().take(reps * n_mats) {
                     let w = Matrix {
                         ty: ty.unwrap_or(GgmlType::Q4_0),
-                        q: if ty.is_some() {
-                            None
-                        } else {
-                            Some(QFormat::W4(packing))
+                        q: match ty {
+                            _ if w8 => Some(QFormat::W8),
+                            Some(_) => None,
+                            None => Some(QFormat::W4(packing)),
                         },
                         rows,
                         cols,
                         data: m,
                     };
-                    matvec(KernelSet::best(), &pool, &w, &x, &mut act, &mut out);
+                    matvec(ks, &pool, &w, &x, &mut act, &mut out);
                 }
                 best = best.min(t.elapsed().as_secs_f64());
             }
-            let name = ty.map_or(format!("{packing:?}"), |t| t.name().to_string());
+            let name = match ty {
+                _ if w8 => "w8".to_string(),
+                Some(t) => t.name().to_string(),
+                None => format!("{packing:?}"),
+            };
             println!(
                 "{name} {threads}t: {:.1} GB/s ({} matrices of {rows}x{cols})",
                 (reps * n_mats * bytes) as f64 / best / 1e9,

@@ -64,7 +64,7 @@ fn sixteen<const V: u8>(avx512: bool) -> bool {
 pub(super) fn chunk_for<const V: u8>(f: QFormat, avx512: bool) -> ChunkFn {
     let sixteen = || sixteen::<V>(avx512);
     match f {
-        QFormat::W8 => chunk::<FMT_W8, V>,
+        QFormat::W8 => chunk_rowwise::<FMT_W8, V>,
         QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
         QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
         QFormat::W4(Packing::Swizzled) if sixteen() => chunk_swizzled16,
@@ -248,6 +248,68 @@ pub(super) unsafe fn chunk<const F: u8, const V: u8>(
     while r < out.len() {
         out[r] = row_alone::<F, V>(p, row_bytes, r, a);
         r += 1;
+    }
+}
+
+/// `chunk` one row at a time, front to back: four groups of the row make one horizontal-add
+/// tree (`chunk`'s four rows of one group), and their `(d_w * d_x) * i` are added to the row's
+/// sum in group order, so the results are bit-identical. Rows taken four at a time are four
+/// interleaved streams of `row_bytes` each, too short for the hardware prefetcher when
+/// decode streams the weights from DRAM (w8 at 1,536 columns, one Zen 4 thread: 12 GB/s four
+/// at a time, against a 24 GB/s read floor).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8>(
+    data: &[u8],
+    row_bytes: usize,
+    a: &Act,
+    out: &mut [f32],
+) {
+    let ng = groups::<F>(row_bytes);
+    let act = activations::<F>(a);
+    // Once per chunk: the unchecked reads below stay inside these.
+    assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    assert!(data.len() >= out.len() * row_bytes);
+    let p = data.as_ptr();
+    let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned() as i16;
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut acc = _mm_setzero_ps();
+        let mut g = 0;
+        while g + 4 <= ng {
+            let mut m = [_mm256_setzero_si256(); 4];
+            let mut sc = [0i16; 4];
+            for (j, m) in m.iter_mut().enumerate() {
+                let y = _mm256_loadu_si256(act.as_ptr().add((g + j) * GROUP).cast());
+                let (s, w) = group_at::<F>(row_bytes, r, g + j);
+                sc[j] = scale(s);
+                let q = weights::<F>(p, w);
+                *m = if unsigned_dot::<F, V>() {
+                    dpbusd::<V>(bias::<F>(a, g + j), offset_weights::<F>(q), y)
+                } else {
+                    dot_lanes::<V>(q, y)
+                };
+            }
+            // Four exact int32 group dots, in group order.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+            let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let dw = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, sc[3], sc[2], sc[1], sc[0]));
+            let d = _mm_mul_ps(dw, _mm_loadu_ps(a.d.as_ptr().add(g)));
+            let v = _mm_mul_ps(d, _mm_cvtepi32_ps(i4));
+            // The epilogue's adds, one group at a time.
+            acc = _mm_add_ss(acc, v);
+            acc = _mm_add_ss(acc, _mm_shuffle_ps::<1>(v, v));
+            acc = _mm_add_ss(acc, _mm_shuffle_ps::<2>(v, v));
+            acc = _mm_add_ss(acc, _mm_shuffle_ps::<3>(v, v));
+            g += 4;
+        }
+        let mut sum = _mm_cvtss_f32(acc);
+        while g < ng {
+            let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
+            let (s, w) = group_at::<F>(row_bytes, r, g);
+            let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
+            sum += f16_to_f32(scale(s) as u16) * *a.d.get_unchecked(g) * i as f32;
+            g += 1;
+        }
+        *o = sum;
     }
 }
 

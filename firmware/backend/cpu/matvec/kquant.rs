@@ -117,9 +117,10 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
         };
     }
     match ty {
+        GgmlType::Q4_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_512::<Q4K>,
         GgmlType::Q4_K => by_vnni!(Q4K),
         GgmlType::Q5_K => by_vnni!(Q5K),
-        GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_q6k_512,
+        GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_512::<Q6K>,
         GgmlType::Q6_K => by_vnni!(Q6K),
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
@@ -469,21 +470,74 @@ mod x86 {
         out
     }
 
-    /// Q6_K rows on AVX-512 VNNI, one row at a time (`row_q6_k_512`).
+    /// Q4_K (`T` = `Q4K`) or Q6_K rows on AVX-512 VNNI, one row at a time (`row_q4_k_512`,
+    /// `row_q6_k_512`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn chunk_q6k_512(
+    pub(super) unsafe fn chunk_512<const T: u8>(
         data: &[u8],
         row_bytes: usize,
         stride: usize,
         a: &Act,
         out: &mut [f32],
     ) {
-        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), Q6K_BYTES);
+        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
         let base = data.as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
             // SAFETY: `chunk_blocks` checked that the rows and the input are whole.
-            *o = row_q6_k_512(base.add(r * stride), nsb, a);
+            let row = base.add(r * stride);
+            *o = if T == Q4K {
+                row_q4_k_512(row, nsb, a)
+            } else {
+                row_q6_k_512(row, nsb, a)
+            };
         }
+    }
+
+    /// One Q4_K row of `nsb` super-blocks, two groups of 32 per zmm register: each 32 bytes
+    /// of nibbles, loaded into both register halves, are groups 2j (low nibbles) and 2j + 1
+    /// (high nibbles) after one variable shift, meeting 64 contiguous input bytes. The same
+    /// int32 sums per group as `rows_q45_k`, read front to back as `row_q6_k_512` says why;
+    /// the floats are added in another order (within rounding of the scalar kernel).
+    /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn row_q4_k_512(p: *const u8, nsb: usize, a: &Act) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let mut mins = _mm256_setzero_ps();
+        let low = _mm512_set1_epi8(0x0F);
+        // Low nibbles in the register's first half, high ones in its second.
+        let nibble_shift = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+        // Group pair j's lanes take `d * sc * d_x` 2j (first eight) and 2j + 1.
+        let pair = |j: i32| {
+            let (a, b) = (_mm256_set1_epi32(2 * j), _mm256_set1_epi32(2 * j + 1));
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+        };
+        let picks = [pair(0), pair(1), pair(2), pair(3)];
+        let bytes_ps = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        for sb in 0..nsb {
+            let q = p.add(sb * Q4K_BYTES);
+            let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
+            let sx = _mm256_loadu_ps(a.s.as_ptr().add(GROUPS * sb));
+            let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(q.add(4), 12));
+            let dmin = _mm256_set1_ps(f16_at(q.add(2)));
+            mins = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes_ps(m)), sx, mins);
+            let d = _mm256_set1_ps(f16_at(q));
+            let f = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(d, bytes_ps(sc)), dx));
+            for (j, pick) in picks.iter().enumerate() {
+                let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16 + 32 * j).cast()));
+                let w = _mm512_and_si512(_mm512_srlv_epi16(nib, nibble_shift), low);
+                let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * j) * QK).cast());
+                // Values 0..15 are unsigned operands as they are.
+                let i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, y);
+                let fj = _mm512_permutexvar_ps(*pick, f);
+                acc[j % 2] = _mm512_fmadd_ps(fj, _mm512_cvtepi32_ps(i), acc[j % 2]);
+            }
+        }
+        let m8 = _mm256_add_ps(mins, _mm256_permute2f128_ps::<1>(mins, mins));
+        let m4 = _mm256_castps256_ps128(m8);
+        let m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - _mm_cvtss_f32(m1)
     }
 
     /// One Q6_K row of `nsb` super-blocks, two groups of 32 per zmm register: a half-block's
