@@ -66,6 +66,18 @@ fn main() {
     } else {
         KernelSet::best()
     };
+    // W4_PREFETCH=0 or 1: software prefetch off or on (default: this CPU's, `KernelSet::best`).
+    let ks = match std::env::var("W4_PREFETCH").as_deref() {
+        Ok("0") => KernelSet {
+            prefetch: false,
+            ..ks
+        },
+        Ok("1") => KernelSet {
+            prefetch: true,
+            ..ks
+        },
+        _ => ks,
+    };
     // The floor: the same bytes read and folded with 32-byte xors, one thread.
     let mut best = f64::MAX;
     let mut sink = 0u64;
@@ -126,7 +138,15 @@ fn main() {
         {
             continue;
         }
-        for threads in [1, 2] {
+        // W4_THREADS="1 2 8": the pool sizes to time (default 1 and 2).
+        let threads_list: Vec<usize> = std::env::var("W4_THREADS")
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|t| t.parse().ok())
+                    .collect()
+            })
+            .unwrap_or(vec![1, 2]);
+        for &threads in &threads_list {
             let pool = WorkerPool::new(threads);
             let mut best = f64::MAX;
             for _ in 0..5 {

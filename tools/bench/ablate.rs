@@ -19,6 +19,10 @@ pub enum Ablation {
     NoVnni,
     /// CPU, x86: the eight-row kernels where the CPU has AVX-512 VNNI.
     NoAvx512,
+    /// CPU, x86: decode's one-pass kernels prefetch in software (the default on Intel only).
+    CpuPrefetch,
+    /// CPU, x86: they leave prefetching to the hardware (the default but on Intel).
+    NoCpuPrefetch,
     /// CUDA: every kernel launched, without the per-token graph.
     NoGraph,
     /// CUDA: every product kernel narrow.
@@ -62,6 +66,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-deferred-dequant", "cpu", "w8a8/w4a8: dequantize each weight group to f32 before the dot product (BitLLM's \"convert, then compute\")"),
     ("no-vnni", "cpu", "x86: the AVX2 maddubs+madd dot where the CPU has VNNI"),
     ("no-avx512", "cpu", "x86: the eight-row ymm low-bit kernels where the CPU has AVX-512 VNNI"),
+    ("cpu-prefetch", "cpu", "x86: decode's one-pass kernels (w4 swizzled, w8, Q4_K, Q6_K) prefetch their weights in software (the default on Intel CPUs only)"),
+    ("no-cpu-prefetch", "cpu", "x86: decode's one-pass kernels leave prefetching to the hardware (the default but on Intel CPUs)"),
     ("no-graph", "cuda", "every kernel launched, without the per-token CUDA graph"),
     ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
     ("wide", "cuda", "every product kernel wide (small products too)"),
@@ -92,12 +98,14 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 19] = {
+const PLAIN: [Ablation; 21] = {
     use Ablation::*;
     [
         NoDeferredDequant,
         NoVnni,
         NoAvx512,
+        CpuPrefetch,
+        NoCpuPrefetch,
         NoGraph,
         Narrow,
         Wide,
@@ -158,6 +166,8 @@ impl Ablation {
             NoDeferredDequant => "no-deferred-dequant".into(),
             NoVnni => "no-vnni".into(),
             NoAvx512 => "no-avx512".into(),
+            CpuPrefetch => "cpu-prefetch".into(),
+            NoCpuPrefetch => "no-cpu-prefetch".into(),
             NoGraph => "no-graph".into(),
             Narrow => "narrow".into(),
             Wide => "wide".into(),
@@ -183,7 +193,7 @@ impl Ablation {
     pub fn backend(self) -> Backend {
         use Ablation::*;
         match self {
-            NoDeferredDequant | NoVnni | NoAvx512 => Backend::Cpu,
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch => Backend::Cpu,
             _ => Backend::Cuda,
         }
     }
@@ -194,6 +204,8 @@ impl Ablation {
             Ablation::NoDeferredDequant => k.deferred_dequant = false,
             Ablation::NoVnni => k.vnni = false,
             Ablation::NoAvx512 => k.avx512 = false,
+            Ablation::CpuPrefetch => k.prefetch = true,
+            Ablation::NoCpuPrefetch => k.prefetch = false,
             _ => {}
         }
     }
@@ -223,7 +235,7 @@ impl Ablation {
             PrefillBatch(n) => o.prefill_batch = n,
             PtxProducts => o.prefill_products = PrefillProducts::Ptx,
             ScalarAttention => o.prefill_tensor_attention = false,
-            NoDeferredDequant | NoVnni | NoAvx512 => {}
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch => {}
         }
     }
 }

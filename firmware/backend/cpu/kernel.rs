@@ -52,6 +52,12 @@ pub struct KernelSet {
     /// x86: the sixteen-row AVX-512 low-bit kernels where the CPU has AVX-512 VNNI (`false`:
     /// the eight-row ymm ones).
     pub avx512: bool,
+    /// x86: software prefetch ahead of decode's one-pass kernels (w4 swizzled, w8, Q4_K and
+    /// Q6_K rows), which stream their weights from DRAM. On by default on Intel CPUs, whose
+    /// L2 streamer stops at each 4 KiB page (measured on the GPU machine's Xeon: 1.4-1.6x the
+    /// GB/s at 2 and 8 threads); off elsewhere: a Zen 4 core's prefetchers follow the one pass
+    /// alone, and the hints cost it 5-30% (docs/BENCHMARKS.md).
+    pub prefetch: bool,
 }
 
 impl KernelSet {
@@ -72,6 +78,7 @@ impl KernelSet {
             deferred_dequant: true,
             vnni: true,
             avx512: true,
+            prefetch: intel_cpu(),
         }
     }
 
@@ -79,6 +86,17 @@ impl KernelSet {
     pub fn scalar() -> KernelSet {
         KernelSet::with(Kernel::Scalar)
     }
+}
+
+/// Whether this is an Intel CPU (CPUID's vendor string), for `KernelSet::prefetch`.
+fn intel_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        [id.ebx, id.edx, id.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e] // "GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 impl Default for KernelSet {

@@ -58,9 +58,9 @@ pub(crate) fn chunk_fn(f: QFormat, ks: KernelSet) -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
     if k == Kernel::Avx2 {
         return match vnni_form(ks) {
-            x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f, ks.avx512),
-            x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f, ks.avx512),
-            _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f, ks.avx512),
+            x86::VNNI_VEX => x86::chunk_for::<{ x86::VNNI_VEX }>(f, ks.avx512, ks.prefetch),
+            x86::VNNI_EVEX => x86::chunk_for::<{ x86::VNNI_EVEX }>(f, ks.avx512, ks.prefetch),
+            _ => x86::chunk_for::<{ x86::VNNI_NONE }>(f, ks.avx512, ks.prefetch),
         };
     }
     #[cfg(target_arch = "aarch64")]

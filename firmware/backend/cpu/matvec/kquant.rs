@@ -117,10 +117,16 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
         };
     }
     match ty {
-        GgmlType::Q4_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_512::<Q4K>,
+        GgmlType::Q4_K | GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => {
+            match (ty, ks.prefetch) {
+                (GgmlType::Q4_K, true) => x86::chunk_512::<Q4K, true>,
+                (GgmlType::Q4_K, false) => x86::chunk_512::<Q4K, false>,
+                (_, true) => x86::chunk_512::<Q6K, true>,
+                (_, false) => x86::chunk_512::<Q6K, false>,
+            }
+        }
         GgmlType::Q4_K => by_vnni!(Q4K),
         GgmlType::Q5_K => by_vnni!(Q5K),
-        GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => x86::chunk_512::<Q6K>,
         GgmlType::Q6_K => by_vnni!(Q6K),
         _ => panic!("{} is not a K-quant type", ty.name()),
     }
@@ -234,7 +240,7 @@ pub(super) mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
-    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start};
+    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_ahead};
     // The classic kernels' horizontal sum and f16 load.
     use crate::backend::cpu::matvec::x86::{f16_at, hsum};
     use std::arch::x86_64::*;
@@ -473,7 +479,7 @@ mod x86 {
     /// Q4_K (`T` = `Q4K`) or Q6_K rows on AVX-512 VNNI, one row at a time (`row_q4_k_512`,
     /// `row_q6_k_512`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn chunk_512<const T: u8>(
+    pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
         data: &[u8],
         row_bytes: usize,
         stride: usize,
@@ -486,9 +492,9 @@ mod x86 {
             // SAFETY: `chunk_blocks` checked that the rows and the input are whole.
             let row = base.add(r * stride);
             *o = if T == Q4K {
-                row_q4_k_512(row, nsb, a)
+                row_q4_k_512::<PF>(row, nsb, a)
             } else {
-                row_q6_k_512(row, nsb, a)
+                row_q6_k_512::<PF>(row, nsb, a)
             };
         }
     }
@@ -501,7 +507,7 @@ mod x86 {
     /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn row_q4_k_512(p: *const u8, nsb: usize, a: &Act) -> f32 {
+    unsafe fn row_q4_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
         let mut acc = [_mm512_setzero_ps(); 2];
         let mut mins = _mm256_setzero_ps();
         let low = _mm512_set1_epi8(0x0F);
@@ -513,9 +519,13 @@ mod x86 {
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
         };
         let picks = [pair(0), pair(1), pair(2), pair(3)];
-        let bytes_ps = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        let bytes_ps =
+            |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
         for sb in 0..nsb {
             let q = p.add(sb * Q4K_BYTES);
+            if PF {
+                prefetch_ahead(q, Q4K_BYTES);
+            }
             let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
             let sx = _mm256_loadu_ps(a.s.as_ptr().add(GROUPS * sb));
             let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(q.add(4), 12));
@@ -552,7 +562,7 @@ mod x86 {
     /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn row_q6_k_512(p: *const u8, nsb: usize, a: &Act) -> f32 {
+    unsafe fn row_q6_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
         let mut acc = [_mm512_setzero_ps(); 4];
         let low = _mm512_set1_epi8(0x0F);
         let two_bits = _mm512_set1_epi8(0x30);
@@ -592,6 +602,9 @@ mod x86 {
         let dx_pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         for sb in 0..nsb {
             let q = p.add(sb * Q6K_BYTES);
+            if PF {
+                prefetch_ahead(q, Q6K_BYTES);
+            }
             let dx = _mm512_permutexvar_ps(
                 dx_pairs,
                 _mm512_castps256_ps512(_mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb))),

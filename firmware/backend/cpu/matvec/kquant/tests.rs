@@ -277,6 +277,15 @@ fn avx2_agrees_with_scalar() {
                 },
             ));
             let best = call(avx2_chunk_fn(ty, KernelSet::best()));
+            // Software prefetch (`KernelSet::prefetch`) changes no result.
+            let flipped = call(avx2_chunk_fn(
+                ty,
+                KernelSet {
+                    prefetch: !KernelSet::best().prefetch,
+                    ..KernelSet::best()
+                },
+            ));
+            assert_eq!(flipped, best, "{} case {case}: prefetch", ty.name());
             assert!(
                 scalar.iter().any(|&v| v != 0.0),
                 "{} case {case}",
