@@ -1,6 +1,10 @@
-//! Decode's w4 matrix-vector product streamed from memory: GB/s of weight bytes, one and two
-//! threads, over a set of matrices larger than the last-level cache (so every byte comes from
-//! DRAM, as in decode). `cargo bench --bench w4_stream [-- PACKING]`.
+//! Decode's matrix-vector products streamed from memory: GB/s of weight bytes over 256 MB of
+//! 8960x1536 matrices, more than the last-level cache holds (so every byte comes from DRAM, as
+//! in decode), beside a plain read of the same bytes on one and two threads.
+//! `cargo bench --bench w4_stream [-- PACKING]`: the w4 packings. Knobs: `W4_TYPE=w8` (or a
+//! GGML type, e.g. `q6_k`: its kernel), `W4_ROWS=256 W4_MATS=1` (one matrix, in cache: the
+//! kernel's own speed), `W4_THREADS="1 2 8"`, `W4_PREFETCH=0|1`, `W4_AVX2=1` (no VNNI or
+//! AVX-512). Not a criterion bench: one figure per kernel and pool, the best of five passes.
 use leanstream::backend::cpu::{matvec, ActScratch, KernelSet, WorkerPool};
 use leanstream::model::ggml::GgmlType;
 use leanstream::quant::view::Matrix;
