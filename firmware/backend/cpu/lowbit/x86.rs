@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 mod avx512;
 use avx512::{chunk_many16, chunk_many_swizzled16, chunk_swizzled16};
-pub(crate) use avx512::{has_avx512_vnni, prefetch_ahead};
+pub(crate) use avx512::{has_avx512_vnni, prefetch_ahead, prefetch_lines};
 
 /// The group's 32 int8 weights in register order (natural for w8 and contiguous, `PERM` for
 /// the lane-interleaved packings), and whether the activations must be the permuted ones.
@@ -252,7 +252,7 @@ pub(super) unsafe fn chunk<const F: u8, const V: u8>(
         r += 4;
     }
     while r < out.len() {
-        out[r] = row_alone::<F, V>(p, row_bytes, r, a);
+        out[r] = row_alone::<F, V>(p, row_bytes, r, a, 0, 0.0);
         r += 1;
     }
 }
@@ -311,15 +311,7 @@ pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
             acc = _mm_add_ss(acc, _mm_shuffle_ps::<3>(v, v));
             g += 4;
         }
-        let mut sum = _mm_cvtss_f32(acc);
-        while g < ng {
-            let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
-            let (s, w) = group_at::<F>(row_bytes, r, g);
-            let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
-            sum += f16_to_f32(scale(s) as u16) * *a.d.get_unchecked(g) * i as f32;
-            g += 1;
-        }
-        *o = sum;
+        *o = row_alone::<F, V>(p, row_bytes, r, a, g, _mm_cvtss_f32(acc));
     }
 }
 
@@ -384,8 +376,9 @@ unsafe fn four_rows<const F: u8>(
     (q, dw)
 }
 
-/// Row `r` on its own (a chunk's last rows, past its last four): the same group order and
-/// epilogue as the four-row loop, one lane.
+/// Row `r`'s groups from `from` on, one at a time, added to `acc` (a chunk's last rows, past
+/// its last four, from group 0; `chunk_rowwise`'s last groups, past its last four): the same
+/// group order and epilogue as the four-row loop, one lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn row_alone<const F: u8, const V: u8>(
@@ -393,11 +386,12 @@ unsafe fn row_alone<const F: u8, const V: u8>(
     row_bytes: usize,
     r: usize,
     a: &Act,
+    from: usize,
+    mut acc: f32,
 ) -> f32 {
     let act = activations::<F>(a);
     let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned();
-    let mut acc = 0f32;
-    for g in 0..groups::<F>(row_bytes) {
+    for g in from..groups::<F>(row_bytes) {
         let y = _mm256_loadu_si256(act.as_ptr().add(g * GROUP).cast());
         let (s, w) = group_at::<F>(row_bytes, r, g);
         let i = hsum_i32(dot_lanes::<V>(weights::<F>(p, w), y));
@@ -529,7 +523,7 @@ pub(super) unsafe fn chunk_many<const F: u8, const V: u8>(
     }
     while r < rows {
         for (t, a) in acts.iter().enumerate() {
-            *out.add(t * out_stride + r) = row_alone::<F, V>(p, row_bytes, r, a);
+            *out.add(t * out_stride + r) = row_alone::<F, V>(p, row_bytes, r, a, 0, 0.0);
         }
         r += 1;
     }

@@ -240,7 +240,7 @@ pub(super) mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
-    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_ahead};
+    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_ahead, prefetch_lines};
     // The classic kernels' horizontal sum and f16 load.
     use crate::backend::cpu::matvec::x86::{f16_at, hsum};
     use std::arch::x86_64::*;
@@ -295,12 +295,8 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn prefetch(p: *const u8, bytes: usize) {
-        // Past the end of the data this is a harmless hint, never a load.
-        let mut o = 0;
-        while o < bytes {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast());
-            o += 64;
-        }
+        // Past the end of the data these are harmless hints, never loads.
+        prefetch_lines(p, bytes);
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1).cast());
     }
 

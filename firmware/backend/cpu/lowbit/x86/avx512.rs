@@ -175,15 +175,21 @@ pub(super) unsafe fn chunk_many16<const F: u8>(
 /// swizzled tiles. The best of 4, 8 and 16 tiles on the GPU machine's Xeon, 2 and 8 threads.
 pub(crate) const PREFETCH_AHEAD: usize = 8 * SWIZZLE_TILE_BYTES;
 
-/// Hints the lines of the `bytes` at `p + PREFETCH_AHEAD` into L1. Past the end of the data
-/// it is a harmless hint, never a load.
+/// Hints the lines of the `bytes` at `p + PREFETCH_AHEAD` into L1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
-    let ahead = p.wrapping_add(PREFETCH_AHEAD);
+    prefetch_lines(p.wrapping_add(PREFETCH_AHEAD), bytes);
+}
+
+/// Hints a line every 64 bytes of the `bytes` at `p` into L1. Past the end of the data it is
+/// a harmless hint, never a load.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn prefetch_lines(p: *const u8, bytes: usize) {
     let mut o = 0;
     while o < bytes {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast());
         o += 64;
     }
 }
