@@ -3,7 +3,7 @@
 //! in decode), beside a plain read of the same bytes on one and two threads.
 //! `cargo bench --bench w4_stream [-- PACKING]`: the w4 packings. Knobs: `W4_TYPE=w8` (or a
 //! GGML type, e.g. `q6_k`: its kernel), `W4_ROWS=256 W4_MATS=1` (one matrix, in cache: the
-//! kernel's own speed), `W4_THREADS="1 2 8"`, `W4_PREFETCH=0|1`, `W4_AVX2=1` (no VNNI or
+//! kernel's own speed), `W4_COLS`, `W4_THREADS="1 2 8"`, `W4_PREFETCH=0|1`, `W4_AVX2=1` (no VNNI or
 //! AVX-512). Not a criterion bench: one figure per kernel and pool, the best of five passes.
 use leanstream::backend::cpu::{matvec, ActScratch, KernelSet, WorkerPool};
 use leanstream::model::ggml::GgmlType;
@@ -20,7 +20,8 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(d)
     };
-    let (rows, cols) = (env("W4_ROWS", 8960), 1536usize);
+    // W4_COLS=896: another row length (the 0.5B shape's), a multiple of 32 (256 for K-quants).
+    let (rows, cols) = (env("W4_ROWS", 8960), env("W4_COLS", 1536));
     // W4_TYPE=q6_k (or another GGML type): that type's classic kernel instead of the w4 ones.
     // W4_TYPE=w8: the w8 integer kernels (Q8_0 bytes).
     let w8 = std::env::var("W4_TYPE").is_ok_and(|t| t == "w8");

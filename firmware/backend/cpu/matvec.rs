@@ -491,7 +491,10 @@ fn rows_many(
         } else {
             (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4)
         };
-        let tasks = w.rows.div_ceil(chunk);
+        let chunks = w.rows.div_ceil(chunk);
+        // Each worker's chunks are adjacent (`Part::lanes`): `n` lanes of `per_lane` chunks.
+        let per_lane = chunks.div_ceil(n);
+        let tasks = n * per_lane;
         *slot = Some(Part {
             data: w.data,
             rows: w.rows,
@@ -499,6 +502,8 @@ fn rows_many(
             stride: w.stride,
             tile: w.tile,
             chunk,
+            chunks,
+            per_lane,
             banded,
             first_task: n_tasks,
             f: match w.q {
@@ -516,6 +521,7 @@ fn rows_many(
         n_tasks += tasks;
     }
     let parts = &parts[..jobs.len()];
+    let parts_threads = n;
     pool.run(n_tasks, &|t| {
         let p = parts
             .iter()
@@ -523,7 +529,14 @@ fn rows_many(
             .flatten()
             .find(|p| p.first_task <= t)
             .expect("task index in range");
-        let r0 = (t - p.first_task) * p.chunk;
+        // Task `n * k + l` is lane `l`'s chunk `k`: workers claim tasks in turn, so each
+        // tends to take the chunk after its last one and streams its lane front to back.
+        let (local, n) = (t - p.first_task, parts_threads);
+        let c = (local % n) * p.per_lane + local / n;
+        if c >= p.chunks {
+            return;
+        }
+        let r0 = c * p.chunk;
         let r1 = (r0 + p.chunk).min(p.rows);
         let at = |r: usize| p.tile.offset(r, p.stride);
         let data = if p.banded {
@@ -573,6 +586,10 @@ struct Part<'a> {
     stride: usize,
     tile: Tile,
     chunk: usize,
+    /// Chunks of `chunk` rows: `rows` rounded up.
+    chunks: usize,
+    /// Chunks per lane: lane `l` is chunks `l * per_lane..(l + 1) * per_lane`, adjacent rows.
+    per_lane: usize,
     banded: bool,
     first_task: usize,
     f: PartFn,

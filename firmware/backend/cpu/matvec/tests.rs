@@ -292,6 +292,44 @@ fn matvec_many_equals_separate() {
     }
 }
 
+/// Chunks are dealt to workers in lanes (`Part::per_lane`): every row is written once, whatever
+/// the row count against the pool size (lanes left short, tasks with no chunk), and the
+/// results are bit for bit one thread's.
+#[test]
+fn lanes_cover_every_row_once() {
+    let mut rng = Rng(11);
+    let cols = 64;
+    let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+    let mut act = ActScratch::new(cols);
+    let one = WorkerPool::new(1);
+    for rows in [1, 15, 16, 17, 63, 100, 257, 1000] {
+        let data = random_matrix(&mut rng, GgmlType::Q8_0, rows, cols);
+        let m = Matrix {
+            ty: GgmlType::Q8_0,
+            q: None,
+            rows,
+            cols,
+            data: &data,
+        };
+        let mut want = vec![f32::NAN; rows];
+        matvec(KernelSet::best(), &one, &m, &x, &mut act, &mut want);
+        assert!(
+            want.iter().all(|v| v.is_finite()),
+            "{rows} rows, one thread"
+        );
+        for threads in [2, 3, 5, 8] {
+            let pool = WorkerPool::new(threads);
+            let mut got = vec![f32::NAN; rows];
+            matvec(KernelSet::best(), &pool, &m, &x, &mut act, &mut got);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{rows} rows, {threads} threads");
+        }
+    }
+}
+
 /// A batch of inputs through `matmul_many` gives each input bit for bit what `matvec` gives it
 /// alone: every type, a row count that is not a whole four, one and two threads, each kernel.
 #[test]
