@@ -119,7 +119,17 @@ const FMT_W4S: u8 = 3;
 /// Groups of 32 in a row of `row_bytes` of format `F`.
 #[inline(always)]
 fn groups<const F: u8>(row_bytes: usize) -> usize {
-    row_bytes / if F == FMT_W8 { 34 } else { W4_GROUP_BYTES }
+    row_bytes / group_bytes::<F>()
+}
+
+/// Bytes of one group of 32 weights with its scale in format `F`.
+#[inline(always)]
+const fn group_bytes<const F: u8>() -> usize {
+    if F == FMT_W8 {
+        34
+    } else {
+        W4_GROUP_BYTES
+    }
 }
 
 /// The activations a kernel of format `F` reads: the permuted copy for the lane-interleaved w4
@@ -308,8 +318,9 @@ impl TestAct {
 
 #[cfg(test)]
 const TEST_ROWS: usize = 71;
+/// Nine groups: the one-pass kernels' four-group loop twice, then a group alone.
 #[cfg(test)]
-const TEST_COLS: usize = 96;
+const TEST_COLS: usize = 288;
 
 #[cfg(test)]
 fn xorshift(seed: u64) -> impl FnMut() -> u64 {

@@ -283,7 +283,9 @@ pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
         while g + 4 <= ng {
             if PF {
                 let (_, w) = group_at::<F>(row_bytes, r, g);
-                prefetch_ahead(p.add(w[0]), 4 * GROUP);
+                // The four groups' bytes (136 at w8: three lines; two would leave one
+                // line in seventeen to a demand miss).
+                prefetch_ahead(p.add(w[0]), 4 * group_bytes::<F>());
             }
             let mut m = [_mm256_setzero_si256(); 4];
             let mut sc = [0i16; 4];
