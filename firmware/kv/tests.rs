@@ -400,3 +400,52 @@ fn policy_refusals_say_what_is_wrong() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The f32 cache's attention equals the textbook loop bit for bit (scores by `dot`, softmax,
+/// then each output the sum of weighted values in position order) at a head size of 48: one
+/// block of 32 outputs kept in registers, then 16 past the blocks.
+#[test]
+fn f32_attention_equals_the_plain_loop_exactly() {
+    let s = Shape {
+        n_layers: 1,
+        kv_heads: 2,
+        head_dim: 48,
+        context: 90,
+    };
+    let mut b = bufs(&s);
+    let mut c = cache_f32(s, &mut b, Policy::Fixed(Layout::TokenMajor));
+    for pos in 0..90 {
+        append(&mut c, pos);
+    }
+    let hd = s.head_dim;
+    for avx2 in [false, true] {
+        c.set_avx2(avx2);
+        for (pos, h) in [(0, 0), (41, 1), (89, 0)] {
+            let q: Vec<f32> = (0..hd).map(|i| val(0, pos, i, 9)).collect();
+            let mut att = vec![0f32; pos + 1];
+            let mut out = vec![0f32; hd];
+            c.attend(0, h, &q, pos, &mut att, &mut out);
+            let key = |t: usize| {
+                (0..hd)
+                    .map(|i| val(0, t, h * hd + i, 1))
+                    .collect::<Vec<_>>()
+            };
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut want_att: Vec<f32> = (0..=pos).map(|t| dot(&q, &key(t)) * scale).collect();
+            crate::ops::softmax(&mut want_att);
+            let mut want = vec![0f32; hd];
+            for (t, &a) in want_att.iter().enumerate() {
+                for (i, o) in want.iter_mut().enumerate() {
+                    *o += a * val(0, t, h * hd + i, 2);
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&att),
+                bits(&want_att),
+                "avx2 {avx2} pos {pos} head {h}"
+            );
+            assert_eq!(bits(&out), bits(&want), "avx2 {avx2} pos {pos} head {h}");
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Decode's attention on the CPU, one thread: ns per (query head, position) for a head over a
+//! long f32 cache (SmolLM2-135M's heads: 9 query heads on 3 KV heads of 64). The cache of one
+//! layer (3 MB at 2,048 positions) stays in L2/L3, as a layer's does between tokens.
+//! `cargo bench --bench attention`; `ATT_POS=4096` (positions).
+use leanstream::kv::{KvCache, Layout, Policy, Shape, Storage};
+use std::time::Instant;
+
+fn main() {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let pos = env("ATT_POS", 2048);
+    let (heads, kv_heads, head_dim) = (9, 3, 64);
+    let s = Shape {
+        n_layers: 1,
+        kv_heads,
+        head_dim,
+        context: pos,
+    };
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    let n = pos * s.kv_dim();
+    let (mut k, mut v): (Vec<f32>, Vec<f32>) = (
+        (0..n).map(|_| next()).collect(),
+        (0..n).map(|_| next()).collect(),
+    );
+    let q: Vec<f32> = (0..heads * head_dim).map(|_| next()).collect();
+    let mut kv = KvCache::new(
+        s,
+        Storage::F32 {
+            k: &mut k,
+            v: &mut v,
+        },
+        Policy::Fixed(Layout::TokenMajor),
+    );
+    // The AVX2 build of the loops where the CPU has it, as the engine boots it.
+    kv.set_avx2(true);
+    let mut att = vec![0f32; pos];
+    let mut out = vec![0f32; head_dim];
+    let mut sink = 0f32;
+    let reps = (1 << 26) / (pos * heads) + 1;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            for h in 0..heads {
+                kv.attend(
+                    0,
+                    h / (heads / kv_heads),
+                    &q[h * head_dim..][..head_dim],
+                    pos - 1,
+                    &mut att,
+                    &mut out,
+                );
+                sink += out[0];
+            }
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "attention f32, {pos} positions: {:.2} ns per head and position ({sink:.1})",
+        best * 1e9 / (reps * heads * pos) as f64
+    );
+}
