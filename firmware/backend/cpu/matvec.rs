@@ -492,7 +492,7 @@ fn rows_many(
             (w.rows.div_ceil(4 * n)).clamp(16, 64).next_multiple_of(4)
         };
         let chunks = w.rows.div_ceil(chunk);
-        // Each worker's chunks are adjacent (`Part::lanes`): `n` lanes of `per_lane` chunks.
+        // Each worker's chunks are adjacent (`Part::per_lane`): `n` lanes of `per_lane` chunks.
         let per_lane = chunks.div_ceil(n);
         let tasks = n * per_lane;
         *slot = Some(Part {
@@ -521,7 +521,6 @@ fn rows_many(
         n_tasks += tasks;
     }
     let parts = &parts[..jobs.len()];
-    let parts_threads = n;
     pool.run(n_tasks, &|t| {
         let p = parts
             .iter()
@@ -531,7 +530,7 @@ fn rows_many(
             .expect("task index in range");
         // Task `n * k + l` is lane `l`'s chunk `k`: workers claim tasks in turn, so each
         // tends to take the chunk after its last one and streams its lane front to back.
-        let (local, n) = (t - p.first_task, parts_threads);
+        let local = t - p.first_task;
         let c = (local % n) * p.per_lane + local / n;
         if c >= p.chunks {
             return;

@@ -201,6 +201,40 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// The one-input kernels' argument checks, once per chunk (the unchecked reads stay inside
+/// them): groups per row and the activations format `F` reads.
+fn one_args<'a, const F: u8>(row_bytes: usize, a: &Act<'a>) -> (usize, &'a [i8]) {
+    let ng = groups::<F>(row_bytes);
+    let act = activations::<F>(a);
+    assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    (ng, act)
+}
+
+/// Group `g`'s exact int32 dot of weights `q` (register order) with `y`, per lane: `dpbusd`
+/// on the unsigned weights from the group's bias where the form has it, `dot_lanes` else.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot<const F: u8, const V: u8>(
+    a: &Act,
+    g: usize,
+    q: __m256i,
+    y: __m256i,
+) -> __m256i {
+    if unsigned_dot::<F, V>() {
+        dpbusd::<V>(bias::<F>(a, g), offset_weights::<F>(q), y)
+    } else {
+        dot_lanes::<V>(q, y)
+    }
+}
+
+/// The lane sums of four int32 vectors, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn four_sums(m: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn chunk<const F: u8, const V: u8>(
     data: &[u8],
@@ -208,10 +242,7 @@ pub(super) unsafe fn chunk<const F: u8, const V: u8>(
     a: &Act,
     out: &mut [f32],
 ) {
-    let ng = groups::<F>(row_bytes);
-    let act = activations::<F>(a);
-    // Once per chunk: the unchecked reads below stay inside these.
-    assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    let (ng, act) = one_args::<F>(row_bytes, a);
     let p = data.as_ptr();
     let mut r = 0;
     while r + 4 <= out.len() {
@@ -225,25 +256,14 @@ pub(super) unsafe fn chunk<const F: u8, const V: u8>(
                 acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
                 continue;
             }
-            let [m0, m1, m2, m3] = if unsigned_dot::<F, V>() {
-                let b = bias::<F>(a, g);
-                [
-                    dpbusd::<V>(b, offset_weights::<F>(q[0]), y),
-                    dpbusd::<V>(b, offset_weights::<F>(q[1]), y),
-                    dpbusd::<V>(b, offset_weights::<F>(q[2]), y),
-                    dpbusd::<V>(b, offset_weights::<F>(q[3]), y),
-                ]
-            } else {
-                [
-                    dot_lanes::<V>(q[0], y),
-                    dot_lanes::<V>(q[1], y),
-                    dot_lanes::<V>(q[2], y),
-                    dot_lanes::<V>(q[3], y),
-                ]
-            };
             // Four exact int32 group dots, one per row.
-            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3));
-            let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            // (Not `q.map`: a closure does not take this function's target features.)
+            let i4 = four_sums([
+                group_dot::<F, V>(a, g, q[0], y),
+                group_dot::<F, V>(a, g, q[1], y),
+                group_dot::<F, V>(a, g, q[2], y),
+                group_dot::<F, V>(a, g, q[3], y),
+            ]);
             // The epilogue, once per group: (d_w * d_x) * i, added in group order.
             let d = _mm_mul_ps(dw, _mm_set1_ps(*a.d.get_unchecked(g)));
             acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(i4)));
@@ -270,10 +290,7 @@ pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
     a: &Act,
     out: &mut [f32],
 ) {
-    let ng = groups::<F>(row_bytes);
-    let act = activations::<F>(a);
-    // Once per chunk: the unchecked reads below stay inside these.
-    assert!(act.len() >= ng * GROUP && a.d.len() >= ng && a.ls.len() >= 8 * ng && a.gs.len() >= ng);
+    let (ng, act) = one_args::<F>(row_bytes, a);
     assert!(data.len() >= out.len() * row_bytes);
     let p = data.as_ptr();
     let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned() as i16;
@@ -293,16 +310,10 @@ pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
                 let y = _mm256_loadu_si256(act.as_ptr().add((g + j) * GROUP).cast());
                 let (s, w) = group_at::<F>(row_bytes, r, g + j);
                 sc[j] = scale(s);
-                let q = weights::<F>(p, w);
-                *m = if unsigned_dot::<F, V>() {
-                    dpbusd::<V>(bias::<F>(a, g + j), offset_weights::<F>(q), y)
-                } else {
-                    dot_lanes::<V>(q, y)
-                };
+                *m = group_dot::<F, V>(a, g + j, weights::<F>(p, w), y);
             }
             // Four exact int32 group dots, in group order.
-            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
-            let i4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let i4 = four_sums(m);
             let dw = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, sc[3], sc[2], sc[1], sc[0]));
             let d = _mm_mul_ps(dw, _mm_loadu_ps(a.d.as_ptr().add(g)));
             let v = _mm_mul_ps(d, _mm_cvtepi32_ps(i4));
