@@ -23,6 +23,8 @@ pub enum Ablation {
     CpuPrefetch,
     /// CPU, x86: they leave prefetching to the hardware (the default but on Intel).
     NoCpuPrefetch,
+    /// CPU: K-quant rows read their input with a scale per 32 values, not one per 256.
+    KBlockScales,
     /// CUDA: every kernel launched, without the per-token graph.
     NoGraph,
     /// CUDA: every product kernel narrow.
@@ -68,6 +70,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-avx512", "cpu", "x86: the eight-row ymm low-bit kernels where the CPU has AVX-512 VNNI"),
     ("cpu-prefetch", "cpu", "x86: decode's one-pass kernels (w4 swizzled, w8, Q4_K, Q6_K) prefetch their weights in software (the default on Intel CPUs only)"),
     ("no-cpu-prefetch", "cpu", "x86: decode's one-pass kernels leave prefetching to the hardware (the default but on Intel CPUs)"),
+    ("k-block-scales", "cpu", "K-quant rows read their input quantized with a scale per 32 values (finer, slower) rather than one per 256 (llama.cpp's Q8_K)"),
     ("no-graph", "cuda", "every kernel launched, without the per-token CUDA graph"),
     ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
     ("wide", "cuda", "every product kernel wide (small products too)"),
@@ -98,7 +101,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 21] = {
+const PLAIN: [Ablation; 22] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -106,6 +109,7 @@ const PLAIN: [Ablation; 21] = {
         NoAvx512,
         CpuPrefetch,
         NoCpuPrefetch,
+        KBlockScales,
         NoGraph,
         Narrow,
         Wide,
@@ -168,6 +172,7 @@ impl Ablation {
             NoAvx512 => "no-avx512".into(),
             CpuPrefetch => "cpu-prefetch".into(),
             NoCpuPrefetch => "no-cpu-prefetch".into(),
+            KBlockScales => "k-block-scales".into(),
             NoGraph => "no-graph".into(),
             Narrow => "narrow".into(),
             Wide => "wide".into(),
@@ -193,7 +198,9 @@ impl Ablation {
     pub fn backend(self) -> Backend {
         use Ablation::*;
         match self {
-            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch => Backend::Cpu,
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales => {
+                Backend::Cpu
+            }
             _ => Backend::Cuda,
         }
     }
@@ -206,6 +213,7 @@ impl Ablation {
             Ablation::NoAvx512 => k.avx512 = false,
             Ablation::CpuPrefetch => k.prefetch = true,
             Ablation::NoCpuPrefetch => k.prefetch = false,
+            Ablation::KBlockScales => k.superblock_scales = false,
             _ => {}
         }
     }
@@ -235,7 +243,7 @@ impl Ablation {
             PrefillBatch(n) => o.prefill_batch = n,
             PtxProducts => o.prefill_products = PrefillProducts::Ptx,
             ScalarAttention => o.prefill_tensor_attention = false,
-            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch => {}
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales => {}
         }
     }
 }

@@ -58,6 +58,12 @@ pub struct KernelSet {
     /// GB/s at 2 and 8 threads); off elsewhere: a Zen 4 core's prefetchers follow the one pass
     /// alone, and the hints cost it 5-30% (docs/BENCHMARKS.md).
     pub prefetch: bool,
+    /// K-quant rows: their input quantized with one scale per 256 values (llama.cpp's Q8_K)
+    /// wherever only K-quant rows read it, so the AVX-512 kernels add a super-block's groups
+    /// in integers (1.1-1.2x their speed). `false`: a scale per 32 values, as the classic
+    /// types take it: finer (Qwen2.5-1.5B Q4_K_M's perplexity 0.3% lower, docs/BENCHMARKS.md)
+    /// and slower.
+    pub superblock_scales: bool,
 }
 
 impl KernelSet {
@@ -79,6 +85,7 @@ impl KernelSet {
             vnni: true,
             avx512: true,
             prefetch: intel_cpu(),
+            superblock_scales: true,
         }
     }
 
@@ -124,6 +131,10 @@ pub(crate) struct Act<'a> {
     /// Minus the sum of each block of `qs` (the x86 eight-row kernels' start, per group).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) gs: &'a [i32],
+    /// Minus the sums of `qs` in runs of 16, present (not empty) only when each 256 values
+    /// share one scale (`matvec::ActScales::SuperBlock`): the AVX-512 K-quant kernels' form.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) hs: &'a [i16],
 }
 
 impl<'a> Act<'a> {
@@ -137,6 +148,7 @@ impl<'a> Act<'a> {
             s: &[],
             ls: &[],
             gs: &[],
+            hs: &[],
         }
     }
 }

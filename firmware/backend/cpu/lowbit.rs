@@ -312,6 +312,7 @@ impl TestAct {
             s: &[],
             ls: &self.ls,
             gs: &self.gs,
+            hs: &[],
         }
     }
 }

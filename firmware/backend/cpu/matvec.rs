@@ -35,7 +35,44 @@ pub struct ActScratch {
     s: Vec<f32>,
     ls: Vec<i32>,
     gs: Vec<i32>,
+    /// Minus the sums of `qs` in runs of 16 (filled with `ActScales::SuperBlock` only).
+    hs: Vec<i16>,
+    /// The form of the last `fill`.
+    scales: ActScales,
 }
+
+/// How the input's int8 blocks of 32 are scaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActScales {
+    /// Each block of 32 its own scale (`amax / 127` of its values): the classic types' form.
+    Block,
+    /// The eight blocks of each 256 values share one scale (llama.cpp's Q8_K): what K-quant
+    /// rows read when no other int8 row reads the same input. Every kernel computes the same
+    /// sums either way (`d` still holds a scale per block); the AVX-512 K-quant kernels add a
+    /// super-block's groups in integers under its one scale (`kquant::x86`), and the Q6_K
+    /// one reads `hs`.
+    SuperBlock,
+}
+
+impl ActScales {
+    /// The form for an input that rows of these types read: `SuperBlock` when every int8
+    /// type among them is a K-quant (and `ks` takes that form), `Block` otherwise.
+    pub(crate) fn for_types(ks: KernelSet, types: impl IntoIterator<Item = GgmlType>) -> ActScales {
+        let mut q8 = types.into_iter().filter(|&t| uses_q8(t)).peekable();
+        if ks.superblock_scales && q8.peek().is_some() && q8.all(is_k_quant) {
+            ActScales::SuperBlock
+        } else {
+            ActScales::Block
+        }
+    }
+}
+
+fn is_k_quant(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Values under one scale in `ActScales::SuperBlock` form.
+const SUPER_BLOCK: usize = 256;
 
 impl ActScratch {
     /// Room for inputs of up to `max_cols` values (rounded up to whole blocks of 32).
@@ -48,6 +85,8 @@ impl ActScratch {
             s: vec![0.0; nb],
             ls: vec![0; nb * LANES],
             gs: vec![0; nb],
+            hs: vec![0; nb * 2],
+            scales: ActScales::Block,
         }
     }
 
@@ -56,18 +95,27 @@ impl ActScratch {
     }
 
     /// Quantizes `x` (a whole number of blocks of 32) and returns the view kernels read.
-    fn quantize<'a>(&'a mut self, x: &'a [f32], permuted: bool) -> Act<'a> {
-        self.fill(x, permuted);
+    fn quantize<'a>(&'a mut self, x: &'a [f32], permuted: bool, scales: ActScales) -> Act<'a> {
+        self.fill(x, permuted, scales);
         self.view(x, permuted)
     }
 
     /// `quantize`'s work, without the view (so several inputs can be filled in parallel).
-    fn fill(&mut self, x: &[f32], permuted: bool) {
+    fn fill(&mut self, x: &[f32], permuted: bool, scales: ActScales) {
+        let run = match scales {
+            ActScales::Block => QK,
+            ActScales::SuperBlock => SUPER_BLOCK,
+        };
         assert!(
-            x.len().is_multiple_of(QK),
-            "input of {} values is not whole blocks of 32",
+            x.len().is_multiple_of(run),
+            "input of {} values is not whole runs of {run}",
             x.len()
         );
+        assert!(
+            !(permuted && scales == ActScales::SuperBlock),
+            "the w4 packings read blocks of 32 under their own scales"
+        );
+        self.scales = scales;
         assert!(
             x.len() <= self.qs.len(),
             "input of {} values is wider than ActScratch ({})",
@@ -75,31 +123,50 @@ impl ActScratch {
             self.qs.len()
         );
         let nb = x.len() / QK;
+        let per_scale = run / QK;
         #[cfg(target_arch = "x86_64")]
-        if best_kernel() == Kernel::Avx2 {
-            for b in 0..nb {
-                let (xb, qb) = (&x[b * QK..][..QK], &mut self.qs[b * QK..][..QK]);
-                let qpb = permuted.then(|| &mut self.qp[b * QK..][..QK]);
-                let lb = &mut self.ls[b * LANES..][..LANES];
+        let fast = best_kernel() == Kernel::Avx2;
+        #[cfg(not(target_arch = "x86_64"))]
+        let fast = false;
+        if fast {
+            #[cfg(target_arch = "x86_64")]
+            for (r, xr) in x.chunks_exact(run).enumerate() {
                 // SAFETY: AVX2, FMA and F16C are present (`best_kernel`).
-                let (d, sum) = unsafe { x86::quantize_block(xb, qb, qpb, lb) };
-                (self.d[b], self.s[b], self.gs[b]) = (d, d * sum as f32, -sum);
+                let amax = unsafe { x86::max_abs(xr) };
+                for b in r * per_scale..(r + 1) * per_scale {
+                    let (xb, qb) = (&x[b * QK..][..QK], &mut self.qs[b * QK..][..QK]);
+                    let qpb = permuted.then(|| &mut self.qp[b * QK..][..QK]);
+                    let lb = &mut self.ls[b * LANES..][..LANES];
+                    // SAFETY: as above.
+                    let (d, sum) = unsafe { x86::quantize_block(xb, amax, qb, qpb, lb) };
+                    (self.d[b], self.s[b], self.gs[b]) = (d, d * sum as f32, -sum);
+                }
             }
-            return;
+        } else {
+            quantize_q8(
+                x,
+                per_scale,
+                &mut self.qs[..x.len()],
+                &mut self.d[..nb],
+                &mut self.s[..nb],
+            );
+            lane_sums(
+                &self.qs[..x.len()],
+                &mut self.ls[..nb * LANES],
+                &mut self.gs[..nb],
+            );
+            if permuted {
+                crate::backend::cpu::lowbit::permute_act(
+                    &self.qs[..x.len()],
+                    &mut self.qp[..x.len()],
+                );
+            }
         }
-        quantize_q8(
-            x,
-            &mut self.qs[..x.len()],
-            &mut self.d[..nb],
-            &mut self.s[..nb],
-        );
-        lane_sums(
-            &self.qs[..x.len()],
-            &mut self.ls[..nb * LANES],
-            &mut self.gs[..nb],
-        );
-        if permuted {
-            crate::backend::cpu::lowbit::permute_act(&self.qs[..x.len()], &mut self.qp[..x.len()]);
+        if scales == ActScales::SuperBlock {
+            for (h, l) in self.hs[..nb * 2].iter_mut().zip(self.ls.chunks_exact(4)) {
+                // |sum| <= 16 * 128: an i16.
+                *h = l.iter().sum::<i32>() as i16;
+            }
         }
     }
 
@@ -114,6 +181,10 @@ impl ActScratch {
             s: &self.s[..nb],
             ls: &self.ls[..nb * LANES],
             gs: &self.gs[..nb],
+            hs: match self.scales {
+                ActScales::Block => &[],
+                ActScales::SuperBlock => &self.hs[..nb * 2],
+            },
         }
     }
 }
@@ -131,24 +202,24 @@ fn lane_sums(qs: &[i8], ls: &mut [i32], gs: &mut [i32]) {
     }
 }
 
-/// Q8_1-style quantization of `x` into blocks of 32 (round half away from zero).
-fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    for (((xb, qb), db), sb) in x
-        .chunks_exact(QK)
-        .zip(qs.chunks_exact_mut(QK))
-        .zip(d.iter_mut())
-        .zip(s.iter_mut())
-    {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+/// Q8_1-style quantization of `x` into blocks of 32 (round half away from zero), each run of
+/// `per_scale` blocks under the scale of its largest |value|.
+fn quantize_q8(x: &[f32], per_scale: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let run = per_scale * QK;
+    for (r, xr) in x.chunks_exact(run).enumerate() {
+        let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
         let dd = amax / 127.0;
         let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in qb.iter_mut().zip(xb) {
-            *q = crate::model::ggml::round_half_away(v * id) as i8;
-            sum += *q as i32;
+        for (i, xb) in xr.chunks_exact(QK).enumerate() {
+            let b = r * per_scale + i;
+            let mut sum = 0i32;
+            for (q, &v) in qs[b * QK..][..QK].iter_mut().zip(xb) {
+                *q = crate::model::ggml::round_half_away(v * id) as i8;
+                sum += *q as i32;
+            }
+            d[b] = dd;
+            s[b] = dd * sum as f32;
         }
-        *db = dd;
-        *sb = dd * sum as f32;
     }
 }
 
@@ -276,7 +347,7 @@ pub fn matvec_gather(
     }
     assert!(w.q.is_none(), "gathered rows are GGML-typed");
     let a = if uses_q8(w.ty) {
-        act.quantize(x, false)
+        act.quantize(x, false, ActScales::for_types(ks, [w.ty]))
     } else {
         Act::plain(x)
     };
@@ -363,7 +434,7 @@ pub fn matvec_pairs(
     let _ = b.row_bytes();
     let nb = row_bytes / a.ty.block_bytes();
     let f = chunk_fn(a.ty, ks);
-    let act = act.quantize(x, false);
+    let act = act.quantize(x, false, ActScales::for_types(ks, [a.ty, b.ty]));
     let rows = a.rows;
     let chunk = rows
         .div_ceil(4 * pool.n_threads())
@@ -419,6 +490,7 @@ fn rows_many(
         "matvec_many takes at most {MAX_JOBS} matrices"
     );
     let need_q8 = jobs.iter().flatten().any(|(w, _)| uses_q8(w.ty));
+    let scales = ActScales::for_types(ks, jobs.iter().flatten().map(|(w, _)| w.ty));
     let permuted = jobs.iter().flatten().any(|(w, _)| {
         matches!(
             w.q,
@@ -443,10 +515,10 @@ fn rows_many(
             // SAFETY: task i alone touches `acts[i]` (i < n_in = acts.len()), and `acts` is
             // borrowed mutably for this whole call.
             let act = unsafe { &mut *scratch.ptr().add(i) };
-            act.fill(&xs[i * cols..][..cols], permuted);
+            act.fill(&xs[i * cols..][..cols], permuted, scales);
         });
     } else if need_q8 {
-        acts[0].fill(xs, permuted);
+        acts[0].fill(xs, permuted, scales);
     }
     let mut inputs: heapless::Vec<Act, MAX_INPUTS> = heapless::Vec::new();
     for (x, act) in xs.chunks_exact(cols).zip(acts.iter()) {
@@ -855,26 +927,41 @@ mod x86 {
         }
     }
 
-    /// One block of `quantize_q8`, `lane_sums` and (with `qp`) `permute_act`, eight values per
-    /// register: the same max of |x|, the same `x * id`, and `round_half_away`'s truncation and
-    /// exact fraction test, so the same bytes. Returns `d` and the block's sum.
+    /// The largest |value| of `x` (whole blocks of 32), as `quantize_q8`'s fold finds it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn max_abs(x: &[f32]) -> f32 {
+        assert!(x.len().is_multiple_of(QK));
+        let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+        let mut m = _mm256_setzero_ps();
+        for xb in x.chunks_exact(QK) {
+            let v: [__m256; 4] = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.as_ptr().add(o)));
+            m = _mm256_max_ps(
+                m,
+                _mm256_max_ps(
+                    _mm256_max_ps(abs(v[0]), abs(v[1])),
+                    _mm256_max_ps(abs(v[2]), abs(v[3])),
+                ),
+            );
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+
+    /// One block of `quantize_q8` under the scale of `amax` (`max_abs` of its run),
+    /// `lane_sums` and (with `qp`) `permute_act`, eight values per register: the same
+    /// `x * id`, and `round_half_away`'s truncation and exact fraction test, so the same
+    /// bytes. Returns `d` and the block's sum.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_block(
         x: &[f32],
+        amax: f32,
         q: &mut [i8],
         qp: Option<&mut [i8]>,
         ls: &mut [i32],
     ) -> (f32, i32) {
         assert!(x.len() == QK && q.len() == QK && ls.len() == LANES);
         let v: [__m256; 4] = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(x.as_ptr().add(o)));
-        let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
-        let m = _mm256_max_ps(
-            _mm256_max_ps(abs(v[0]), abs(v[1])),
-            _mm256_max_ps(abs(v[2]), abs(v[3])),
-        );
-        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
         let d = amax / 127.0;
         let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
         let half = _mm256_set1_ps(0.5);

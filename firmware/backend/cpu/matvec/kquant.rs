@@ -3,21 +3,23 @@
 //! A super-block holds 256 weights: Q4_K and Q5_K as 8 sub-blocks of 32, each with a 6-bit
 //! scale `sc` and min `m` under the block's f16 `d` and `dmin` (weight = `d * sc * q - dmin * m`,
 //! q in 0..15, or 0..31 with Q5_K's fifth bits); Q6_K as 16 sub-blocks of 16 with int8 scales
-//! under `d` (weight = `d * sc * (q - 32)`, q in 0..63). The input is quantized as for the classic types (`ActScratch`: int8 groups of
-//! 32 with scale `d_x` and `s_x = d_x * sum(q_x)`), so each run of 32 weights meets one
-//! activation group and is one int8 x int8 -> int32 dot:
+//! under `d` (weight = `d * sc * (q - 32)`, q in 0..63). The input is quantized as for the
+//! classic types (`ActScratch`: int8 groups of 32 with scale `d_x` and `s_x = d_x * sum(q_x)`),
+//! so each run of 32 weights meets one activation group and is one int8 x int8 -> int32 dot:
 //!
 //! - Q4_K and Q5_K, group g: `d * sc_g * d_x * sum(q * q_x) - dmin * m_g * s_x`;
 //! - Q6_K, group g (halves h of 16): `d * d_x * sum_h sc_h * sum((q - 32) * q_x)`.
 //!
-//! The only error against dequantizing to f32 is the int8 input's (llama.cpp's Q8_K idea, on
-//! the classic kernels' groups of 32), and the weights are read as stored: 4.5, 5.5 and 6.56
-//! bits a weight.
+//! Where only K-quant rows read an input, its eight groups in each 256 share one `d_x`
+//! (`ActScales::SuperBlock`, llama.cpp's Q8_K), so a super-block's groups can add up in
+//! integers before one float multiply (the AVX-512 kernels, `avx512.rs`); the formulas above
+//! hold either way. The only error against dequantizing to f32 is the int8 input's, and the
+//! weights are read as stored: 4.5, 5.5 and 6.56 bits a weight.
 //!
 //! Kernels: AVX2+FMA+F16C four rows at a time (x86_64; `vpdpbusd` where the CPU has VNNI and
-//! `ks.vnni` is on), NEON (aarch64) and a scalar one. All make the same int32 sums per group
-//! (Q6_K: per 16); the AVX2 ones add the floats in another order, the NEON ones in the scalar
-//! order (bit-identical to it).
+//! `ks.vnni` is on), AVX-512 VNNI one row at a time (Q4_K, Q6_K), NEON (aarch64) and a scalar
+//! one. All make the same int32 sums per group (Q6_K: per 16); the AVX2 and AVX-512 ones add
+//! the floats in another order, the NEON ones in the scalar order (bit-identical to it).
 
 use super::{le16, ChunkFn};
 use crate::backend::cpu::kernel::Act;
@@ -119,10 +121,10 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
     match ty {
         GgmlType::Q4_K | GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => {
             match (ty, ks.prefetch) {
-                (GgmlType::Q4_K, true) => x86::chunk_512::<Q4K, true>,
-                (GgmlType::Q4_K, false) => x86::chunk_512::<Q4K, false>,
-                (_, true) => x86::chunk_512::<Q6K, true>,
-                (_, false) => x86::chunk_512::<Q6K, false>,
+                (GgmlType::Q4_K, true) => avx512::chunk_512::<Q4K, true>,
+                (GgmlType::Q4_K, false) => avx512::chunk_512::<Q4K, false>,
+                (_, true) => avx512::chunk_512::<Q6K, true>,
+                (_, false) => avx512::chunk_512::<Q6K, false>,
             }
         }
         GgmlType::Q4_K => by_vnni!(Q4K),
@@ -238,9 +240,12 @@ pub(super) mod scalar {
 // AVX2 + FMA + F16C kernels: four rows at a time sharing each activation group.
 
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
-    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_ahead, prefetch_lines};
+    use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_lines};
     // The classic kernels' horizontal sum and f16 load.
     use crate::backend::cpu::matvec::x86::{f16_at, hsum};
     use std::arch::x86_64::*;
@@ -470,175 +475,6 @@ mod x86 {
             out[k] = hsum(acc[k]);
         }
         out
-    }
-
-    /// Q4_K (`T` = `Q4K`) or Q6_K rows on AVX-512 VNNI, one row at a time (`row_q4_k_512`,
-    /// `row_q6_k_512`).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
-        data: &[u8],
-        row_bytes: usize,
-        stride: usize,
-        a: &Act,
-        out: &mut [f32],
-    ) {
-        let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
-        let base = data.as_ptr();
-        for (r, o) in out.iter_mut().enumerate() {
-            // SAFETY: `chunk_blocks` checked that the rows and the input are whole.
-            let row = base.add(r * stride);
-            *o = if T == Q4K {
-                row_q4_k_512::<PF>(row, nsb, a)
-            } else {
-                row_q6_k_512::<PF>(row, nsb, a)
-            };
-        }
-    }
-
-    /// One Q4_K row of `nsb` super-blocks, two groups of 32 per zmm register: each 32 bytes
-    /// of nibbles, loaded into both register halves, are groups 2j (low nibbles) and 2j + 1
-    /// (high nibbles) after one variable shift, meeting 64 contiguous input bytes. The same
-    /// int32 sums per group as `rows_q45_k`, read front to back as `row_q6_k_512` says why;
-    /// the floats are added in another order (within rounding of the scalar kernel).
-    /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn row_q4_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 2];
-        let mut mins = _mm256_setzero_ps();
-        let low = _mm512_set1_epi8(0x0F);
-        // Low nibbles in the register's first half, high ones in its second.
-        let nibble_shift = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
-        // Group pair j's lanes take `d * sc * d_x` 2j (first eight) and 2j + 1.
-        let pair = |j: i32| {
-            let (a, b) = (_mm256_set1_epi32(2 * j), _mm256_set1_epi32(2 * j + 1));
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
-        };
-        let picks = [pair(0), pair(1), pair(2), pair(3)];
-        let bytes_ps =
-            |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
-        for sb in 0..nsb {
-            let q = p.add(sb * Q4K_BYTES);
-            if PF {
-                prefetch_ahead(q, Q4K_BYTES);
-            }
-            let dx = _mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb));
-            let sx = _mm256_loadu_ps(a.s.as_ptr().add(GROUPS * sb));
-            let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(q.add(4), 12));
-            let dmin = _mm256_set1_ps(f16_at(q.add(2)));
-            mins = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes_ps(m)), sx, mins);
-            let d = _mm256_set1_ps(f16_at(q));
-            let f = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(d, bytes_ps(sc)), dx));
-            for (j, pick) in picks.iter().enumerate() {
-                let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16 + 32 * j).cast()));
-                let w = _mm512_and_si512(_mm512_srlv_epi16(nib, nibble_shift), low);
-                let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * j) * QK).cast());
-                // Values 0..15 are unsigned operands as they are.
-                let i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, y);
-                let fj = _mm512_permutexvar_ps(*pick, f);
-                acc[j % 2] = _mm512_fmadd_ps(fj, _mm512_cvtepi32_ps(i), acc[j % 2]);
-            }
-        }
-        let m8 = _mm256_add_ps(mins, _mm256_permute2f128_ps::<1>(mins, mins));
-        let m4 = _mm256_castps256_ps128(m8);
-        let m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-        let m1 = _mm_add_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
-        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - _mm_cvtss_f32(m1)
-    }
-
-    /// One Q6_K row of `nsb` super-blocks, two groups of 32 per zmm register: a half-block's
-    /// 64 bytes of low nibbles are groups 0 and 1 (low nibbles) and 2 and 3 (high nibbles),
-    /// each pair meeting 64 contiguous input bytes, and its 32 bytes of high bit pairs,
-    /// loaded into both register halves, give each group its two bits by one variable shift.
-    /// The same int32 sums per group of 16 as `rows_q6_k`, in half its instructions, and the
-    /// row read front to back: decode streams the output head from DRAM, and rows taken four
-    /// at a time (each 1,260 bytes at 1,536 columns) are four streams too short for the
-    /// hardware prefetcher. Four accumulators (half-block, group pair) keep the adds apart;
-    /// the floats are added in another order than the scalar kernel (within its rounding).
-    /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn row_q6_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let low = _mm512_set1_epi8(0x0F);
-        let two_bits = _mm512_set1_epi8(0x30);
-        // Bits 2I, 2I + 1 of `qh` to bits 4, 5: left by 4 and 2 for groups 0 and 1 (the
-        // register's halves), right by 0 and 2 for groups 2 and 3.
-        let half_shift = |lo: i16, hi: i16| {
-            _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
-                _mm256_set1_epi16(hi),
-            )
-        };
-        let (left01, right23) = (half_shift(4, 2), half_shift(0, 2));
-        // A group pair's int32 lanes take `d * sc * d_x` 0-3 (groups 0, 1) or 4-7 (groups 2,
-        // 3) of the half's eight: four lanes (16 values) each.
-        let lane_scale = |j: i32| {
-            _mm512_setr_epi32(
-                j,
-                j,
-                j,
-                j,
-                j + 1,
-                j + 1,
-                j + 1,
-                j + 1,
-                j + 2,
-                j + 2,
-                j + 2,
-                j + 2,
-                j + 3,
-                j + 3,
-                j + 3,
-                j + 3,
-            )
-        };
-        let (pick01, pick23) = (lane_scale(0), lane_scale(4));
-        // Input group g's 8 scales, each twice (its two halves of 16), as `rows_q6_k`.
-        let dx_pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        for sb in 0..nsb {
-            let q = p.add(sb * Q6K_BYTES);
-            if PF {
-                prefetch_ahead(q, Q6K_BYTES);
-            }
-            let dx = _mm512_permutexvar_ps(
-                dx_pairs,
-                _mm512_castps256_ps512(_mm256_loadu_ps(a.d.as_ptr().add(GROUPS * sb))),
-            );
-            let d = _mm512_set1_ps(f16_at(q.add(208)));
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(192).cast())));
-            // `d * sc_j * d_x` for the 16 groups of 16, half-block n's at 8n..8n + 8.
-            let f = _mm512_mul_ps(_mm512_mul_ps(d, sc), dx);
-            for n in 0..2 {
-                let b = GROUPS * sb + 4 * n;
-                let y01 = _mm512_loadu_si512(a.qs.as_ptr().add(b * QK).cast());
-                let y23 = _mm512_loadu_si512(a.qs.as_ptr().add((b + 2) * QK).cast());
-                // `-32 * y` summed per lane (`offset_start`): the start that makes `q` `q - 32`.
-                let start = |g: usize| {
-                    _mm512_slli_epi32::<5>(_mm512_loadu_si512(a.ls.as_ptr().add(8 * g).cast()))
-                };
-                let ql = _mm512_loadu_si512(q.add(64 * n).cast());
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(128 + 32 * n).cast()));
-                let q01 = _mm512_or_si512(
-                    _mm512_and_si512(ql, low),
-                    _mm512_and_si512(_mm512_sllv_epi16(qh, left01), two_bits),
-                );
-                let q23 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low),
-                    _mm512_and_si512(_mm512_srlv_epi16(qh, right23), two_bits),
-                );
-                // q <= 63: unsigned operands as they are.
-                let i01 = _mm512_dpbusd_epi32(start(b), q01, y01);
-                let i23 = _mm512_dpbusd_epi32(start(b + 2), q23, y23);
-                let off = _mm512_set1_epi32(8 * n as i32);
-                let f01 = _mm512_permutexvar_ps(_mm512_add_epi32(pick01, off), f);
-                let f23 = _mm512_permutexvar_ps(_mm512_add_epi32(pick23, off), f);
-                acc[2 * n] = _mm512_fmadd_ps(f01, _mm512_cvtepi32_ps(i01), acc[2 * n]);
-                acc[2 * n + 1] = _mm512_fmadd_ps(f23, _mm512_cvtepi32_ps(i23), acc[2 * n + 1]);
-            }
-        }
-        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-        _mm512_reduce_add_ps(sum)
     }
 }
 

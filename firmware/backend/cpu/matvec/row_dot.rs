@@ -20,7 +20,7 @@ impl ActScratch {
             .row_bytes(x.len())
             .unwrap_or_else(|| panic!("{} columns are not whole {ty:?} blocks", x.len()));
         let act = if uses_q8(ty) {
-            self.quantize(x, false)
+            self.quantize(x, false, ActScales::for_types(ks, [ty]))
         } else {
             Act::plain(x)
         };

@@ -96,13 +96,14 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     data
 }
 
-/// Reference products in f64 and the sum of |terms| (for the tolerance). Classic types dot the
+/// Reference products in f64 and the sum of |terms| (for the tolerance). Int8 types dot the
 /// same int8-quantized activations the kernels use; the others dot `x`.
 fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> {
     let cols = x.len();
     let xa: Vec<f32> = if uses_q8(ty) {
         let mut s = ActScratch::new(cols);
-        let a = s.quantize(x, false);
+        // The form a matrix of `ty` alone takes its input in.
+        let a = s.quantize(x, false, ActScales::for_types(KernelSet::best(), [ty]));
         (0..cols).map(|c| a.d[c / 32] * a.qs[c] as f32).collect()
     } else {
         x.to_vec()
@@ -231,7 +232,7 @@ fn activation_quantization_is_close() {
     let mut rng = Rng(5);
     let x: Vec<f32> = (0..1536).map(|_| rng.f() * 3.0).collect();
     let mut s = ActScratch::new(1536);
-    let a = s.quantize(&x, false);
+    let a = s.quantize(&x, false, ActScales::Block);
     for (c, &v) in x.iter().enumerate() {
         let d = a.d[c / 32];
         assert!((v - d * a.qs[c] as f32).abs() <= d * 0.5 + 1e-7);
@@ -392,7 +393,7 @@ fn classic_vnni_equals_avx2() {
         let w = random_matrix(&mut rng, ty, rows, cols);
         let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
         let mut s = ActScratch::new(cols);
-        let a = s.quantize(&x, false);
+        let a = s.quantize(&x, false, ActScales::Block);
         let rb = ty.row_bytes(cols).unwrap();
         let outs: Vec<Vec<f32>> = forms
             .iter()
@@ -416,7 +417,8 @@ fn classic_vnni_equals_avx2() {
 }
 
 /// The AVX2 activation quantizer gives the scalar one's bytes, scales, sums, lane sums and
-/// permuted copy, on values that include exact halves after scaling, zeros and a zero block.
+/// permuted copy, on values that include exact halves after scaling, zeros and a zero block;
+/// in the super-block form (no permuted copy), also its sums of 16.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_quantizer_equals_scalar() {
@@ -425,28 +427,68 @@ fn avx2_quantizer_equals_scalar() {
         return;
     }
     let mut rng = Rng(0xA11CE);
-    let cols = 32 * 40;
+    let cols = 256 * 5;
     for case in 0..20 {
         let mut x: Vec<f32> = (0..cols).map(|_| rng.f() * (1 + case) as f32).collect();
-        // Block 1: zeros; block 2: multiples of amax / 254 (exact halves after scaling).
+        // Block 1: zeros; block 2: multiples of amax / 254 (exact halves after scaling);
+        // super-block 3: zeros.
         x[32..64].fill(0.0);
         for (j, v) in x[64..96].iter_mut().enumerate() {
             *v = (j as f32 - 16.0) * 0.5;
         }
-        let mut fast = ActScratch::new(cols);
-        fast.fill(&x, true);
-        let nb = cols / 32;
-        let (mut qs, mut d, mut s) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb]);
-        quantize_q8(&x, &mut qs, &mut d, &mut s);
-        let (mut ls, mut gs) = (vec![0i32; nb * LANES], vec![0i32; nb]);
-        lane_sums(&qs, &mut ls, &mut gs);
-        let mut qp = vec![0i8; cols];
-        crate::backend::cpu::lowbit::permute_act(&qs, &mut qp);
-        assert_eq!(fast.qs, qs, "case {case}");
-        assert_eq!(fast.qp, qp, "case {case}");
-        assert_eq!(fast.d, d, "case {case}");
-        assert_eq!(fast.s, s, "case {case}");
-        assert_eq!(fast.ls, ls, "case {case}");
-        assert_eq!(fast.gs, gs, "case {case}");
+        x[768..1024].fill(0.0);
+        for (scales, per_scale) in [(ActScales::Block, 1), (ActScales::SuperBlock, 8)] {
+            let permuted = scales == ActScales::Block;
+            let mut fast = ActScratch::new(cols);
+            fast.fill(&x, permuted, scales);
+            let nb = cols / 32;
+            let (mut qs, mut d, mut s) = (vec![0i8; cols], vec![0f32; nb], vec![0f32; nb]);
+            quantize_q8(&x, per_scale, &mut qs, &mut d, &mut s);
+            let (mut ls, mut gs) = (vec![0i32; nb * LANES], vec![0i32; nb]);
+            lane_sums(&qs, &mut ls, &mut gs);
+            let what = format!("case {case} {scales:?}");
+            if permuted {
+                let mut qp = vec![0i8; cols];
+                crate::backend::cpu::lowbit::permute_act(&qs, &mut qp);
+                assert_eq!(fast.qp, qp, "{what}");
+            } else {
+                let hs: Vec<i16> = qs
+                    .chunks_exact(16)
+                    .map(|r| -r.iter().map(|&q| q as i16).sum::<i16>())
+                    .collect();
+                assert_eq!(fast.hs, hs, "{what}");
+                for run in d.chunks_exact(8) {
+                    assert!(run.iter().all(|&v| v == run[0]), "{what}: one scale a run");
+                }
+            }
+            assert_eq!(fast.qs, qs, "{what}");
+            assert_eq!(fast.d, d, "{what}");
+            assert_eq!(fast.s, s, "{what}");
+            assert_eq!(fast.ls, ls, "{what}");
+            assert_eq!(fast.gs, gs, "{what}");
+        }
     }
+}
+
+/// An input takes one scale per 256 values only when every int8 row reading it is a K-quant
+/// (the classic types keep a scale per 32) and the kernel set allows it; float rows read
+/// floats and do not count.
+#[test]
+fn act_scales_follow_the_row_types() {
+    use GgmlType::*;
+    let form = |t: &[GgmlType]| ActScales::for_types(KernelSet::best(), t.iter().copied());
+    assert_eq!(form(&[Q4_K]), ActScales::SuperBlock);
+    assert_eq!(form(&[Q4_K, Q6_K, Q5_K]), ActScales::SuperBlock);
+    assert_eq!(form(&[Q4_K, F16]), ActScales::SuperBlock);
+    assert_eq!(form(&[Q4_K, Q5_0]), ActScales::Block);
+    assert_eq!(form(&[Q8_0, Q6_K]), ActScales::Block);
+    assert_eq!(form(&[Q4_0]), ActScales::Block);
+    assert_eq!(form(&[F32]), ActScales::Block);
+    assert_eq!(form(&[]), ActScales::Block);
+    // The `k-block-scales` ablation keeps a scale per 32 for K-quants too.
+    let finer = KernelSet {
+        superblock_scales: false,
+        ..KernelSet::best()
+    };
+    assert_eq!(ActScales::for_types(finer, [Q4_K]), ActScales::Block);
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::backend::cpu::matvec::{
-    best_kernel, matvec, ActScratch, Kernel, KernelSet, Matrix, WorkerPool,
+    best_kernel, matvec, ActScales, ActScratch, Kernel, KernelSet, Matrix, WorkerPool,
 };
 use crate::model::ggml::dequantize_row;
 
@@ -68,10 +68,16 @@ fn reference(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<(f64, f64)> 
         .collect()
 }
 
-/// `x` as the kernels see it: each value its int8 times its group's scale.
+/// `x` as the kernels see it when K-quant rows alone read it (one scale per 256 values):
+/// each value its int8 times its group's scale.
 fn int8_input(x: &[f32]) -> Vec<f32> {
+    int8_input_in(x, ActScales::SuperBlock)
+}
+
+/// `x` as the kernels see it in the form `scales`.
+fn int8_input_in(x: &[f32], scales: ActScales) -> Vec<f32> {
     let mut s = ActScratch::new(x.len());
-    let a = s.quantize(x, false);
+    let a = s.quantize(x, false, scales);
     (0..x.len()).map(|c| a.d[c / QK] * a.qs[c] as f32).collect()
 }
 
@@ -170,7 +176,7 @@ fn kernels_are_within_input_rounding_of_the_f32_dot() {
         let x: Vec<f32> = (0..cols).map(|_| rng.f() * 4.0).collect();
         let want = reference(ty, &w, rows, &x);
         let mut s = ActScratch::new(cols);
-        let d = s.quantize(&x, false).d.to_vec();
+        let d = s.quantize(&x, false, ActScales::SuperBlock).d.to_vec();
         let rb = ty.row_bytes(cols).unwrap();
         let mut y = vec![0f32; cols];
         let bounds: Vec<f64> = (0..rows)
@@ -203,8 +209,10 @@ fn kernels_are_within_input_rounding_of_the_f32_dot() {
 }
 
 /// The AVX2 kernels (every VNNI form) and the scalar one make the same int32 sums per group,
-/// so they agree to float rounding (as does the AVX-512 Q6_K kernel, where the CPU has it); the
-/// ymm kernels' VNNI and `maddubs` forms agree bit for bit. Extreme
+/// so they agree to float rounding, on an input in either scale form (as do the AVX-512 Q4_K
+/// and Q6_K kernels where the CPU has them: their integer super-block sums on the one-scale
+/// form, the ymm kernels on the other); the ymm kernels' VNNI and `maddubs` forms agree bit
+/// for bit. Extreme
 /// blocks (every quant and scale at its largest, Q6_K scales at -128, inputs at +-127) would
 /// show any saturation in the 16-bit `maddubs` pairs.
 #[cfg(target_arch = "x86_64")]
@@ -247,75 +255,71 @@ fn avx2_agrees_with_scalar() {
                     }
                 }
             }
-            let mut s = ActScratch::new(cols);
-            let a = s.quantize(&x, false);
-            let rb = ty.row_bytes(cols).unwrap();
-            let mags = reference(ty, &w, rows, &int8_input(&x));
-            let call = |f: ChunkFn| {
-                let mut out = vec![f32::NAN; rows];
-                // SAFETY: AVX2 is present (checked above) for the x86 forms, and a VNNI form
-                // only where `vnni_form` found it; `w` holds `rows` rows of `rb` bytes and `a`
-                // covers their columns.
-                unsafe { f(&w, rb, rb, &a, &mut out) };
-                out
-            };
-            let scalar = call(scalar_chunk_fn(ty));
-            let plain = call(avx2_chunk_fn(
-                ty,
-                KernelSet {
-                    vnni: false,
-                    ..KernelSet::best()
-                },
-            ));
-            // The ymm kernels in this CPU's VNNI form, and what `best` runs (for Q6_K on a
-            // CPU with AVX-512 VNNI, the zmm kernel).
-            let vnni_ymm = call(avx2_chunk_fn(
-                ty,
-                KernelSet {
-                    avx512: false,
-                    ..KernelSet::best()
-                },
-            ));
-            let best = call(avx2_chunk_fn(ty, KernelSet::best()));
-            // Software prefetch (`KernelSet::prefetch`) changes no result.
-            let flipped = call(avx2_chunk_fn(
-                ty,
-                KernelSet {
-                    prefetch: !KernelSet::best().prefetch,
-                    ..KernelSet::best()
-                },
-            ));
-            assert_eq!(flipped, best, "{} case {case}: prefetch", ty.name());
-            assert!(
-                scalar.iter().any(|&v| v != 0.0),
-                "{} case {case}",
-                ty.name()
-            );
-            for r in 0..rows {
-                let (v, mag) = mags[r];
-                let tol = 1e-5 * mag + 1e-6;
-                assert!(
-                    (plain[r] as f64 - scalar[r] as f64).abs() <= tol,
-                    "{} case {case} row {r}: avx2 {} scalar {} (tol {tol})",
-                    ty.name(),
-                    plain[r],
-                    scalar[r]
-                );
-                assert!(
-                    (best[r] as f64 - scalar[r] as f64).abs() <= tol,
-                    "{} case {case} row {r}: best {} scalar {} (tol {tol})",
-                    ty.name(),
-                    best[r],
-                    scalar[r]
-                );
-                assert!(
-                    (scalar[r] as f64 - v).abs() <= tol,
-                    "{} case {case} row {r}: scalar {} reference {v}",
-                    ty.name(),
-                    scalar[r]
-                );
+            for scales in [ActScales::SuperBlock, ActScales::Block] {
+                let what = format!("{} case {case} {scales:?}", ty.name());
+                let mut s = ActScratch::new(cols);
+                let a = s.quantize(&x, false, scales);
+                let rb = ty.row_bytes(cols).unwrap();
+                let mags = reference(ty, &w, rows, &int8_input_in(&x, scales));
+                let call = |f: ChunkFn| {
+                    let mut out = vec![f32::NAN; rows];
+                    // SAFETY: AVX2 is present (checked above) for the x86 forms, and a VNNI form
+                    // only where `vnni_form` found it; `w` holds `rows` rows of `rb` bytes and `a`
+                    // covers their columns.
+                    unsafe { f(&w, rb, rb, &a, &mut out) };
+                    out
+                };
+                let scalar = call(scalar_chunk_fn(ty));
+                let plain = call(avx2_chunk_fn(
+                    ty,
+                    KernelSet {
+                        vnni: false,
+                        ..KernelSet::best()
+                    },
+                ));
+                // The ymm kernels in this CPU's VNNI form, and what `best` runs (for Q6_K on a
+                // CPU with AVX-512 VNNI, the zmm kernel).
+                let vnni_ymm = call(avx2_chunk_fn(
+                    ty,
+                    KernelSet {
+                        avx512: false,
+                        ..KernelSet::best()
+                    },
+                ));
+                let best = call(avx2_chunk_fn(ty, KernelSet::best()));
+                // Software prefetch (`KernelSet::prefetch`) changes no result.
+                let flipped = call(avx2_chunk_fn(
+                    ty,
+                    KernelSet {
+                        prefetch: !KernelSet::best().prefetch,
+                        ..KernelSet::best()
+                    },
+                ));
+                assert_eq!(flipped, best, "{what}: prefetch");
+                assert!(scalar.iter().any(|&v| v != 0.0), "{what}");
+                for r in 0..rows {
+                    let (v, mag) = mags[r];
+                    let tol = 1e-5 * mag + 1e-6;
+                    assert!(
+                        (plain[r] as f64 - scalar[r] as f64).abs() <= tol,
+                        "{what} row {r}: avx2 {} scalar {} (tol {tol})",
+                        plain[r],
+                        scalar[r]
+                    );
+                    assert!(
+                        (best[r] as f64 - scalar[r] as f64).abs() <= tol,
+                        "{what} row {r}: best {} scalar {} (tol {tol})",
+                        best[r],
+                        scalar[r]
+                    );
+                    assert!(
+                        (scalar[r] as f64 - v).abs() <= tol,
+                        "{what} row {r}: scalar {} reference {v}",
+                        scalar[r]
+                    );
+                }
+                assert_eq!(vnni_ymm, plain, "{what}: VNNI form");
             }
-            assert_eq!(vnni_ymm, plain, "{} case {case}: VNNI form", ty.name());
         }
     }
     if vnni() == VNNI_NONE {
@@ -346,7 +350,7 @@ fn neon_equals_scalar() {
             }
             let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
             let mut s = ActScratch::new(cols);
-            let a = s.quantize(&x, false);
+            let a = s.quantize(&x, false, ActScales::SuperBlock);
             let rb = ty.row_bytes(cols).unwrap();
             let call = |f: ChunkFn| {
                 let mut out = vec![f32::NAN; rows];
