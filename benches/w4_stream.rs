@@ -3,8 +3,9 @@
 //! in decode), beside a plain read of the same bytes on one and two threads.
 //! `cargo bench --bench w4_stream [-- PACKING]`: the w4 packings. Knobs: `W4_TYPE=w8` (or a
 //! GGML type, e.g. `q6_k`: its kernel), `W4_ROWS=256 W4_MATS=1` (one matrix, in cache: the
-//! kernel's own speed), `W4_COLS`, `W4_THREADS="1 2 8"`, `W4_PREFETCH=0|1`, `W4_AVX2=1` (no VNNI or
-//! AVX-512). Not a criterion bench: one figure per kernel and pool, the best of five passes.
+//! kernel's own speed), `W4_COLS`, `W4_THREADS="1 2 8"`, `W4_PREFETCH=0|1`, `W4_AVX2=1` (no
+//! VNNI or AVX-512), `W4_SCALES=block` (K-quants: the input on a scale per 32 values). Not a
+//! criterion bench: one figure per kernel and pool, the best of five passes.
 use leanstream::backend::cpu::{matvec, ActScratch, KernelSet, WorkerPool};
 use leanstream::model::ggml::GgmlType;
 use leanstream::quant::view::Matrix;
@@ -82,6 +83,12 @@ fn main() {
             ..ks
         },
         _ => ks,
+    };
+    // W4_SCALES=block: K-quant rows read their input with a scale per 32 values (the
+    // `k-block-scales` ablation) rather than one per 256.
+    let ks = KernelSet {
+        superblock_scales: std::env::var("W4_SCALES").as_deref() != Ok("block"),
+        ..ks
     };
     // The floor: the same bytes read and folded with 32-byte xors, one thread.
     let mut best = f64::MAX;

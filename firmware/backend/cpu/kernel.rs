@@ -61,7 +61,7 @@ pub struct KernelSet {
     /// K-quant rows: their input quantized with one scale per 256 values (llama.cpp's Q8_K)
     /// wherever only K-quant rows read it, so the AVX-512 kernels add a super-block's groups
     /// in integers (1.1-1.2x their speed). `false`: a scale per 32 values, as the classic
-    /// types take it: finer (Qwen2.5-1.5B Q4_K_M's perplexity 0.3% lower, docs/BENCHMARKS.md)
+    /// types take it: finer (Qwen2.5-1.5B Q4_K_M's perplexity 0.4% lower, docs/BENCHMARKS.md)
     /// and slower.
     pub superblock_scales: bool,
 }
