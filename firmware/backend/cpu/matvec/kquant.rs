@@ -247,7 +247,7 @@ mod x86 {
     use super::*;
     use crate::backend::cpu::lowbit::x86::{dpbusd, offset_start, prefetch_lines};
     // The classic kernels' horizontal sum and f16 load.
-    use crate::backend::cpu::matvec::x86::{f16_at, hsum};
+    use crate::backend::cpu::kernel::x86::{f16_at, hsum};
     use std::arch::x86_64::*;
 
     /// How many rows ahead the four-row kernels prefetch (as the classic kernels do).

@@ -9,7 +9,7 @@
 use super::*;
 use crate::backend::cpu::lowbit::x86::prefetch_ahead;
 // The classic kernels' horizontal sum and f16 load.
-use crate::backend::cpu::matvec::x86::{f16_at, hsum};
+use crate::backend::cpu::kernel::x86::{f16_at, hsum};
 use std::arch::x86_64::*;
 
 /// Q4_K (`T` = `Q4K`) or Q6_K rows on AVX-512 VNNI, one row at a time (`row_q4_k_512`,
