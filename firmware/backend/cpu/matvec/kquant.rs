@@ -119,14 +119,15 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
         };
     }
     match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K if ks.avx512 && ks.vnni && has_avx512_vnni() => {
-            match (ty, ks.prefetch) {
-                (GgmlType::Q4_K, true) => avx512::chunk_512::<Q4K, true>,
-                (GgmlType::Q4_K, false) => avx512::chunk_512::<Q4K, false>,
-                (_, true) => avx512::chunk_512::<Q6K, true>,
-                (_, false) => avx512::chunk_512::<Q6K, false>,
-            }
-        }
+        _ if ks.avx512 && ks.vnni && has_avx512_vnni() => match (ty, ks.prefetch) {
+            (GgmlType::Q4_K, true) => avx512::chunk_512::<Q4K, true>,
+            (GgmlType::Q4_K, false) => avx512::chunk_512::<Q4K, false>,
+            (GgmlType::Q5_K, true) => avx512::chunk_512::<Q5K, true>,
+            (GgmlType::Q5_K, false) => avx512::chunk_512::<Q5K, false>,
+            (GgmlType::Q6_K, true) => avx512::chunk_512::<Q6K, true>,
+            (GgmlType::Q6_K, false) => avx512::chunk_512::<Q6K, false>,
+            _ => panic!("{} is not a K-quant type", ty.name()),
+        },
         GgmlType::Q4_K => by_vnni!(Q4K),
         GgmlType::Q5_K => by_vnni!(Q5K),
         GgmlType::Q6_K => by_vnni!(Q6K),

@@ -2,20 +2,20 @@
 //!
 //! On an input in `ActScales::SuperBlock` form (one scale per 256 values: K-quant rows alone
 //! read it) a super-block's groups add up in integers under its one scale, llama.cpp's
-//! Q4_K/Q6_K x Q8_K arithmetic (`row_q4_k_512`, `row_q6_k_512`); on the classic form (a scale
+//! K-quant x Q8_K arithmetic (`row_q45_k_512`, `row_q6_k_512`); on the classic form (a scale
 //! per 32 values: the input is shared with classic rows, or the `k-block-scales` ablation)
 //! each group's int32 sum is scaled in floats (`row_q4_k_512_blocks`, `row_q6_k_512_blocks`).
 
 use super::*;
-use crate::backend::cpu::lowbit::x86::prefetch_ahead;
+use crate::backend::cpu::lowbit::x86::{prefetch_ahead, VNNI_EVEX};
 // The classic kernels' horizontal sum and f16 load.
 use crate::backend::cpu::kernel::x86::{f16_at, hsum};
 use std::arch::x86_64::*;
 
-/// Q4_K (`T` = `Q4K`) or Q6_K rows on AVX-512 VNNI, one row at a time (`row_q4_k_512`,
+/// Q4_K, Q5_K or Q6_K rows (`T`) on AVX-512 VNNI, one row at a time (`row_q45_k_512`,
 /// `row_q6_k_512`) on an input whose 256-value runs share one scale (`ActScales::SuperBlock`,
 /// marked by its sums of 16, `hs`), `row_q4_k_512_blocks` and `row_q6_k_512_blocks` on any
-/// other.
+/// other (Q5_K: the ymm kernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
     data: &[u8],
@@ -26,6 +26,10 @@ pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
 ) {
     let nsb = chunk_blocks(data, row_bytes, stride, a, out.len(), block_bytes(T));
     let one_scale = !a.hs.is_empty();
+    if T == Q5K && !one_scale {
+        // No per-32 zmm kernel for Q5_K: the ymm one, four rows at a time.
+        return super::x86::chunk::<Q5K, VNNI_EVEX>(data, row_bytes, stride, a, out);
+    }
     assert!(
         !one_scale || a.hs.len() >= nsb * 16,
         "sums of 16 over {nsb} super-blocks"
@@ -35,11 +39,13 @@ pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
         // SAFETY: `chunk_blocks` checked that the rows and the input are whole, and (the
         // one-scale form) the input has its sums of 16.
         let row = base.add(r * stride);
-        *o = match (T == Q4K, one_scale) {
-            (true, true) => row_q4_k_512::<PF>(row, nsb, a),
-            (true, false) => row_q4_k_512_blocks::<PF>(row, nsb, a),
-            (false, true) => row_q6_k_512::<PF>(row, nsb, a),
-            (false, false) => row_q6_k_512_blocks::<PF>(row, nsb, a),
+        *o = match (T, one_scale) {
+            (Q4K, true) => row_q45_k_512::<false, PF>(row, nsb, a),
+            (Q4K, false) => row_q4_k_512_blocks::<PF>(row, nsb, a),
+            // The one-scale form (checked above).
+            (Q5K, _) => row_q45_k_512::<true, PF>(row, nsb, a),
+            (_, true) => row_q6_k_512::<PF>(row, nsb, a),
+            (_, false) => row_q6_k_512_blocks::<PF>(row, nsb, a),
         };
     }
 }
@@ -54,17 +60,26 @@ unsafe fn halves16(lo: i16, hi: i16) -> __m512i {
     )
 }
 
-/// One Q4_K row of `nsb` super-blocks, llama.cpp's Q4_K x Q8_K arithmetic: each 32 bytes
-/// of nibbles, loaded into both register halves, are groups 2j (low nibbles) and 2j + 1
-/// (high nibbles) after one variable shift, meeting 64 contiguous input bytes; their
-/// products are added in pairs (`vpmaddubsw`, at most 2 * 15 * 127: exact in int16), then
-/// in pairs again times the group's 6-bit scale (`vpdpwssd`), so a super-block's eight
-/// groups add up in integers under its one `d * d_x`. The mins' term, `dmin * d_x * sum_g
-/// m_g * sum(q_x over g)`, is integers too. Read front to back as `row_q6_k_512` says why.
+/// One Q4_K row (or Q5_K, `FIVE`) of `nsb` super-blocks, llama.cpp's Q4_K/Q5_K x Q8_K
+/// arithmetic: each 32 bytes of nibbles, loaded into both register halves, are groups 2j (low
+/// nibbles) and 2j + 1 (high nibbles) after one variable shift, meeting 64 contiguous input
+/// bytes (Q5_K: plus 16 where bit 2j, or 2j + 1, of the value's byte of fifth bits is set, a
+/// bit test and a masked add); their products are added in pairs (`vpmaddubsw`, at most
+/// 2 * 31 * 127: exact in int16), then in pairs again times the group's 6-bit scale
+/// (`vpdpwssd`), so a super-block's eight groups add up in integers under its one `d * d_x`.
+/// The mins' term, `dmin * d_x * sum_g m_g * sum(q_x over g)`, is integers too. Read front to
+/// back as `row_q6_k_512` says why.
 /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them with one scale each.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn row_q4_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
+unsafe fn row_q45_k_512<const FIVE: bool, const PF: bool>(
+    p: *const u8,
+    nsb: usize,
+    a: &Act,
+) -> f32 {
+    let bytes = if FIVE { Q5K_BYTES } else { Q4K_BYTES };
+    // The nibbles follow Q5_K's 32 bytes of fifth bits.
+    let nibbles = if FIVE { 48 } else { 16 };
     let mut acc = _mm512_setzero_ps();
     let mut mins = _mm256_setzero_ps();
     let low = _mm512_set1_epi8(0x0F);
@@ -72,11 +87,19 @@ unsafe fn row_q4_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32
     let nibble_shift = halves16(0, 4);
     // Group pair j's word lanes take scale 2j (first half) and 2j + 1.
     let picks = [0, 1, 2, 3].map(|j| halves16(2 * j, 2 * j + 1));
+    // Group pair j's fifth bits: bit 2j of each byte (first half), 2j + 1 (second half).
+    let fifth = [0, 1, 2, 3].map(|j| halves16(0x101 << (2 * j), 0x202 << (2 * j)));
+    let sixteen = _mm512_set1_epi8(16);
     for sb in 0..nsb {
-        let q = p.add(sb * Q4K_BYTES);
+        let q = p.add(sb * bytes);
         if PF {
-            prefetch_ahead(q, Q4K_BYTES);
+            prefetch_ahead(q, bytes);
         }
+        let qh = if FIVE {
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16).cast()))
+        } else {
+            _mm512_setzero_si512()
+        };
         // `d * d_x` and `dmin * d_x` (the f16 pair at the block's start).
         let dx = _mm_set1_ps(*a.d.get_unchecked(GROUPS * sb));
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(q.cast::<i32>().read_unaligned()));
@@ -86,10 +109,15 @@ unsafe fn row_q4_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32
         let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
         let mut isum = _mm512_setzero_si512();
         for (j, pick) in picks.iter().enumerate() {
-            let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16 + 32 * j).cast()));
-            let w = _mm512_and_si512(_mm512_srlv_epi16(nib, nibble_shift), low);
+            let at = q.add(nibbles + 32 * j);
+            let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.cast()));
+            let mut w = _mm512_and_si512(_mm512_srlv_epi16(nib, nibble_shift), low);
+            if FIVE {
+                let set = _mm512_test_epi8_mask(qh, fifth[j]);
+                w = _mm512_mask_add_epi8(w, set, w, sixteen);
+            }
             let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * j) * QK).cast());
-            // Values 0..15 are unsigned operands as they are.
+            // Values 0..31 are unsigned operands as they are.
             let pairs = _mm512_maddubs_epi16(w, y);
             isum = _mm512_dpwssd_epi32(isum, pairs, _mm512_permutexvar_epi16(*pick, sc16));
         }
