@@ -104,11 +104,15 @@ install -m 0644 docs/INSTALL-JETSON.md "$doc/INSTALL-JETSON.md"
 gzip -9n < README.md > "$doc/README.md.gz"
 sed "s/@YEAR@/$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)/" packaging/deb/copyright > "$doc/copyright"
 install -m 0644 packaging/deb/lintian-overrides "$root/usr/share/lintian/overrides/leanstream"
+# The commit's subject on one changelog line: cut at a word, so that no half word is left for
+# lintian's spelling check to read ("agains" of "against").
+subject=$(git log -1 --format=%s HEAD)
+if [ ${#subject} -gt 66 ]; then subject="${subject:0:63}"; subject="${subject% *}..."; fi
 {
   echo "leanstream ($version) unstable; urgency=medium"
   echo
   echo "  * Built from commit $commit$dirty for board $board:"
-  echo "    $(git log -1 --format=%s HEAD | cut -c1-66)"
+  echo "    $subject"
   echo
   echo " -- $maintainer  $(date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } | gzip -9n > "$doc/changelog.Debian.gz"
