@@ -135,6 +135,23 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
     }
 }
 
+/// The many-input kernel of K-quant type `ty` under `ks`, where there is one: Q4_K and Q5_K on
+/// AVX-512 VNNI (each super-block decoded once for a prompt's tokens).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx2_many_fn(ty: GgmlType, ks: super::KernelSet) -> Option<super::ChunkManyFn> {
+    use crate::backend::cpu::lowbit::x86::has_avx512_vnni;
+    if !(ks.avx512 && ks.vnni && has_avx512_vnni()) {
+        return None;
+    }
+    Some(match (ty, ks.prefetch) {
+        (GgmlType::Q4_K, true) => avx512::many_512::<Q4K, true>,
+        (GgmlType::Q4_K, false) => avx512::many_512::<Q4K, false>,
+        (GgmlType::Q5_K, true) => avx512::many_512::<Q5K, true>,
+        (GgmlType::Q5_K, false) => avx512::many_512::<Q5K, false>,
+        _ => return None,
+    })
+}
+
 /// The NEON kernel of K-quant type `ty`. Panics for any other type.
 #[cfg(target_arch = "aarch64")]
 pub(super) fn neon_chunk_fn(ty: GgmlType) -> ChunkFn {

@@ -148,6 +148,9 @@ pub(super) fn many_fn(ty: GgmlType, ks: KernelSet) -> Option<ChunkManyFn> {
         GgmlType::Q5_0 => by_vnni!(many_q5_0, ks),
         GgmlType::Q5_1 => by_vnni!(many_q5_1, ks),
         GgmlType::Q8_0 => by_vnni!(many_q8_0, ks),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            return super::kquant::avx2_many_fn(ty, ks)
+        }
         _ => return None,
     })
 }

@@ -10,6 +10,7 @@ use super::*;
 use crate::backend::cpu::lowbit::x86::{prefetch_ahead, VNNI_EVEX};
 // The classic kernels' horizontal sum and f16 load.
 use crate::backend::cpu::kernel::x86::{f16_at, hsum};
+use crate::backend::cpu::kernel::MAX_INPUTS;
 use std::arch::x86_64::*;
 
 /// Q4_K, Q5_K or Q6_K rows (`T`) on AVX-512 VNNI, one row at a time (`row_q45_k_512`,
@@ -60,15 +61,117 @@ unsafe fn halves16(lo: i16, hi: i16) -> __m512i {
     )
 }
 
-/// One Q4_K row (or Q5_K, `FIVE`) of `nsb` super-blocks, llama.cpp's Q4_K/Q5_K x Q8_K
-/// arithmetic: each 32 bytes of nibbles, loaded into both register halves, are groups 2j (low
-/// nibbles) and 2j + 1 (high nibbles) after one variable shift, meeting 64 contiguous input
-/// bytes (Q5_K: plus 16 where bit 2j, or 2j + 1, of the value's byte of fifth bits is set, a
-/// bit test and a masked add); their products are added in pairs (`vpmaddubsw`, at most
-/// 2 * 31 * 127: exact in int16), then in pairs again times the group's 6-bit scale
-/// (`vpdpwssd`), so a super-block's eight groups add up in integers under its one `d * d_x`.
-/// The mins' term, `dmin * d_x * sum_g m_g * sum(q_x over g)`, is integers too. Read front to
-/// back as `row_q6_k_512` says why.
+/// A Q4_K or Q5_K super-block's weights as the one-scale kernels read them: group pair j's
+/// 64 values (`w[j]`: 2j in the first half, 2j + 1 in the second), each pair's scales per word
+/// lane (`s[j]`), the mins as eight int32 lanes, and the f16 `d`, `dmin` as floats.
+struct Q45Block {
+    w: [__m512i; 4],
+    s: [__m512i; 4],
+    m: __m256i,
+    dd: __m128,
+}
+
+/// The registers of constants `q45_block` reads, made once per call.
+struct Q45Consts {
+    low: __m512i,
+    /// Low nibbles in the register's first half, high ones in its second.
+    nibble_shift: __m512i,
+    /// Group pair j's word lanes take scale 2j (first half) and 2j + 1.
+    picks: [__m512i; 4],
+    /// Group pair j's fifth bits: bit 2j of each byte (first half), 2j + 1 (second half).
+    fifth: [__m512i; 4],
+    sixteen: __m512i,
+}
+
+impl Q45Consts {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn new() -> Q45Consts {
+        Q45Consts {
+            low: _mm512_set1_epi8(0x0F),
+            nibble_shift: halves16(0, 4),
+            picks: [
+                halves16(0, 1),
+                halves16(2, 3),
+                halves16(4, 5),
+                halves16(6, 7),
+            ],
+            fifth: [
+                halves16(0x0101, 0x0202),
+                halves16(0x0404, 0x0808),
+                halves16(0x1010, 0x2020),
+                halves16(0x4040, 0x8080u16 as i16),
+            ],
+            sixteen: _mm512_set1_epi8(16),
+        }
+    }
+}
+
+/// Decodes the Q4_K (or Q5_K, `FIVE`) super-block at `q`: each 32 bytes of nibbles, loaded into
+/// both register halves, are groups 2j (low nibbles) and 2j + 1 (high nibbles) after one
+/// variable shift (Q5_K: plus 16 where bit 2j, or 2j + 1, of the value's byte of fifth bits is
+/// set: a bit test and a masked add). Unsafe: `q` must hold a whole super-block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q45_block<const FIVE: bool>(q: *const u8, c: &Q45Consts) -> Q45Block {
+    // The nibbles follow Q5_K's 32 bytes of fifth bits.
+    let nibbles = if FIVE { 48 } else { 16 };
+    let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(q.add(4), 12));
+    // Lanes past the eighth are never picked.
+    let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    let qh = if FIVE {
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16).cast()))
+    } else {
+        _mm512_setzero_si512()
+    };
+    let mut blk = Q45Block {
+        w: [_mm512_setzero_si512(); 4],
+        s: [_mm512_setzero_si512(); 4],
+        m: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)),
+        dd: _mm_cvtph_ps(_mm_cvtsi32_si128(q.cast::<i32>().read_unaligned())),
+    };
+    for j in 0..4 {
+        let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(nibbles + 32 * j).cast()));
+        let w = _mm512_and_si512(_mm512_srlv_epi16(nib, c.nibble_shift), c.low);
+        blk.w[j] = if FIVE {
+            let set = _mm512_test_epi8_mask(qh, c.fifth[j]);
+            _mm512_mask_add_epi8(w, set, w, c.sixteen)
+        } else {
+            w
+        };
+        blk.s[j] = _mm512_permutexvar_epi16(c.picks[j], sc16);
+    }
+    blk
+}
+
+/// Adds super-block `sb` (`blk`) dotted with input `a` to `acc` and `mins`: the byte products
+/// in pairs (`vpmaddubsw`, at most 2 * 31 * 127: exact in int16), in pairs again times the
+/// group's 6-bit scale (`vpdpwssd`), so the eight groups add up in integers under one
+/// `d * d_x`; the mins' term, `dmin * d_x * sum_g m_g * sum(q_x over g)`, is integers too.
+/// Unsafe: `a` must cover super-block `sb` with one scale.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q45_add(blk: &Q45Block, a: &Act, sb: usize, acc: &mut __m512, mins: &mut __m256) {
+    // `d * d_x` and `dmin * d_x`.
+    let dd = _mm_mul_ps(blk.dd, _mm_set1_ps(*a.d.get_unchecked(GROUPS * sb)));
+    let mut isum = _mm512_setzero_si512();
+    for j in 0..4 {
+        let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * j) * QK).cast());
+        // Values 0..31 are unsigned operands as they are.
+        let pairs = _mm512_maddubs_epi16(blk.w[j], y);
+        isum = _mm512_dpwssd_epi32(isum, pairs, blk.s[j]);
+    }
+    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), *acc);
+    // `gs` holds minus each group's sum: these are the mins' products, negated.
+    let gs = _mm256_loadu_si256(a.gs.as_ptr().add(GROUPS * sb).cast());
+    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+    let neg = _mm256_cvtepi32_ps(_mm256_mullo_epi32(blk.m, gs));
+    *mins = _mm256_fmadd_ps(dmin, neg, *mins);
+}
+
+/// One Q4_K row (or Q5_K, `FIVE`) of `nsb` super-blocks on an input with one scale per
+/// super-block, llama.cpp's Q4_K/Q5_K x Q8_K arithmetic (`q45_block`, `q45_add`). Read front
+/// to back as `row_q6_k_512` says why.
 /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them with one scale each.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -78,58 +181,76 @@ unsafe fn row_q45_k_512<const FIVE: bool, const PF: bool>(
     a: &Act,
 ) -> f32 {
     let bytes = if FIVE { Q5K_BYTES } else { Q4K_BYTES };
-    // The nibbles follow Q5_K's 32 bytes of fifth bits.
-    let nibbles = if FIVE { 48 } else { 16 };
-    let mut acc = _mm512_setzero_ps();
-    let mut mins = _mm256_setzero_ps();
-    let low = _mm512_set1_epi8(0x0F);
-    // Low nibbles in the register's first half, high ones in its second.
-    let nibble_shift = halves16(0, 4);
-    // Group pair j's word lanes take scale 2j (first half) and 2j + 1.
-    let picks = [0, 1, 2, 3].map(|j| halves16(2 * j, 2 * j + 1));
-    // Group pair j's fifth bits: bit 2j of each byte (first half), 2j + 1 (second half).
-    let fifth = [0, 1, 2, 3].map(|j| halves16(0x101 << (2 * j), 0x202 << (2 * j)));
-    let sixteen = _mm512_set1_epi8(16);
+    let c = Q45Consts::new();
+    let (mut acc, mut mins) = (_mm512_setzero_ps(), _mm256_setzero_ps());
     for sb in 0..nsb {
         let q = p.add(sb * bytes);
         if PF {
             prefetch_ahead(q, bytes);
         }
-        let qh = if FIVE {
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(16).cast()))
-        } else {
-            _mm512_setzero_si512()
-        };
-        // `d * d_x` and `dmin * d_x` (the f16 pair at the block's start).
-        let dx = _mm_set1_ps(*a.d.get_unchecked(GROUPS * sb));
-        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(q.cast::<i32>().read_unaligned()));
-        let dd = _mm_mul_ps(dd, dx);
-        let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(q.add(4), 12));
-        // Lanes past the eighth are never picked.
-        let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        let mut isum = _mm512_setzero_si512();
-        for (j, pick) in picks.iter().enumerate() {
-            let at = q.add(nibbles + 32 * j);
-            let nib = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.cast()));
-            let mut w = _mm512_and_si512(_mm512_srlv_epi16(nib, nibble_shift), low);
-            if FIVE {
-                let set = _mm512_test_epi8_mask(qh, fifth[j]);
-                w = _mm512_mask_add_epi8(w, set, w, sixteen);
-            }
-            let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * j) * QK).cast());
-            // Values 0..31 are unsigned operands as they are.
-            let pairs = _mm512_maddubs_epi16(w, y);
-            isum = _mm512_dpwssd_epi32(isum, pairs, _mm512_permutexvar_epi16(*pick, sc16));
-        }
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
-        // `gs` holds minus each group's sum: these are the mins' products, negated.
-        let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
-        let gs = _mm256_loadu_si256(a.gs.as_ptr().add(GROUPS * sb).cast());
-        let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        let neg = _mm256_cvtepi32_ps(_mm256_mullo_epi32(m32, gs));
-        mins = _mm256_fmadd_ps(dmin, neg, mins);
+        q45_add(&q45_block::<FIVE>(q, &c), a, sb, &mut acc, &mut mins);
     }
     _mm512_reduce_add_ps(acc) + hsum(mins)
+}
+
+/// Q4_K or Q5_K rows (`T`) against several inputs (a prompt's tokens): each super-block is
+/// decoded once (`q45_block`) and added to every input's sums (`q45_add`), each input's in
+/// the order `row_q45_k_512` adds them, so each output is that kernel's bit for bit. On inputs
+/// not all in the one-scale form, `chunk_512` once per input. Writes
+/// `out[i * out_stride + r]` for input `i` and row `r < rows`.
+/// Unsafe: the rows must be whole (`rows` of `row_bytes`, `stride` apart in `data`), the inputs
+/// must cover their columns, and `out` must hold those outputs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn many_512<const T: u8, const PF: bool>(
+    data: &[u8],
+    row_bytes: usize,
+    stride: usize,
+    acts: &[Act],
+    out: *mut f32,
+    out_stride: usize,
+    rows: usize,
+) {
+    let n = acts.len();
+    assert!(n <= MAX_INPUTS, "{n} inputs (at most {MAX_INPUTS})");
+    if acts.iter().any(|a| a.hs.is_empty()) {
+        for (i, a) in acts.iter().enumerate() {
+            // SAFETY: the caller's: input i's outputs are `rows` values from `i * out_stride`.
+            let o = std::slice::from_raw_parts_mut(out.add(i * out_stride), rows);
+            chunk_512::<T, PF>(data, row_bytes, stride, a, o);
+        }
+        return;
+    }
+    let mut nsb = 0;
+    for a in acts {
+        nsb = chunk_blocks(data, row_bytes, stride, a, rows, block_bytes(T));
+    }
+    let c = Q45Consts::new();
+    let bytes = block_bytes(T);
+    let mut acc = [_mm512_setzero_ps(); MAX_INPUTS];
+    let mut mins = [_mm256_setzero_ps(); MAX_INPUTS];
+    for r in 0..rows {
+        // SAFETY: `chunk_blocks` checked that the rows and the inputs are whole.
+        let p = data.as_ptr().add(r * stride);
+        acc[..n].fill(_mm512_setzero_ps());
+        mins[..n].fill(_mm256_setzero_ps());
+        for sb in 0..nsb {
+            let q = p.add(sb * bytes);
+            if PF {
+                prefetch_ahead(q, bytes);
+            }
+            let blk = if T == Q5K {
+                q45_block::<true>(q, &c)
+            } else {
+                q45_block::<false>(q, &c)
+            };
+            for (i, a) in acts.iter().enumerate() {
+                q45_add(&blk, a, sb, &mut acc[i], &mut mins[i]);
+            }
+        }
+        for i in 0..n {
+            *out.add(i * out_stride + r) = _mm512_reduce_add_ps(acc[i]) + hsum(mins[i]);
+        }
+    }
 }
 
 /// One Q6_K row of `nsb` super-blocks, llama.cpp's Q6_K x Q8_K arithmetic: a half-block's
