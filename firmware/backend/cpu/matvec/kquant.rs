@@ -135,8 +135,8 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
     }
 }
 
-/// The many-input kernel of K-quant type `ty` under `ks`, where there is one: Q4_K and Q5_K on
-/// AVX-512 VNNI (each super-block decoded once for a prompt's tokens).
+/// The many-input kernel of K-quant type `ty` under `ks`, where there is one: Q4_K, Q5_K and
+/// Q6_K on AVX-512 VNNI (each super-block decoded once for a prompt's tokens).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn avx2_many_fn(ty: GgmlType, ks: super::KernelSet) -> Option<super::ChunkManyFn> {
     use crate::backend::cpu::lowbit::x86::has_avx512_vnni;
@@ -148,6 +148,8 @@ pub(super) fn avx2_many_fn(ty: GgmlType, ks: super::KernelSet) -> Option<super::
         (GgmlType::Q4_K, false) => avx512::many_512::<Q4K, false>,
         (GgmlType::Q5_K, true) => avx512::many_512::<Q5K, true>,
         (GgmlType::Q5_K, false) => avx512::many_512::<Q5K, false>,
+        (GgmlType::Q6_K, true) => avx512::many_512::<Q6K, true>,
+        (GgmlType::Q6_K, false) => avx512::many_512::<Q6K, false>,
         _ => return None,
     })
 }

@@ -193,9 +193,10 @@ unsafe fn row_q45_k_512<const FIVE: bool, const PF: bool>(
     _mm512_reduce_add_ps(acc) + hsum(mins)
 }
 
-/// Q4_K or Q5_K rows (`T`) against several inputs (a prompt's tokens): each super-block is
-/// decoded once (`q45_block`) and added to every input's sums (`q45_add`), each input's in
-/// the order `row_q45_k_512` adds them, so each output is that kernel's bit for bit. On inputs
+/// Q4_K, Q5_K or Q6_K rows (`T`) against several inputs (a prompt's tokens): each super-block
+/// is decoded once (`q45_block`, `q6_block`) and added to every input's sums (`q45_add`,
+/// `q6_add`), each input's in the order the row kernel adds them, so each output is that
+/// kernel's bit for bit. On inputs
 /// not all in the one-scale form, `chunk_512` once per input. Writes
 /// `out[i * out_stride + r]` for input `i` and row `r < rows`.
 /// Unsafe: the rows must be whole (`rows` of `row_bytes`, `stride` apart in `data`), the inputs
@@ -223,6 +224,29 @@ pub(super) unsafe fn many_512<const T: u8, const PF: bool>(
     let mut nsb = 0;
     for a in acts {
         nsb = chunk_blocks(data, row_bytes, stride, a, rows, block_bytes(T));
+    }
+    if T == Q6K {
+        let c = Q6Consts::new();
+        let mut acc = [_mm512_setzero_ps(); MAX_INPUTS];
+        for r in 0..rows {
+            // SAFETY: `chunk_blocks` checked that the rows and the inputs are whole.
+            let p = data.as_ptr().add(r * stride);
+            acc[..n].fill(_mm512_setzero_ps());
+            for sb in 0..nsb {
+                let q = p.add(sb * Q6K_BYTES);
+                if PF {
+                    prefetch_ahead(q, Q6K_BYTES);
+                }
+                let blk = q6_block(q, &c);
+                for (i, a) in acts.iter().enumerate() {
+                    q6_add(&blk, a, sb, &mut acc[i]);
+                }
+            }
+            for (i, acc) in acc[..n].iter().enumerate() {
+                *out.add(i * out_stride + r) = _mm512_reduce_add_ps(*acc);
+            }
+        }
+        return;
     }
     let c = Q45Consts::new();
     let bytes = block_bytes(T);
@@ -253,66 +277,116 @@ pub(super) unsafe fn many_512<const T: u8, const PF: bool>(
     }
 }
 
-/// One Q6_K row of `nsb` super-blocks, llama.cpp's Q6_K x Q8_K arithmetic: a half-block's
-/// 64 bytes of low nibbles are groups 0 and 1 (low nibbles) and 2 and 3 (high nibbles),
-/// each pair meeting 64 contiguous input bytes, and its 32 bytes of high bit pairs,
-/// loaded into both register halves, give each group its two bits by one variable shift.
-/// Products added in pairs (`vpmaddubsw`, q <= 63: at most 2 * 63 * 127, exact in int16),
-/// then in pairs times each 16 values' int8 scale (`vpdpwssd`); the `- 32` of every
-/// weight is `-32 * sum_h sc_h * sum(q_x over h)`, from the input's sums of 16 (`hs`), so a
-/// super-block adds up in integers under its one `d * d_x`. The row is read front to
-/// back: decode streams the output head from DRAM, and rows taken four at a time (each
-/// 1,260 bytes at 1,536 columns) are four streams too short for the hardware prefetcher.
+/// A Q6_K super-block as the one-scale kernel reads it: per half n, groups 0 and 1 (`q[2n]`)
+/// and 2 and 3 (`q[2n + 1]`) as 64 values 0..63, their scales per word lane (`s`), the 16
+/// scales as words (`sc`) and the f16 `d` as a float.
+struct Q6Block {
+    q: [__m512i; 4],
+    s: [__m512i; 4],
+    sc: __m256i,
+    d: f32,
+}
+
+/// The registers of constants `q6_block` reads, made once per call.
+struct Q6Consts {
+    low: __m512i,
+    two_bits: __m512i,
+    /// Bits 2I, 2I + 1 of `qh` to bits 4, 5: left by 4 and 2 for groups 0 and 1 (the
+    /// register's halves), right by 0 and 2 for groups 2 and 3.
+    left01: __m512i,
+    right23: __m512i,
+    /// A register's 64 values are four runs of 16: word lanes 8k..8k + 8 take scale s + k.
+    picks: [__m512i; 4],
+}
+
+impl Q6Consts {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn new() -> Q6Consts {
+        let runs = |s: i32| {
+            let w = |k: i32| (s + k) * 0x1_0001;
+            let (a, b, c, d) = (w(0), w(1), w(2), w(3));
+            _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d)
+        };
+        Q6Consts {
+            low: _mm512_set1_epi8(0x0F),
+            two_bits: _mm512_set1_epi8(0x30),
+            left01: halves16(4, 2),
+            right23: halves16(0, 2),
+            picks: [runs(0), runs(4), runs(8), runs(12)],
+        }
+    }
+}
+
+/// Decodes the Q6_K super-block at `q`: a half-block's 64 bytes of low nibbles are groups 0
+/// and 1 (low nibbles) and 2 and 3 (high nibbles), and its 32 bytes of high bit pairs, loaded
+/// into both register halves, give each group its two bits by one variable shift.
+/// Unsafe: `q` must hold a whole super-block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_block(q: *const u8, c: &Q6Consts) -> Q6Block {
+    let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(192).cast()));
+    let sc512 = _mm512_castsi256_si512(sc);
+    let mut blk = Q6Block {
+        q: [_mm512_setzero_si512(); 4],
+        s: [_mm512_setzero_si512(); 4],
+        sc,
+        d: f16_at(q.add(208)),
+    };
+    for n in 0..2 {
+        let ql = _mm512_loadu_si512(q.add(64 * n).cast());
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(128 + 32 * n).cast()));
+        blk.q[2 * n] = _mm512_or_si512(
+            _mm512_and_si512(ql, c.low),
+            _mm512_and_si512(_mm512_sllv_epi16(qh, c.left01), c.two_bits),
+        );
+        blk.q[2 * n + 1] = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), c.low),
+            _mm512_and_si512(_mm512_srlv_epi16(qh, c.right23), c.two_bits),
+        );
+        blk.s[2 * n] = _mm512_permutexvar_epi16(c.picks[2 * n], sc512);
+        blk.s[2 * n + 1] = _mm512_permutexvar_epi16(c.picks[2 * n + 1], sc512);
+    }
+    blk
+}
+
+/// Adds super-block `sb` (`blk`) dotted with input `a` to `acc`: products added in pairs
+/// (`vpmaddubsw`, q <= 63: at most 2 * 63 * 127, exact in int16), then in pairs times each 16
+/// values' int8 scale (`vpdpwssd`); the `- 32` of every weight is `-32 * sum_h sc_h *
+/// sum(q_x over h)`, from the input's sums of 16 (`hs`), so a super-block adds up in integers
+/// under its one `d * d_x`. Unsafe: `a` must cover super-block `sb` with one scale.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_add(blk: &Q6Block, a: &Act, sb: usize, acc: &mut __m512) {
+    let d = blk.d * *a.d.get_unchecked(GROUPS * sb);
+    // `hs` holds minus the sums of 16: `32 * sum_h sc_h * (-sum_h)` starts the lanes.
+    let hs = _mm256_loadu_si256(a.hs.as_ptr().add(16 * sb).cast());
+    let start = _mm256_slli_epi32::<5>(_mm256_madd_epi16(blk.sc, hs));
+    let mut isum = _mm512_zextsi256_si512(start);
+    for k in 0..4 {
+        let y = _mm512_loadu_si512(a.qs.as_ptr().add((GROUPS * sb + 2 * k) * QK).cast());
+        // q <= 63: unsigned operands as they are.
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(blk.q[k], y), blk.s[k]);
+    }
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), *acc);
+}
+
+/// One Q6_K row of `nsb` super-blocks on an input with one scale per super-block, llama.cpp's
+/// Q6_K x Q8_K arithmetic (`q6_block`, `q6_add`). The row is read front to back: decode
+/// streams the output head from DRAM, and rows taken four at a time (each 1,260 bytes at 1,536
+/// columns) are four streams too short for the hardware prefetcher.
 /// Unsafe: the row must hold `nsb` super-blocks and `a` cover them with one scale each.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_q6_k_512<const PF: bool>(p: *const u8, nsb: usize, a: &Act) -> f32 {
+    let c = Q6Consts::new();
     let mut acc = _mm512_setzero_ps();
-    let low = _mm512_set1_epi8(0x0F);
-    let two_bits = _mm512_set1_epi8(0x30);
-    // Bits 2I, 2I + 1 of `qh` to bits 4, 5: left by 4 and 2 for groups 0 and 1 (the
-    // register's halves), right by 0 and 2 for groups 2 and 3.
-    let (left01, right23) = (halves16(4, 2), halves16(0, 2));
-    // A register's 64 values are four runs of 16: word lanes 8k..8k + 8 take scale s + k.
-    let runs = |s: i32| {
-        let w = |k: i32| (s + k) * 0x1_0001;
-        let (a, b, c, d) = (w(0), w(1), w(2), w(3));
-        _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d)
-    };
-    let picks = [runs(0), runs(4), runs(8), runs(12)];
     for sb in 0..nsb {
         let q = p.add(sb * Q6K_BYTES);
         if PF {
             prefetch_ahead(q, Q6K_BYTES);
         }
-        let d = f16_at(q.add(208)) * *a.d.get_unchecked(GROUPS * sb);
-        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(192).cast()));
-        // `hs` holds minus the sums of 16: `32 * sum_h sc_h * (-sum_h)` starts the lanes.
-        let hs = _mm256_loadu_si256(a.hs.as_ptr().add(16 * sb).cast());
-        let start = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, hs));
-        let mut isum = _mm512_zextsi256_si512(start);
-        let sc = _mm512_castsi256_si512(sc);
-        for n in 0..2 {
-            let b = GROUPS * sb + 4 * n;
-            let y01 = _mm512_loadu_si512(a.qs.as_ptr().add(b * QK).cast());
-            let y23 = _mm512_loadu_si512(a.qs.as_ptr().add((b + 2) * QK).cast());
-            let ql = _mm512_loadu_si512(q.add(64 * n).cast());
-            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(q.add(128 + 32 * n).cast()));
-            let q01 = _mm512_or_si512(
-                _mm512_and_si512(ql, low),
-                _mm512_and_si512(_mm512_sllv_epi16(qh, left01), two_bits),
-            );
-            let q23 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low),
-                _mm512_and_si512(_mm512_srlv_epi16(qh, right23), two_bits),
-            );
-            // q <= 63: unsigned operands as they are.
-            let s01 = _mm512_permutexvar_epi16(picks[2 * n], sc);
-            let s23 = _mm512_permutexvar_epi16(picks[2 * n + 1], sc);
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q01, y01), s01);
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q23, y23), s23);
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        q6_add(&q6_block(q, &c), a, sb, &mut acc);
     }
     _mm512_reduce_add_ps(acc)
 }
