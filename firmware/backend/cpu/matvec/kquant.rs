@@ -105,10 +105,16 @@ pub(super) fn scalar_chunk_fn(ty: GgmlType) -> ChunkFn {
     }
 }
 
+/// Whether `ks` runs the AVX-512 VNNI K-quant kernels (`avx512.rs`) on this CPU.
+#[cfg(target_arch = "x86_64")]
+fn zmm_kernels(ks: super::KernelSet) -> bool {
+    ks.avx512 && ks.vnni && crate::backend::cpu::lowbit::x86::has_avx512_vnni()
+}
+
 /// The AVX2 kernel of K-quant type `ty` in the VNNI form `ks` uses. Panics for any other type.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
-    use crate::backend::cpu::lowbit::x86::{has_avx512_vnni, VNNI_EVEX, VNNI_NONE, VNNI_VEX};
+    use crate::backend::cpu::lowbit::x86::{VNNI_EVEX, VNNI_NONE, VNNI_VEX};
     macro_rules! by_vnni {
         ($t:expr) => {
             match crate::backend::cpu::lowbit::vnni_form(ks) {
@@ -119,7 +125,7 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
         };
     }
     match ty {
-        _ if ks.avx512 && ks.vnni && has_avx512_vnni() => match (ty, ks.prefetch) {
+        _ if zmm_kernels(ks) => match (ty, ks.prefetch) {
             (GgmlType::Q4_K, true) => avx512::chunk_512::<Q4K, true>,
             (GgmlType::Q4_K, false) => avx512::chunk_512::<Q4K, false>,
             (GgmlType::Q5_K, true) => avx512::chunk_512::<Q5K, true>,
@@ -139,8 +145,7 @@ pub(super) fn avx2_chunk_fn(ty: GgmlType, ks: super::KernelSet) -> ChunkFn {
 /// Q6_K on AVX-512 VNNI (each super-block decoded once for a prompt's tokens).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn avx2_many_fn(ty: GgmlType, ks: super::KernelSet) -> Option<super::ChunkManyFn> {
-    use crate::backend::cpu::lowbit::x86::has_avx512_vnni;
-    if !(ks.avx512 && ks.vnni && has_avx512_vnni()) {
+    if !zmm_kernels(ks) {
         return None;
     }
     Some(match (ty, ks.prefetch) {
