@@ -32,8 +32,14 @@ fn check_gpu() -> usize {
         println!("skipped: LEANSTREAM_HIL_MODELS names no models");
         return 0;
     };
+    let ggufs: Vec<&str> = list.split(',').filter(|p| p.ends_with(".gguf")).collect();
+    if ggufs.is_empty() {
+        // It checks GGUF models only: say so rather than pass having checked none.
+        println!("skipped: no GGUF among LEANSTREAM_HIL_MODELS ({list})");
+        return 0;
+    }
     let mut checked = 0;
-    for path in list.split(',').filter(|p| p.ends_with(".gguf")) {
+    for path in ggufs {
         let file = ModelFile::open(std::path::Path::new(path)).expect("model opens");
         let vocab = file.hyper().unwrap().vocab_size as u32;
         // Two prompts of one length (what a daemon serving one client's turns sees), longer
