@@ -50,3 +50,9 @@ cp scripts/hil-run.sh scripts/hil-setup.sh scripts/hil-cublas.sh scripts/hil-lla
 cp -r bench-shapes "$out/"
 cp .whl/gguf-*.whl "$out/.whl/"
 du -sh "$out"; ls -la "$out" "$out/models"
+# A device call carries the tracked tree, shared/ and the carried paths, 64 MiB in all
+# (docs/HIL.md round 26): say what that comes to, so a call is not refused at the door.
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+staged=$(du -sb "$out" | cut -f1)
+echo "device call: tracked tree $((tree >> 20)) MiB + $out $((staged >> 20)) MiB = $(((tree + staged) >> 20)) MiB of 64"
+[ $((tree + staged)) -lt $((64 << 20)) ] || echo "over 64 MiB: carry the binaries and stories260K only (the cut GGUF models are what the streamed-engine tests and cuda-no-alloc need)"
