@@ -78,6 +78,11 @@ fn chunk_blocks(
         "the input is not quantized over {} columns",
         nsb * GROUPS * QK
     );
+    // The one-scale form's sums of 16 (`Act::hs`), where it has them.
+    assert!(
+        a.hs.is_empty() || a.hs.len() >= nsb * 2 * GROUPS,
+        "sums of 16 over {nsb} super-blocks"
+    );
     nsb
 }
 

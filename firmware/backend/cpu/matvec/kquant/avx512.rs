@@ -31,10 +31,6 @@ pub(super) unsafe fn chunk_512<const T: u8, const PF: bool>(
         // No per-32 zmm kernel for Q5_K: the ymm one, four rows at a time.
         return super::x86::chunk::<Q5K, VNNI_EVEX>(data, row_bytes, stride, a, out);
     }
-    assert!(
-        !one_scale || a.hs.len() >= nsb * 16,
-        "sums of 16 over {nsb} super-blocks"
-    );
     let base = data.as_ptr();
     for (r, o) in out.iter_mut().enumerate() {
         // SAFETY: `chunk_blocks` checked that the rows and the input are whole, and (the
