@@ -1,8 +1,8 @@
 //! The decode step on the GPU: the same forward pass as `Engine::forward` (engine/mod.rs), as a
-//! fixed sequence of kernel launches (`record_step`, readable top to bottom) that boot captures
-//! once into a CUDA graph. The token and position live in device memory and the last kernel
-//! advances them, so a step is one graph launch: launch overhead, which rules small models, is
-//! paid once per token instead of once per kernel.
+//! fixed sequence of kernel launches (`record_step` in cuda_launch.rs, readable top to bottom)
+//! that boot captures once into a CUDA graph. The token and position live in device memory and
+//! the last kernel advances them, so a step is one graph launch: launch overhead, which rules
+//! small models, is paid once per token instead of once per kernel.
 
 use super::cuda_options::{
     CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
@@ -10,13 +10,13 @@ use super::cuda_options::{
 };
 use super::{Arenas, Decoder, EngineError};
 use crate::backend::cuda::driver::{
-    CudaError, CudaResult, DeviceBuffer, Function, Gpu, Graph, KernelArgs, MappedHost, Module,
+    CudaError, CudaResult, DeviceBuffer, Function, Gpu, Graph, MappedHost, Module,
 };
 use crate::backend::cuda::ptx_for;
 use crate::backend::cuda::weights::{GpuType, ImageWriter, MatLayout, SWIGLU_TILE};
 use crate::board::MemoryModel;
 use crate::boot::{ArenaKind, Plan};
-use crate::model::{Hyper, ModelFile, RopeStyle};
+use crate::model::{Hyper, ModelFile};
 use crate::quant::{Precision, Role};
 
 #[path = "cuda_stream.rs"]
@@ -32,6 +32,10 @@ pub use attention::AttentionSplit;
 #[path = "cuda_prefill.rs"]
 mod prefill;
 pub use prefill::PrefillBuffers;
+
+#[path = "cuda_launch.rs"]
+mod launch;
+use launch::{mv_config, Finish, Input};
 pub use stream::{Prioritization, StreamedBoot};
 
 /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
@@ -155,90 +159,6 @@ struct Activations {
     acount: u64,
 }
 
-/// What the last block of a product prepares for the next kernel (kernels-ptx/decode.cu).
-#[derive(Clone, Copy)]
-enum Finish {
-    None,
-    /// RMSNorm of the residual `x` with these weights.
-    Norm(u64),
-    /// SwiGLU of [gate | up].
-    SwiGlu,
-    /// SwiGLU of gate/up stacked tile by tile, each tile by the last block to finish it.
-    SwiGluTiles,
-    /// The greedy pick over the logits; advances the step's state.
-    Argmax,
-}
-
-/// Where a product reads its input.
-#[derive(Clone, Copy)]
-enum Input {
-    /// `xf`/`xq`, prepared by the kernel before.
-    Prepared,
-    /// The residual, normed with these weights by each block itself (`_prep` kernels).
-    NormedInBlock(u64),
-    /// `hf`/`hq`: SwiGLU of gate/up.
-    FfnHidden,
-}
-
-/// Threads of a product kernel's block.
-const MV_THREADS: usize = 256;
-/// Rows each group of threads computes at once (MV_R in decode.cu).
-const MV_R: usize = 2;
-
-/// Units a thread of a wide product takes per round (MV_WIDE in decode.cu).
-const MV_WIDE: usize = 4;
-
-/// How a product is launched: which kernel, threads per row, blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MvConfig {
-    wide: bool,
-    tpr: usize,
-    grid: usize,
-}
-
-/// The launch of a product over `m` on a GPU of `sm_count` multiprocessors. A row is `units`
-/// units (a block of 32 for the integer types, 16 bytes of an f16 row, 4 floats of f32). Narrow:
-/// about one unit per thread, threads per row a power of two in 8..=256. Wide: MV_WIDE units per
-/// thread, a quarter of the threads per row, so four times the bytes in flight per thread and
-/// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
-/// products (most of a small model's step) stay narrow: there a step is a chain of short
-/// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
-/// layers, any model's logits) go wide, where bandwidth decides.
-fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> MvConfig {
-    let units = match m.ty {
-        GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
-        GpuType::F32 if m.cols.is_multiple_of(4) => m.cols / 4,
-        GpuType::F16 | GpuType::F32 => m.cols,
-        _ => m.cols / 32,
-    };
-    let config = |wide: bool| {
-        let per_thread = if wide { MV_WIDE } else { 1 };
-        let tpr = units
-            .div_ceil(per_thread)
-            .next_power_of_two()
-            .clamp(8, MV_THREADS);
-        let grid = m.rows.div_ceil(MV_THREADS / tpr * MV_R);
-        MvConfig { wide, tpr, grid }
-    };
-    // f32 rows and rows not in whole units have no wide kernel.
-    let wide_kernel = match m.ty {
-        GpuType::F32 => false,
-        GpuType::F16 => m.cols.is_multiple_of(8),
-        _ => true,
-    };
-    let wide = config(true);
-    let take_wide = match kernels {
-        ProductKernels::Auto => wide.grid >= sm_count.max(1),
-        ProductKernels::Narrow => false,
-        ProductKernels::Wide => true,
-    };
-    if wide_kernel && take_wide {
-        wide
-    } else {
-        config(false)
-    }
-}
-
 /// Fields drop in order: everything made on the GPU goes before `gpu` (declared last).
 pub struct CudaEngine<'a> {
     _module: Module,
@@ -330,282 +250,6 @@ impl<'a> CudaEngine<'a> {
     /// The sampler's sort buffer (vocab entries); handed out once.
     pub fn take_sample_buffer(&mut self) -> Option<&'a mut [u32]> {
         self.sample_idx.take()
-    }
-
-    /// Every kernel of one decode step, in order. Reads the token and position from
-    /// `state` and leaves the next greedy token and position there.
-    fn record_step(&self) -> CudaResult<()> {
-        self.record_embed()?;
-        for (l, w) in self.layers.iter().enumerate() {
-            self.record_attention(l, w)?;
-            self.record_ffn(l, w)?;
-        }
-        self.record_head()
-    }
-
-    /// Embedding of the token, and the first layer's normed input.
-    fn record_embed(&self) -> CudaResult<()> {
-        let h = &self.hyper;
-        let (g, k, a) = (&self.gpu, &self.k, &self.a);
-        let e = &self.embd;
-        let first_norm = self
-            .layers
-            .first()
-            .map_or(self.output_norm, |l| l.attn_norm);
-        g.launch(
-            k.embed,
-            1,
-            256,
-            KernelArgs::default()
-                .i32(e.ty as i32)
-                .ptr(e.q)
-                .ptr(e.d)
-                .ptr(e.m)
-                .ptr(e.qh)
-                .i32(h.dim as i32)
-                .ptr(a.state)
-                .ptr(a.x)
-                .ptr(first_norm)
-                .f32(h.norm_eps)
-                .ptr(a.xf)
-                .ptr(a.xq)
-                .i32(self.pdl),
-        )
-    }
-
-    /// Layer `l`'s part of the cache: (keys, values, key scales, value scales, channel scales).
-    fn layer_cache(&self, l: usize) -> (u64, u64, u64, u64, u64) {
-        let h = &self.hyper;
-        let kv_dim = h.n_kv_heads * h.head_dim;
-        let ctx = self.context;
-        let value_bytes = if self.int8_kv { 1 } else { 4 };
-        let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-        let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
-        let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {
-            b.as_ref().map_or(0, |b| b.ptr + (l * per_layer * 4) as u64)
-        };
-        let per_layer_scales = ctx * kv_dim / 32;
-        (
-            kc,
-            vc,
-            scales_at(&self.kv.k_scales, per_layer_scales),
-            scales_at(&self.kv.v_scales, per_layer_scales),
-            scales_at(&self.kv.key_scale, kv_dim),
-        )
-    }
-
-    /// Layer `l`'s attention, added to the residual, whose norm it leaves for the FFN.
-    fn record_attention(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
-        let h = &self.hyper;
-        let (g, k, a) = (&self.gpu, &self.k, &self.a);
-        let head_dim = h.head_dim;
-        let (kc, vc, ks, vs, key_scale) = self.layer_cache(l);
-        // Attention: q, k, v of the normed input.
-        for &(m, off) in &w.qkv {
-            let bias = if w.qkv_bias != 0 {
-                w.qkv_bias + off as u64 * 4
-            } else {
-                0
-            };
-            let out = a.qkv + off as u64 * 4;
-            self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
-        }
-        // Each head rotates its q and k, attends over positions 0..=pos of its KV head
-        // (storing k and v of pos; split over up to `max_slices` blocks once the context
-        // is long; on sm_90 a head's blocks are a thread block cluster up to `cluster_until`),
-        // and writes wo's input; meanwhile at least `pf_blocks` more blocks pull the weights
-        // from wo on into L2.
-        let (pf_from, pf_lines, pf_blocks) = self.prefetch_after_attention(w);
-        let grid = self
-            .split
-            .grid(self.split.blocks(h).max(h.n_heads + pf_blocks));
-        let mut args = KernelArgs::default();
-        args.ptr(a.qkv)
-            .i32(h.n_heads as i32)
-            .i32(h.n_kv_heads as i32)
-            .i32(head_dim as i32)
-            .f32(h.rope_base)
-            .i32((h.rope_style == RopeStyle::HalfSplit) as i32)
-            .ptr(a.state)
-            .ptr(kc)
-            .ptr(vc)
-            .ptr(ks)
-            .ptr(vs)
-            .ptr(key_scale)
-            .ptr(a.xf)
-            .ptr(if w.wo.ty.int8_activations() { a.xq } else { 0 })
-            .ptr(pf_from)
-            .i32(pf_lines as i32)
-            .ptr(a.apart)
-            .ptr(a.acount)
-            .i32(self.split.max_slices as i32)
-            .i32(self.attention_slice as i32)
-            .i32(self.split.max_group_slices as i32)
-            .i32(self.split.group_from as i32)
-            .i32(self.split.cluster as i32)
-            .i32(self.split.cluster_slice as i32)
-            .i32(self.split.cluster_until as i32)
-            .i32(self.pdl);
-        match self.split.cluster {
-            0 => g.launch(k.attention, grid as u32, 1024, &mut args)?,
-            c => g.launch_cluster(k.attention_cluster, grid as u32, 1024, c as u32, &mut args)?,
-        }
-        // Added to the residual (whose norm is the FFN's input).
-        self.matvec(
-            &w.wo,
-            Input::Prepared,
-            a.x,
-            0,
-            true,
-            self.norm_tail(w.ffn_norm),
-        )?;
-        Ok(())
-    }
-
-    /// Layer `l`'s FFN in memory, added to the residual, whose norm it leaves for the next.
-    fn record_ffn(&self, l: usize, w: &GpuLayer) -> CudaResult<()> {
-        let a = &self.a;
-        // Feed-forward: gate and up, then SwiGLU: tile by tile as the blocks finish, or by
-        // the last block of the last launch; down is added to the residual and norms it
-        // for the next layer (or the output).
-        let n_gu = w.gate_up.len();
-        for (i, &(m, off)) in w.gate_up.iter().enumerate() {
-            let out = a.gu + off as u64 * 4;
-            let fin = if w.gate_up_tiled {
-                Finish::SwiGluTiles
-            } else if i + 1 == n_gu {
-                Finish::SwiGlu
-            } else {
-                Finish::None
-            };
-            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin)?;
-        }
-        let next_norm = self
-            .layers
-            .get(l + 1)
-            .map_or(self.output_norm, |n| n.attn_norm);
-        let fin = self.norm_tail(next_norm);
-        let down = w.down.as_ref().expect("an FFN in memory");
-        self.matvec(down, Input::FfnHidden, a.x, 0, true, fin)?;
-        Ok(())
-    }
-
-    fn record_head(&self) -> CudaResult<()> {
-        let a = &self.a;
-        // Logits, and the greedy pick that advances the state.
-        let normed = self.normed(self.output_norm);
-        self.matvec(&self.output, normed, a.logits, 0, false, Finish::Argmax)
-    }
-
-    /// What the attention launch pulls into L2 for the products after it: from wo's first
-    /// array up to down's (wo, the FFN norm, gate/up: the image keeps a layer's arrays in this
-    /// order), at most half of the L2, as 128-byte lines; and how many blocks do it (one per
-    /// multiprocessor, each of 1024 threads, so one line or a few each).
-    fn prefetch_after_attention(&self, w: &GpuLayer) -> (u64, usize, usize) {
-        if !self.prefetch {
-            return (0, 0, 0);
-        }
-        match &w.down {
-            Some(down) => prefetch_span(w.wo.q, down.q, self.gpu.l2_bytes, self.gpu.sm_count),
-            None => (0, 0, 0),
-        }
-    }
-
-    /// The input of a product that reads the residual normed with `nw`: made in each of its
-    /// blocks, or already prepared by the tail of the product before.
-    fn normed(&self, nw: u64) -> Input {
-        if self.in_block_norm {
-            Input::NormedInBlock(nw)
-        } else {
-            Input::Prepared
-        }
-    }
-
-    /// What a product that adds to the residual leaves for the next one, which reads it normed
-    /// with `nw`: nothing when that one norms it itself, else the tail.
-    fn norm_tail(&self, nw: u64) -> Finish {
-        if self.in_block_norm {
-            Finish::None
-        } else {
-            Finish::Norm(nw)
-        }
-    }
-
-    /// `out = (acc ? out : 0) + W in + bias`, then `fin`; `in` as `input` says.
-    fn matvec(
-        &self,
-        m: &Mat,
-        input: Input,
-        out: u64,
-        bias: u64,
-        acc: bool,
-        fin: Finish,
-    ) -> CudaResult<()> {
-        let h = &self.hyper;
-        let a = &self.a;
-        let mv = mv_config(m, self.gpu.sm_count as usize, self.products);
-        let (in_xf, in_xq, norm) = match input {
-            Input::Prepared => (a.xf, a.xq, None),
-            Input::NormedInBlock(nw) => (a.xf, a.xq, Some(nw)),
-            Input::FfnHidden => (a.hf, a.hq, None),
-        };
-        let (fin_xf, fin_xq) = match fin {
-            Finish::SwiGlu | Finish::SwiGluTiles => (a.hf, a.hq),
-            _ => (a.xf, a.xq),
-        };
-        let f = self.k.matvec[type_slot(m.ty).0][mv.wide as usize + 2 * norm.is_some() as usize];
-        // The block's own input: floats for the float kernels, else int8 blocks with their
-        // scales and sums (the layout of `xq`).
-        let shared = match (norm, m.ty.int8_activations()) {
-            (None, _) => 0,
-            (Some(_), false) => m.cols * 4,
-            (Some(_), true) => m.cols + m.cols / 32 * 8,
-        };
-        let (fin_mode, fin_src, fin_nw, fin_n) = match fin {
-            Finish::None => (0, 0, 0, 0),
-            Finish::Norm(nw) => (1, a.x, nw, h.dim),
-            Finish::SwiGlu => (2, a.gu, 0, h.hidden_dim),
-            Finish::Argmax => (3, 0, 0, 0),
-            Finish::SwiGluTiles => (4, a.gu, 0, h.hidden_dim),
-        };
-        let counter = match fin {
-            Finish::SwiGluTiles => a.swiglu_tiles,
-            _ => a.counter,
-        };
-        let mut args = KernelArgs::default();
-        args.ptr(m.q)
-            .ptr(m.d)
-            .ptr(m.m)
-            .ptr(m.qh)
-            .i32(m.rows as i32)
-            .i32(m.cols as i32)
-            .i32(mv.tpr as i32)
-            .ptr(in_xf)
-            .ptr(in_xq)
-            .ptr(out)
-            .ptr(bias)
-            .i32(acc as i32)
-            .i32(fin_mode)
-            .ptr(fin_src)
-            .ptr(fin_nw)
-            .i32(fin_n as i32)
-            .ptr(fin_xf)
-            .ptr(fin_xq)
-            .f32(h.norm_eps)
-            .ptr(counter)
-            .ptr(a.part)
-            .ptr(a.state)
-            .ptr(self.host_tokens.dev)
-            .ptr(a.x)
-            .ptr(norm.unwrap_or(0))
-            .i32(self.pdl);
-        self.gpu.launch_shared(
-            f,
-            mv.grid as u32,
-            MV_THREADS as u32,
-            shared as u32,
-            &mut args,
-        )
     }
 
     /// How attention splits over blocks, as boot chose it for this GPU and model.
@@ -737,17 +381,6 @@ fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len() * 4) }
 }
 
-/// The prefetch of `start..end` (device addresses) on a GPU with `l2_bytes` of L2 and
-/// `sm_count` multiprocessors: from `start`, at most half the L2, in whole 128-byte lines, by
-/// one block per multiprocessor; nothing when the span is empty.
-fn prefetch_span(start: u64, end: u64, l2_bytes: i32, sm_count: i32) -> (u64, usize, usize) {
-    let bytes = (end.saturating_sub(start) as usize).min(l2_bytes.max(0) as usize / 2);
-    if bytes < 128 {
-        return (0, 0, 0);
-    }
-    (start, bytes / 128, sm_count.max(1) as usize)
-}
-
 fn fault(e: CudaError) -> ! {
     panic!("GPU fault during decode: {e}")
 }
@@ -804,35 +437,6 @@ mod tests {
     use super::*;
     use crate::engine::cuda_options::int8_kv;
 
-    fn mat(ty: GpuType, rows: usize, cols: usize) -> Mat {
-        Mat {
-            ty,
-            rows,
-            cols,
-            q: 0,
-            d: 0,
-            m: 0,
-            qh: 0,
-        }
-    }
-
-    /// The prefetch during attention: half the L2 at most (H200: 50 MiB, Orin: 4 MiB), whole
-    /// lines, one block per multiprocessor, nothing for an empty or reversed span.
-    #[test]
-    fn prefetch_spans_half_the_l2_at_most() {
-        let mib = 1 << 20;
-        // 1.5B q8_0: wo and gate/up are 32 MB, more than half the H200's L2.
-        assert_eq!(
-            prefetch_span(4096, 4096 + 32 * mib as u64, 50 * mib, 132),
-            (4096, 25 * mib as usize / 128, 132)
-        );
-        // A small layer fits whole; a part line is left out.
-        assert_eq!(prefetch_span(0, 1000, 4 * mib, 16), (0, 7, 16));
-        assert_eq!(prefetch_span(0, 64, 4 * mib, 16), (0, 0, 0));
-        assert_eq!(prefetch_span(5000, 4096, 50 * mib, 132), (0, 0, 0));
-        assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
-    }
-
     /// The int8 cache where the CPU keeps one and the kernel takes the head (16 values a
     /// lane, at most 8 lanes): SmolLM2 and Qwen2.5 (heads of 64 and 128) at w8a8/w4a8; f32
     /// for f16/native, `f32_kv`, stories260K's heads of 8 and heads of 256.
@@ -865,54 +469,6 @@ mod tests {
                         let entry = format!(".entry matvec_{stem}{wide}{prep}(");
                         assert!(ptx.contains(&entry), "{cc:?}: no {entry}");
                     }
-                }
-            }
-        }
-    }
-
-    /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
-    /// otherwise; every launch covers each row in whole rounds and every row of the matrix.
-    #[test]
-    fn products_go_wide_only_when_they_fill_the_gpu() {
-        let sms = 132;
-        // Llama-2-7B's [gate | up] at q4_0: 128 units a row, 32 threads x 4 units.
-        let gate_up = mat(GpuType::Q4_0, 2 * 11008, 4096);
-        let c = mv_config(&gate_up, sms, ProductKernels::Auto);
-        assert_eq!((c.wide, c.tpr, c.grid), (true, 32, 22016 / 16));
-        // SmolLM2's [q | k | v]: 18 units a row; wide would give 15 blocks.
-        let qkv = mat(GpuType::Q4_0, 960, 576);
-        let c = mv_config(&qkv, sms, ProductKernels::Auto);
-        assert_eq!((c.wide, c.tpr, c.grid), (false, 32, 960 / 16));
-        assert!(mv_config(&qkv, sms, ProductKernels::Wide).wide);
-        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow).wide);
-        // f32 rows have no wide kernel, whatever is asked.
-        assert!(!mv_config(&mat(GpuType::F32, 32000, 4096), sms, ProductKernels::Wide).wide);
-        for ty in [GpuType::F16, GpuType::Q8_0, GpuType::Q4_1, GpuType::F32] {
-            for (rows, cols) in [(49152, 576), (4096, 11008), (151936, 896), (64, 64)] {
-                for k in [
-                    ProductKernels::Auto,
-                    ProductKernels::Narrow,
-                    ProductKernels::Wide,
-                ] {
-                    let m = mat(ty, rows, cols);
-                    let c = mv_config(&m, sms, k);
-                    let units = if ty == GpuType::F16 {
-                        cols / 8
-                    } else if ty == GpuType::F32 {
-                        cols / 4
-                    } else {
-                        cols / 32
-                    };
-                    let per_thread = if c.wide { MV_WIDE } else { 1 };
-                    assert!(c.tpr.is_power_of_two() && (8..=MV_THREADS).contains(&c.tpr));
-                    assert!(
-                        c.tpr * per_thread >= units || c.tpr == MV_THREADS,
-                        "{ty:?} {rows}x{cols} {c:?}"
-                    );
-                    assert!(
-                        c.grid * (MV_THREADS / c.tpr) * MV_R >= rows,
-                        "{ty:?} {rows}x{cols} {c:?}"
-                    );
                 }
             }
         }
