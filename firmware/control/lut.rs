@@ -264,7 +264,7 @@ impl Lut {
             .count()
     }
 
-    /// LUT[l][s]: the plan index.
+    /// `LUT[l][s]`: the plan index.
     pub fn entry(&self, l: usize, s: usize) -> usize {
         self.file.entries[l * self.states() + s] as usize
     }

@@ -111,7 +111,7 @@ pub fn perplexity(
     })
 }
 
-/// -log softmax(logits)[target], computed stably in f64.
+/// `-log softmax(logits)[target]`, computed stably in f64.
 pub fn negative_log_likelihood(logits: &[f32], target: usize) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();

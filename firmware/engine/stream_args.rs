@@ -150,7 +150,7 @@ pub struct StreamOptions {
     pub merge_blocks: Option<usize>,
 }
 
-/// What the streamed FFN has done since boot (or the last [`StreamedFfn::reset_stats`]).
+/// What the streamed FFN has done since boot (or the last `StreamedFfn::reset_stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StreamStats {
     pub cache: CacheStats,

@@ -21,17 +21,17 @@ pub struct Tap<'a> {
     pub dim: usize,
     pub hidden: usize,
     pub stages: usize,
-    /// [L][dim]
+    /// `[L][dim]`
     pub residual: &'a mut [f32],
-    /// [L][dim]
+    /// `[L][dim]`
     pub input: &'a mut [f32],
-    /// [L][K][dim]
+    /// `[L][K][dim]`
     pub stage_priority: &'a mut [f32],
-    /// [L][K][dim]
+    /// `[L][K][dim]`
     pub stage_index: &'a mut [f32],
-    /// [L][hidden]
+    /// `[L][hidden]`
     pub gate_act: &'a mut [f32],
-    /// [L][hidden]
+    /// `[L][hidden]`
     pub neuron_act: &'a mut [f32],
     thresholds: &'a mut [f32],
     mask: &'a mut [f32],

@@ -54,9 +54,9 @@ impl Arch {
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
-    /// Rotate (x[2i], x[2i+1]): llama in GGUF (ggml "normal" mode) and llama2.c.
+    /// Rotate `(x[2i], x[2i+1])`: llama in GGUF (ggml "normal" mode) and llama2.c.
     AdjacentPairs,
-    /// Rotate (x[i], x[i + head_dim/2]): ggml NEOX mode, qwen2.
+    /// Rotate `(x[i], x[i + head_dim/2])`: ggml NEOX mode, qwen2.
     HalfSplit,
 }
 

@@ -434,7 +434,7 @@ pub fn convert_to_ggml(
     }
 }
 
-/// GGML Q4_0 block (`d`, byte j = q[j] | q[j+16] << 4) as (d, q in natural order).
+/// GGML Q4_0 block (`d`, byte j = `q[j] | q[j+16] << 4`) as (d, q in natural order).
 pub fn q4_0_group(blk: &[u8]) -> (u16, [u8; GROUP]) {
     let d = u16::from_le_bytes([blk[0], blk[1]]);
     let mut q = [0u8; GROUP];

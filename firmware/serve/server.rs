@@ -7,7 +7,7 @@
 //! - A slot thread reads the request into its fixed buffer under the read deadline (408),
 //!   answers GETs and every malformed request itself, validates completions, and queues them;
 //!   a full queue is a 503 at once.
-//! - The engine thread ([`super::job`]) parses the queued request again into its own buffers,
+//! - The engine thread (`super::job`) parses the queued request again into its own buffers,
 //!   renders the chat template, tokenizes, decodes, and writes the response into the slot's
 //!   [`Outbox`]; it never touches a socket. The slot thread sends the outbox to its client with
 //!   a short limit per write. A client that hangs up is noticed within [`TICK`] and its

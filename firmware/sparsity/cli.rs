@@ -21,7 +21,7 @@ pub struct SparsityArgs {
     #[arg(long, default_value = "glu")]
     pub score: String,
     /// Thresholds table for oracle mode, made by `leanstream calibrate` (default:
-    /// <model file stem>.thresh in tables/ of the working directory, beside the model, or in the
+    /// `<model file stem>.thresh` in tables/ of the working directory, beside the model, or in the
     /// repository's tables/). A table given is checked against the model in every mode.
     #[arg(long)]
     pub thresholds: Option<PathBuf>,

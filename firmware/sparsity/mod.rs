@@ -2,7 +2,7 @@
 //!
 //! - `bundle`: the FFN of a layer held as neuron bundles (gate row j, up row j and down column
 //!   j of neuron j stored together), built at boot in the FFN arena, and the sparse SwiGLU over
-//!   a chosen set of neurons ([`SparseFfn::forward`]).
+//!   a chosen set of neurons (`SparseFfn::forward`).
 //! - `thresholds`: per-layer thresholds on |SiLU(gate) * up| (or |SiLU(gate)|, as in CATS)
 //!   that drop a fraction S of neurons on average, calibrated by `leanstream calibrate` and kept
 //!   in a `tables/` file (kind "thresh").

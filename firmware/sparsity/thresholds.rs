@@ -45,7 +45,7 @@ pub struct ThresholdLevel {
     pub glu: Vec<f32>,
     /// Per layer, on |SiLU(gate)|.
     pub gate: Vec<f32>,
-    /// The dropped-neuron means for each score: [layer][neuron] and [layer][output].
+    /// The dropped-neuron means for each score: `[layer][neuron]` and `[layer][output]`.
     pub glu_dropped: DroppedMean,
     pub gate_dropped: DroppedMean,
 }

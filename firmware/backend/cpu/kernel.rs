@@ -1,5 +1,5 @@
 //! The CPU kernels' shared vocabulary: which implementation runs ([`Kernel`], detected once,
-//! forced by tests and ablations), the input as the kernels see it ([`Act`]), and the chunk
+//! forced by tests and ablations), the input as the kernels see it (`Act`), and the chunk
 //! function types of the low-bit kernels. It sits below both the dispatcher (`matvec`) and the
 //! kernels (`lowbit`), so neither imports the other's internals.
 

@@ -70,7 +70,7 @@ impl Blas {
         }
     }
 
-    /// y[t][r] = beta y[t][r] + W[r] . x[t] for r < rows, t < n: W rows x cols f16 (rows
+    /// `y[t][r] = beta y[t][r] + W[r] . x[t]` for r < rows, t < n: W rows x cols f16 (rows
     /// `cols` apart), x n x cols f16 (rows `ldx` apart), y f32 (rows `ldy` apart). cuBLAS is
     /// column-major: this is C (rows x n) = W^T' (W as cols x rows) times x (cols x n).
     #[allow(clippy::too_many_arguments)]

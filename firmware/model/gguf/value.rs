@@ -74,7 +74,7 @@ impl Array {
 }
 
 impl Value {
-    /// The GGUF encoding of this value: its type id and bytes, as [`read_value`] reads them
+    /// The GGUF encoding of this value: its type id and bytes, as `read_value` reads them
     /// (`leanstream requant` copies a file's metadata through it).
     pub fn encode(&self) -> (u32, Vec<u8>) {
         match self {
