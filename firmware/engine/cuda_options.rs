@@ -23,7 +23,7 @@ pub struct CudaOptions {
     pub precision: Precision,
     /// Keep the KV cache f32 at w8a8 and w4a8 (`bench --compare-f32-kv`). Otherwise those
     /// precisions store int8 keys and values with a scale per group of 32, in the CPU's
-    /// format and arithmetic (kv/mod.rs, token-major), where `int8_kv` allows (heads of whole
+    /// format and arithmetic (kv/layout.rs, kv/attend.rs; token-major), where `int8_kv` allows (heads of whole
     /// groups of 32, at most 128 wide). The int8 cache is a quarter of the bytes: 4x the
     /// context in the same KV arena, and a quarter of the reads where bandwidth decides.
     pub f32_kv: bool,

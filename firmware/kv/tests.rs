@@ -1,3 +1,4 @@
+use super::attend::dot;
 use super::*;
 
 struct Bufs {

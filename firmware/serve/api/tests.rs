@@ -1,7 +1,11 @@
 //! The OpenAI request parsers and response writers, on good and bad input.
 
 use super::*;
+use crate::engine::generate::{FinishReason, MAX_STOP_BYTES};
+use crate::serve::json::{self, Utf8Carry};
 use crate::serve::FixedBuf;
+use crate::tokenizer::chat::ChatMessage;
+use core::fmt;
 use std::string::String;
 
 fn completion(body: &str) -> Result<CompletionRequest<'static>, ApiError> {
