@@ -329,7 +329,7 @@ fn check_parity(file: &ModelFile, name: &str, precisions: &[Precision]) {
 /// integer kernels within the parity gate, narrow and wide, in both memory models. The GPU
 /// quantizes their input with a scale per 32 values, the CPU with one per 256 (its K-quant
 /// form, `KernelSet::superblock_scales`): 2.4e-2 apart on this random model (round 26), where
-/// the CPU's two forms are 3.6e-2 apart (lowbit.rs); 8.6e-4 when the CPU also took 32.
+/// the CPU's two forms are 2.4e-2 apart by the same figure (lowbit.rs); 8.6e-4 when the CPU also took 32.
 #[test]
 fn cuda_runs_k_quants_in_their_stored_blocks_as_the_cpu() {
     if let Err(why) = probe() {
