@@ -71,8 +71,8 @@ fn sixteen<const V: u8>(avx512: bool) -> bool {
 pub(super) fn chunk_for<const V: u8>(f: QFormat, avx512: bool, prefetch: bool) -> ChunkFn {
     let sixteen = || sixteen::<V>(avx512);
     match f {
-        QFormat::W8 if prefetch => chunk_rowwise::<FMT_W8, V, true>,
-        QFormat::W8 => chunk_rowwise::<FMT_W8, V, false>,
+        QFormat::W8 if prefetch => chunk_rowpair::<FMT_W8, V, true>,
+        QFormat::W8 => chunk_rowpair::<FMT_W8, V, false>,
         QFormat::W4(Packing::Contiguous) => chunk::<FMT_W4C, V>,
         QFormat::W4(Packing::Interleaved) => chunk::<FMT_W4I, V>,
         QFormat::W4(Packing::Swizzled) if sixteen() && prefetch => chunk_swizzled16::<true>,
@@ -280,14 +280,18 @@ pub(super) unsafe fn chunk<const F: u8, const V: u8>(
     }
 }
 
-/// `chunk` one row at a time, front to back: four groups of the row make one horizontal-add
-/// tree (`chunk`'s four rows of one group), and their `(d_w * d_x) * i` are added to the row's
-/// sum in group order, so the results are bit-identical. Rows taken four at a time are four
-/// interleaved streams of `row_bytes` each, too short for the hardware prefetcher when
-/// decode streams the weights from DRAM (w8 at 1,536 columns, one Zen 4 thread: 12 GB/s four
-/// at a time, against a 24 GB/s read floor).
+/// Decode's w8 kernel (one input): `chunk`'s arithmetic, two rows at a time. The chunk's
+/// first half of rows and its second half are each read front to back (two long streams,
+/// which the hardware prefetcher follows; `chunk`'s four rows of one group are four short
+/// interleaved streams it does not: w8 at 1,536 columns, one Zen 4 thread, 12 GB/s against a
+/// 24 GB/s read floor), row i of the one beside row i of the other. Four groups of a row make
+/// one horizontal-add tree and their `(d_w * d_x) * i` are added to the row's sum in group
+/// order. That sum is a chain of adds, one add's latency a group: one row at a time (the
+/// kernel before this one) the chain bound it where the weights were in cache, so each row
+/// here keeps its sum in one lane of a register and the two chains run side by side (the GPU
+/// machine's Xeon: 1.15-1.46x the GB/s from DRAM, docs/BENCHMARKS.md). Bit-identical to `chunk`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
+pub(super) unsafe fn chunk_rowpair<const F: u8, const V: u8, const PF: bool>(
     data: &[u8],
     row_bytes: usize,
     a: &Act,
@@ -297,37 +301,55 @@ pub(super) unsafe fn chunk_rowwise<const F: u8, const V: u8, const PF: bool>(
     assert!(data.len() >= out.len() * row_bytes);
     let p = data.as_ptr();
     let scale = |s: usize| p.add(s).cast::<u16>().read_unaligned() as i16;
-    for (r, o) in out.iter_mut().enumerate() {
+    let rows = out.len();
+    let half = rows / 2;
+    for i in 0..half {
+        let rr = [i, half + i];
+        // Lane 0: row rr[0]'s sum, lane 1: row rr[1]'s (lanes 2 and 3 carry partial sums
+        // that are never read).
         let mut acc = _mm_setzero_ps();
         let mut g = 0;
         while g + 4 <= ng {
-            if PF {
-                let (_, w) = group_at::<F>(row_bytes, r, g);
-                // The four groups' bytes (136 at w8: three lines; two would leave one
-                // line in seventeen to a demand miss).
-                prefetch_ahead(p.add(w[0]), 4 * group_bytes::<F>());
+            let mut m = [[_mm256_setzero_si256(); 4]; 2];
+            let mut sc = [[0i16; 4]; 2];
+            for (r, (m, sc)) in rr.iter().zip(m.iter_mut().zip(sc.iter_mut())) {
+                if PF {
+                    let (_, w) = group_at::<F>(row_bytes, *r, g);
+                    // The four groups' bytes (136 at w8: three lines; two would leave one
+                    // line in seventeen to a demand miss).
+                    prefetch_ahead(p.add(w[0]), 4 * group_bytes::<F>());
+                }
+                for (j, (m, sc)) in m.iter_mut().zip(sc.iter_mut()).enumerate() {
+                    let y = _mm256_loadu_si256(act.as_ptr().add((g + j) * GROUP).cast());
+                    let (s, w) = group_at::<F>(row_bytes, *r, g + j);
+                    *sc = scale(s);
+                    *m = group_dot::<F, V>(a, g + j, weights::<F>(p, w), y);
+                }
             }
-            let mut m = [_mm256_setzero_si256(); 4];
-            let mut sc = [0i16; 4];
-            for (j, m) in m.iter_mut().enumerate() {
-                let y = _mm256_loadu_si256(act.as_ptr().add((g + j) * GROUP).cast());
-                let (s, w) = group_at::<F>(row_bytes, r, g + j);
-                sc[j] = scale(s);
-                *m = group_dot::<F, V>(a, g + j, weights::<F>(p, w), y);
-            }
-            // Four exact int32 group dots, in group order.
-            let i4 = four_sums(m);
-            let dw = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, sc[3], sc[2], sc[1], sc[0]));
-            let d = _mm_mul_ps(dw, _mm_loadu_ps(a.d.as_ptr().add(g)));
-            let v = _mm_mul_ps(d, _mm_cvtepi32_ps(i4));
-            // The epilogue's adds, one group at a time.
-            acc = _mm_add_ss(acc, v);
-            acc = _mm_add_ss(acc, _mm_shuffle_ps::<1>(v, v));
-            acc = _mm_add_ss(acc, _mm_shuffle_ps::<2>(v, v));
-            acc = _mm_add_ss(acc, _mm_shuffle_ps::<3>(v, v));
+            // Each row's four exact int32 group dots, in group order.
+            let (ia, ib) = (four_sums(m[0]), four_sums(m[1]));
+            let dx = _mm_loadu_ps(a.d.as_ptr().add(g));
+            let dw = |s: [i16; 4]| _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, s[3], s[2], s[1], s[0]));
+            let va = _mm_mul_ps(_mm_mul_ps(dw(sc[0]), dx), _mm_cvtepi32_ps(ia));
+            let vb = _mm_mul_ps(_mm_mul_ps(dw(sc[1]), dx), _mm_cvtepi32_ps(ib));
+            // [a0, b0, a1, b1] and [a2, b2, a3, b3]: each group's two terms side by side,
+            // added one group at a time.
+            let lo = _mm_unpacklo_ps(va, vb);
+            let hi = _mm_unpackhi_ps(va, vb);
+            acc = _mm_add_ps(acc, lo);
+            acc = _mm_add_ps(acc, _mm_movehl_ps(lo, lo));
+            acc = _mm_add_ps(acc, hi);
+            acc = _mm_add_ps(acc, _mm_movehl_ps(hi, hi));
             g += 4;
         }
-        *o = row_alone::<F, V>(p, row_bytes, r, a, g, _mm_cvtss_f32(acc));
+        let mut sums = [0f32; 4];
+        _mm_storeu_ps(sums.as_mut_ptr(), acc);
+        for (lane, r) in rr.into_iter().enumerate() {
+            *out.get_unchecked_mut(r) = row_alone::<F, V>(p, row_bytes, r, a, g, sums[lane]);
+        }
+    }
+    if rows % 2 == 1 {
+        *out.get_unchecked_mut(rows - 1) = row_alone::<F, V>(p, row_bytes, rows - 1, a, 0, 0.0);
     }
 }
 
@@ -393,7 +415,7 @@ unsafe fn four_rows<const F: u8>(
 }
 
 /// Row `r`'s groups from `from` on, one at a time, added to `acc` (a chunk's last rows, past
-/// its last four, from group 0; `chunk_rowwise`'s last groups, past its last four): the same
+/// its last four, from group 0; `chunk_rowpair`'s last groups, past its last four): the same
 /// group order and epilogue as the four-row loop, one lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

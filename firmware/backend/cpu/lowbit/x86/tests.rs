@@ -14,20 +14,23 @@ fn x86_kernels_equal_scalar() {
     fn variants<const F: u8>() -> Vec<(&'static str, ChunkFn)> {
         let mut v: Vec<(&'static str, ChunkFn)> = vec![
             ("avx2", chunk::<F, VNNI_NONE>),
-            ("avx2 rowwise", chunk_rowwise::<F, VNNI_NONE, false>),
+            ("avx2 row pairs", chunk_rowpair::<F, VNNI_NONE, false>),
             (
-                "avx2 rowwise, prefetch",
-                chunk_rowwise::<F, VNNI_NONE, true>,
+                "avx2 row pairs, prefetch",
+                chunk_rowpair::<F, VNNI_NONE, true>,
             ),
         ];
         match vnni() {
             VNNI_VEX => v.extend([
                 ("avx-vnni", chunk::<F, VNNI_VEX> as ChunkFn),
-                ("avx-vnni rowwise", chunk_rowwise::<F, VNNI_VEX, false>),
+                ("avx-vnni row pairs", chunk_rowpair::<F, VNNI_VEX, false>),
             ]),
             VNNI_EVEX => v.extend([
                 ("avx512-vnni", chunk::<F, VNNI_EVEX> as ChunkFn),
-                ("avx512-vnni rowwise", chunk_rowwise::<F, VNNI_EVEX, false>),
+                (
+                    "avx512-vnni row pairs",
+                    chunk_rowpair::<F, VNNI_EVEX, false>,
+                ),
             ]),
             _ => {}
         }
