@@ -310,6 +310,15 @@ pub(super) unsafe fn chunk_rowpair<const F: u8, const V: u8, const PF: bool>(
         let mut acc = _mm_setzero_ps();
         let mut g = 0;
         while g + 4 <= ng {
+            // The four groups' inputs, which both rows meet.
+            // (Not `array::from_fn`: a closure does not take this function's target features.)
+            let ld = |j: usize| act.as_ptr().add((g + j) * GROUP).cast();
+            let y = [
+                _mm256_loadu_si256(ld(0)),
+                _mm256_loadu_si256(ld(1)),
+                _mm256_loadu_si256(ld(2)),
+                _mm256_loadu_si256(ld(3)),
+            ];
             let mut m = [[_mm256_setzero_si256(); 4]; 2];
             let mut sc = [[0i16; 4]; 2];
             for (r, (m, sc)) in rr.iter().zip(m.iter_mut().zip(sc.iter_mut())) {
@@ -320,10 +329,9 @@ pub(super) unsafe fn chunk_rowpair<const F: u8, const V: u8, const PF: bool>(
                     prefetch_ahead(p.add(w[0]), 4 * group_bytes::<F>());
                 }
                 for (j, (m, sc)) in m.iter_mut().zip(sc.iter_mut()).enumerate() {
-                    let y = _mm256_loadu_si256(act.as_ptr().add((g + j) * GROUP).cast());
                     let (s, w) = group_at::<F>(row_bytes, *r, g + j);
                     *sc = scale(s);
-                    *m = group_dot::<F, V>(a, g + j, weights::<F>(p, w), y);
+                    *m = group_dot::<F, V>(a, g + j, weights::<F>(p, w), y[j]);
                 }
             }
             // Each row's four exact int32 group dots, in group order.
@@ -345,11 +353,11 @@ pub(super) unsafe fn chunk_rowpair<const F: u8, const V: u8, const PF: bool>(
         let mut sums = [0f32; 4];
         _mm_storeu_ps(sums.as_mut_ptr(), acc);
         for (lane, r) in rr.into_iter().enumerate() {
-            *out.get_unchecked_mut(r) = row_alone::<F, V>(p, row_bytes, r, a, g, sums[lane]);
+            out[r] = row_alone::<F, V>(p, row_bytes, r, a, g, sums[lane]);
         }
     }
     if rows % 2 == 1 {
-        *out.get_unchecked_mut(rows - 1) = row_alone::<F, V>(p, row_bytes, rows - 1, a, 0, 0.0);
+        out[rows - 1] = row_alone::<F, V>(p, row_bytes, rows - 1, a, 0, 0.0);
     }
 }
 
