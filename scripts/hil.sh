@@ -55,4 +55,8 @@ du -sh "$out"; ls -la "$out" "$out/models"
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 staged=$(du -sb "$out" | cut -f1)
 echo "device call: tracked tree $((tree >> 20)) MiB + $out $((staged >> 20)) MiB = $(((tree + staged) >> 20)) MiB of 64"
-[ $((tree + staged)) -lt $((64 << 20)) ] || echo "over 64 MiB: carry the binaries and stories260K only (the cut GGUF models are what the streamed-engine tests and cuda-no-alloc need)"
+# Over it: for the GPU tests alone, leave out the bench binaries and the Qwen cut (docs/HIL.md
+# round 29: the test binaries, stories260K and the SmolLM2 cut, which the streamed-engine tests
+# and cuda-no-alloc need, came to 62 MiB with the tree); for benchmarks, the binaries and
+# stories260K.
+[ $((tree + staged)) -lt $((64 << 20)) ] || echo "over 64 MiB: for the GPU tests remove $out/leanstream.xz, $out/leanstreamd.xz and $out/models/qwen2.5-0.5b-cut1.gguf; for benchmarks carry the binaries and stories260K only"
