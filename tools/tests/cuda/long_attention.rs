@@ -15,7 +15,7 @@ use leanstream_tools::bench::rel_err;
 /// cluster joined in shared memory (also with a short split, so that the cluster kernel's own
 /// split through L2 takes over within the run); and split per kv head for all its query heads (grouped,
 /// forced from the first split: by default it starts where a layer's cache outgrows half the
-/// L2). The logits before the split starts (position 200), where it starts (256) and
+/// L2), also in the cluster kernel once its clusters give way (sm_90). The logits before the split starts (position 200), where it starts (256) and
 /// after several slices (to 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f32 cache (f16) and the int8 one (w8a8, where the head allows).
@@ -89,6 +89,10 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 // (at most 288 for these models): both paths of the cluster kernel.
                 ("clusters, then joined through L2", 32, false, true),
                 ("grouped", slice, true, false),
+                // Clusters of a query head's slices to 256 positions, then grouped blocks
+                // joined through L2 in the cluster kernel (sm_90: what `Auto` runs past
+                // `group_from`; elsewhere the same as "grouped").
+                ("clusters, then grouped", 32, true, true),
             ] {
                 let mode = if grouped {
                     GroupedAttention::Always
