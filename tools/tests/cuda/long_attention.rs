@@ -13,10 +13,11 @@ use leanstream_tools::bench::rel_err;
 /// 128): one block a query head over all positions (no split: the reference); split into
 /// slices per query head, joined through L2 by the last block, or (sm_90) as a thread block
 /// cluster joined in shared memory (also with a short split, so that the cluster kernel's own
-/// split through L2 takes over within the run); and split per kv head for all its query heads (grouped,
-/// forced from the first split: by default it starts where a layer's cache outgrows half the
-/// L2), also in the cluster kernel once its clusters give way (sm_90). The logits before the split starts (position 200), where it starts (256) and
-/// after several slices (to 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
+/// split through L2 takes over within the run); and split per kv head for all its query heads
+/// (grouped, forced from the first split: by default it starts where a layer's cache outgrows
+/// half the L2), also in the cluster kernel once its clusters give way (sm_90). The logits
+/// before the split starts (position 200), where it starts (256) and after several slices (to
+/// 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f32 cache (f16) and the int8 one (w8a8, where the head allows).
 #[test]
