@@ -136,10 +136,37 @@ __device__ void attend_i8_loop(int t_begin, int t_end, int pos, int head_dim, in
             ((float4*)wo)[4 * j + q] = make_float4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
 }
 
+// NP (1, 2 or 4) per-lane partial sums, each summed over the warp: the lane ends with the
+// whole sum of position lane / (32 / NP). A butterfly per sum takes 5 NP shuffles and adds;
+// here the first steps trade the half of the sums a lane does not keep (the lanes of bit 16
+// keep the upper half, then of bit 8 the upper quarter), so 4 sums take 6, 2 take 5. Each sum
+// gets a butterfly's additions in its order: the same bits.
+template <int NP>
+__device__ __forceinline__ float sum_halving(const float (&s)[NP], int lane) {
+    float k;
+    if (NP == 4) {
+        bool hi = lane & 16, mid = lane & 8;
+        float k0 = hi ? s[2] : s[0], k1 = hi ? s[3] : s[1];
+        k0 += __shfl_xor_sync(0xffffffff, hi ? s[0] : s[2], 16);
+        k1 += __shfl_xor_sync(0xffffffff, hi ? s[1] : s[3], 16);
+        k = mid ? k1 : k0;
+        k += __shfl_xor_sync(0xffffffff, mid ? k0 : k1, 8);
+    } else if (NP == 2) {
+        bool hi = lane & 16;
+        k = hi ? s[1] : s[0];
+        k += __shfl_xor_sync(0xffffffff, hi ? s[0] : s[1], 16);
+    } else {
+        k = s[0];
+    }
+#pragma unroll
+    for (int x = 32 / NP / 2; x > 0; x >>= 1) k += __shfl_xor_sync(0xffffffff, k, x);
+    return k;
+}
+
 // The float cache's pass over positions [t_begin, t_end) (attend's float path), for warp `warp`
 // of the `nw` that share the head's positions: scores, online softmax and weighted values, left
 // in `wo` (head_dim floats) with the warp's max `m` and sum `l`. A lane takes R float4s of a row
-// (j = lane, lane + 32: heads of up to 128 * R), the warp reduces each dot with shuffles, and a
+// (j = lane, lane + 32: heads of up to 128 * R), the warp sums the dots (`sum_halving`), and a
 // round takes NP positions whose loads are all in flight before any is used: at long context
 // a warp's rounds, each a wait on memory, are attention's time, so a round takes as many
 // positions as the registers allow (NP 4 for heads of 128, 2 for 256).
@@ -187,18 +214,18 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
                 s[p] += qv[r].x * kr[p][r].x + qv[r].y * kr[p][r].y + qv[r].z * kr[p][r].z +
                         qv[r].w * kr[p][r].w;
         }
-        // The NP dots reduced together, so their shuffles overlap.
+        // The NP dots summed over the warp by halving (`sum_halving`): lane ends with position
+        // pl's score, whose weight it alone makes; the others' come by shuffle.
+        constexpr int LANES = 32 / NP;  // lanes that end with one position's score
+        int pl = lane / LANES;
+        float sp = sum_halving<NP>(s, lane);
+        sp = t0 + pl * nw < t_end ? sp * scale : NEG_INF;
+        float mx = sp;
 #pragma unroll
-        for (int x = 16; x > 0; x >>= 1)
-#pragma unroll
-            for (int p = 0; p < NP; p++) s[p] += __shfl_xor_sync(0xffffffff, s[p], x);
-        float mn = m;
-#pragma unroll
-        for (int p = 0; p < NP; p++) {
-            s[p] = ok[p] ? s[p] * scale : NEG_INF;
-            mn = fmaxf(mn, s[p]);
-        }
+        for (int x = LANES; x < 32; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, x));
+        float mn = fmaxf(m, mx);
         float c = expf(m - mn);  // 0 on the first round (m = -inf, mn finite: t0 < t_end)
+        float wl = expf(sp - mn);  // 0 for a position past the end
         l *= c;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -209,7 +236,7 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
         }
 #pragma unroll
         for (int p = 0; p < NP; p++) {
-            float w = ok[p] ? expf(s[p] - mn) : 0.0f;
+            float w = __shfl_sync(0xffffffff, wl, p * LANES);
             l += w;
 #pragma unroll
             for (int r = 0; r < R; r++) {
