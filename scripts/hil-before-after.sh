@@ -5,7 +5,9 @@
 # same-shape models in the order before, after, after, before, so that a drift of the machine
 # touches both sides alike; then the CPU backend the same way on the q4_0 files. Each bench
 # checks its CUDA configurations against the CPU backend before timing them, as always.
-#   HIL_SHAPES (smollm2-135m qwen2.5-1.5b) and HIL_TYPES (f16,q8_0,q4_0): the models.
+#   HIL_SHAPES (smollm2-135m qwen2.5-1.5b) and HIL_TYPES (f16,q8_0,q4_0): the models;
+#   HIL_DEPTHS (64): the prompt lengths decode starts after, each timed in the same order
+#   (e.g. "1 4096" for long-context attention); HIL_CPU=0 leaves the CPU part out.
 # Run in one device call carrying hil-out/: `HIL_DIR=hil-out bash scripts/hil-before-after.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,16 +28,19 @@ for shape in ${HIL_SHAPES:-smollm2-135m qwen2.5-1.5b}; do
 done
 models=$(ls $syn/*.gguf | tr '\n' ',' | sed 's/,$//')
 rc=0
-for side in before after after before; do
-  bin=$h/leanstream; [ $side = before ] && bin=$h/leanstream-before
-  n=$((${n:-0} + 1))
-  echo "== $n: $side"
-  timeout ${HIL_BENCH_TIMEOUT:-300} $bin bench --model "$models" --backend cuda --memory discrete \
-    --prompt-tokens 64 --gen-tokens 128 --reps 3 --threads 16 \
-    --json "$res/$n-$side.json" --markdown "$res/$n-$side.md" --png "$res/$n-$side.png" 2>&1 \
-    | tee "$res/$n-$side.txt"
-  rc=$(( rc | ${PIPESTATUS[0]} ))
+for depth in ${HIL_DEPTHS:-64}; do
+  for side in before after after before; do
+    bin=$h/leanstream; [ $side = before ] && bin=$h/leanstream-before
+    n=$((${n:-0} + 1))
+    echo "== $n: $side, prompt $depth"
+    timeout ${HIL_BENCH_TIMEOUT:-300} $bin bench --model "$models" --backend cuda --memory discrete \
+      --prompt-tokens $depth --gen-tokens 128 --reps 3 --threads 16 \
+      --json "$res/$n-$side.json" --markdown "$res/$n-$side.md" --png "$res/$n-$side.png" 2>&1 \
+      | tee "$res/$n-$side.txt"
+    rc=$(( rc | ${PIPESTATUS[0]} ))
+  done
 done
+[ "${HIL_CPU:-1}" = 0 ] && exit $rc
 # The CPU backend on the same machine's Xeon, q4_0 files (the kernels most users run), the
 # same order.
 cpu_models=$(ls $syn/*-q4_0.gguf | tr '\n' ',' | sed 's/,$//')
