@@ -1,7 +1,9 @@
 //! Decode's attention on the CPU, one thread: ns per (query head, position) for a head over a
 //! long f32 cache (SmolLM2-135M's heads: 9 query heads on 3 KV heads of 64). The cache of one
 //! layer (3 MB at 2,048 positions) stays in L2/L3, as a layer's does between tokens.
-//! `cargo bench --bench attention`; `ATT_POS=4096` (positions).
+//! `cargo bench --bench attention`; `ATT_POS=4096` (positions); `ATT_SHAPE=qwen1.5b` (12 query
+//! heads on 2 KV heads of 128); `ATT_SUB=N`: N query heads of a KV head a call
+//! (`KvCache::attend_heads`, each row read once for them; default 1, a call a head).
 use leanstream::kv::{KvCache, Layout, Policy, Shape, Storage};
 use std::time::Instant;
 
@@ -13,9 +15,22 @@ fn main() {
             .unwrap_or(d)
     };
     let pos = env("ATT_POS", 2048);
-    let (heads, kv_heads, head_dim) = (9, 3, 64);
+    let (heads, kv_heads, head_dim): (usize, usize, usize) =
+        match std::env::var("ATT_SHAPE").as_deref() {
+            Ok("qwen1.5b") => (12, 2, 128),
+            _ => (9, 3, 64),
+        };
+    let sub = env("ATT_SUB", 1);
+    assert!(
+        (heads / kv_heads).is_multiple_of(sub),
+        "ATT_SUB={sub} does not divide {} heads a KV head",
+        heads / kv_heads
+    );
+    // ATT_LAYERS=28: a model's worth of layers, each attended in turn, so the rows come from
+    // DRAM as in decode (one layer's stay in L2/L3).
+    let layers = env("ATT_LAYERS", 1);
     let s = Shape {
-        n_layers: 1,
+        n_layers: layers,
         kv_heads,
         head_dim,
         context: pos,
@@ -27,7 +42,7 @@ fn main() {
         seed ^= seed << 17;
         (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    let n = pos * s.kv_dim();
+    let n = layers * pos * s.kv_dim();
     let (mut k, mut v): (Vec<f32>, Vec<f32>) = (
         (0..n).map(|_| next()).collect(),
         (0..n).map(|_| next()).collect(),
@@ -43,21 +58,22 @@ fn main() {
     );
     // The AVX2 build of the loops where the CPU has it, as the engine boots it.
     kv.set_avx2(true);
-    let mut att = vec![0f32; pos];
-    let mut out = vec![0f32; head_dim];
+    let mut att = vec![0f32; sub * pos];
+    let mut out = vec![0f32; sub * head_dim];
     let mut sink = 0f32;
-    let reps = (1 << 26) / (pos * heads) + 1;
+    let reps = (1 << 26) / (layers * pos * heads) + 1;
     let mut best = f64::MAX;
     for _ in 0..5 {
         let t = Instant::now();
         for _ in 0..reps {
-            for h in 0..heads {
-                kv.attend(
-                    0,
+            for (l, h) in (0..layers).flat_map(|l| (0..heads).step_by(sub).map(move |h| (l, h))) {
+                kv.attend_heads(
+                    l,
                     h / (heads / kv_heads),
-                    &q[h * head_dim..][..head_dim],
+                    &q[h * head_dim..][..sub * head_dim],
                     pos - 1,
                     &mut att,
+                    pos,
                     &mut out,
                 );
                 sink += out[0];
@@ -66,7 +82,7 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "attention f32, {pos} positions: {:.2} ns per head and position ({sink:.1})",
-        best * 1e9 / (reps * heads * pos) as f64
+        "attention f32, {layers} layers of {pos} positions, {heads} heads on {kv_heads} of {head_dim}, {sub} a call: {:.2} ns per head and position ({sink:.1})",
+        best * 1e9 / (reps * layers * heads * pos) as f64
     );
 }

@@ -29,7 +29,7 @@ use crate::backend::cpu::{
 use crate::board::PREFILL_BATCH;
 pub use crate::boot::Arenas;
 use crate::boot::{ArenaKind, BootError, Carver, Plan};
-use crate::kv::{CostModel, KvCache, Policy, Shape, Storage};
+use crate::kv::{heads_per_task, CostModel, KvCache, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
 use crate::model::{Hyper, ModelFile, TensorRef};
 use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
@@ -646,6 +646,10 @@ impl<'a> Engine<'a> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
+        let sub = match self.kernels.grouped_attention {
+            true => heads_per_task(group, h.n_kv_heads, self.pool.n_threads()),
+            false => 1,
+        };
         let ctx = self.context;
         let s = &mut self.s;
         let (pool, ks) = (&self.pool, self.kernels);
@@ -677,25 +681,28 @@ impl<'a> Engine<'a> {
             rope(k, s.rope_cos, s.rope_sin, h.rope_style);
             self.kv.commit(l, pos);
 
-            // Each head attends over positions 0..=pos of its KV head.
+            // Each head attends over positions 0..=pos of its KV head; a task takes `sub` heads
+            // of one KV head, whose rows it reads once for them all.
             let kv = &self.kv;
             let out = Disjoint::new(&mut s.xb2[..q_dim]);
             let att = Disjoint::new(s.att);
             let q = &*s.q;
-            pool.run(n_heads, &|head| {
-                // SAFETY: task `head` touches only its own head's slices of `out` and `att`.
+            pool.run(n_heads / sub, &|task| {
+                let head = task * sub;
+                // SAFETY: task `task` touches only its own heads' slices of `out` and `att`.
                 let (o, a) = unsafe {
                     (
-                        out.slice(head * head_dim, head_dim),
-                        att.slice(head * ctx, pos + 1),
+                        out.slice(head * head_dim, sub * head_dim),
+                        att.slice(head * ctx, (sub - 1) * ctx + pos + 1),
                     )
                 };
-                kv.attend(
+                kv.attend_heads(
                     l,
                     head / group,
-                    &q[head * head_dim..][..head_dim],
+                    &q[head * head_dim..][..sub * head_dim],
                     pos,
                     a,
+                    ctx,
                     o,
                 );
             });
@@ -834,6 +841,10 @@ impl Engine<'_> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
+        let sub = match self.kernels.grouped_attention {
+            true => heads_per_task(group, n * h.n_kv_heads, self.pool.n_threads()),
+            false => 1,
+        };
         let half = head_dim / 2;
         let ctx = self.context;
         let b = &mut self.b;
@@ -901,26 +912,31 @@ impl Engine<'_> {
                 self.kv.commit(l, pos + t);
             }
 
-            // Every head of every token attends over positions 0..=its own.
+            // Every head of every token attends over positions 0..=its own, `sub` heads of one
+            // KV head a task.
             let kv = &self.kv;
             let out = Disjoint::new(xo);
             let att = Disjoint::new(&mut b.att[..n * n_heads * ctx]);
             let q = &*q;
-            pool.run(n * n_heads, &|task| {
-                let (t, head) = (task / n_heads, task % n_heads);
-                // SAFETY: task (t, head) touches only its own slices of `out` and `att`.
+            let tasks_per_token = n_heads / sub;
+            pool.run(n * tasks_per_token, &|task| {
+                let t = task / tasks_per_token;
+                let head = task % tasks_per_token * sub;
+                let first = t * n_heads + head;
+                // SAFETY: task (t, head) touches only its own heads' slices of `out` and `att`.
                 let (o, a) = unsafe {
                     (
-                        out.slice(task * head_dim, head_dim),
-                        att.slice(task * ctx, pos + t + 1),
+                        out.slice(first * head_dim, sub * head_dim),
+                        att.slice(first * ctx, (sub - 1) * ctx + pos + t + 1),
                     )
                 };
-                kv.attend(
+                kv.attend_heads(
                     l,
                     head / group,
-                    &q[t * q_dim + head * head_dim..][..head_dim],
+                    &q[t * q_dim + head * head_dim..][..sub * head_dim],
                     pos + t,
                     a,
+                    ctx,
                     o,
                 );
             });

@@ -4,7 +4,7 @@
 use super::cache::{head_scales, KvCache, Storage};
 use super::layout::{addr, quantize_head};
 use super::{GROUP, MAX_HEAD_DIM};
-use crate::ops::softmax;
+use crate::ops::{prefetch, softmax};
 
 impl KvCache<'_> {
     /// Scaled dot-product attention of one query head `q` over positions `0..=pos` of KV head
@@ -19,12 +19,44 @@ impl KvCache<'_> {
         att: &mut [f32],
         out: &mut [f32],
     ) {
+        self.attend_heads(l, kv_head, q, pos, att, 0, out)
+    }
+
+    /// [`Self::attend`] for several query heads of KV head `kv_head` at once: `qs` holds them
+    /// one after another, `out` gets their outputs alike, and head `h`'s weights go to
+    /// `att[h * att_stride..][..pos + 1]`. Each head's results are the bits `attend` gives it;
+    /// the f32 cache reads each key and value row once for all the heads (a task a head read
+    /// its KV head's rows once per query head: six times over at Qwen2.5-1.5B's grouping).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_heads(
+        &self,
+        l: usize,
+        kv_head: usize,
+        qs: &[f32],
+        pos: usize,
+        att: &mut [f32],
+        att_stride: usize,
+        out: &mut [f32],
+    ) {
+        let hd = self.shape.head_dim;
+        let n = qs.len() / hd;
+        assert!(
+            qs.len() == n * hd && out.len() == n * hd && n > 0,
+            "attention over whole heads: {} query and {} output values, heads of {hd}",
+            qs.len(),
+            out.len()
+        );
+        assert!(
+            n == 1 || att_stride > pos,
+            "each head's weights need {} places, {att_stride} apart",
+            pos + 1
+        );
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: `set_avx2` sets the flag only where the CPU has AVX2, FMA and F16C.
-            return unsafe { self.attend_avx2(l, kv_head, q, pos, att, out) };
+            return unsafe { self.attend_avx2(l, kv_head, qs, pos, att, att_stride, out) };
         }
-        self.attend_any(l, kv_head, q, pos, att, out)
+        self.attend_any(l, kv_head, qs, pos, att, att_stride, out)
     }
 
     /// The same code compiled for AVX2: 8-wide loops over the head and the int8 groups. Rust
@@ -32,44 +64,60 @@ impl KvCache<'_> {
     /// bit for bit (tested).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attend_avx2(
         &self,
         l: usize,
         kv_head: usize,
-        q: &[f32],
+        qs: &[f32],
         pos: usize,
         att: &mut [f32],
+        att_stride: usize,
         out: &mut [f32],
     ) {
-        self.attend_any(l, kv_head, q, pos, att, out)
+        self.attend_any(l, kv_head, qs, pos, att, att_stride, out)
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attend_any(
         &self,
         l: usize,
         kv_head: usize,
-        q: &[f32],
+        qs: &[f32],
         pos: usize,
         att: &mut [f32],
+        att_stride: usize,
         out: &mut [f32],
     ) {
         let s = &self.shape;
+        let hd = s.head_dim;
         match &self.store {
             Storage::F32 { k, v } => {
                 let n = s.context * s.kv_dim();
                 attend_f32(
-                    q,
+                    qs,
+                    hd,
                     &k[l * n..(l + 1) * n],
                     &v[l * n..(l + 1) * n],
                     s.kv_dim(),
-                    kv_head * s.head_dim,
-                    &mut att[..pos + 1],
+                    kv_head * hd,
+                    pos,
+                    att,
+                    att_stride,
                     out,
                 )
             }
+            // The int8 cache's heads one at a time (its rows are a quarter of f32's).
             Storage::I8 { k, v, ks, vs, .. } => {
-                self.attend_i8(k, v, ks, vs, l, kv_head, q, pos, att, out)
+                for (h, (q, o)) in qs
+                    .chunks_exact(hd)
+                    .zip(out.chunks_exact_mut(hd))
+                    .enumerate()
+                {
+                    let a = &mut att[h * att_stride..];
+                    self.attend_i8(k, v, ks, vs, l, kv_head, q, pos, a, o)
+                }
             }
         }
     }
@@ -140,6 +188,24 @@ impl KvCache<'_> {
     }
 }
 
+/// Query heads an attention task takes, all of one KV head (a divisor of `group`, the query
+/// heads a KV head has), for `units` KV heads to attend (times the tokens of a batch) over
+/// `threads` (tasks are claimed in turn): the least time on the busiest thread, counting a
+/// head in a task of `sub` as `1 + 1/sub`, its own arithmetic plus its share of reading the
+/// rows (`cargo bench --bench attention`: a head alone 1.4-1.5x the time of one of 3 or 6 a
+/// task, docs/BENCHMARKS.md). Qwen2.5-1.5B's 6 heads a KV head take one task per KV head at 2
+/// threads, 2 heads a task at 8, one at 16; SmolLM2's 3 take one task per KV head at 2.
+pub fn heads_per_task(group: usize, units: usize, threads: usize) -> usize {
+    let cost = |sub: usize| {
+        let busiest = (units * (group / sub)).div_ceil(threads.max(1)) * sub;
+        busiest as f64 * (1.0 + 1.0 / sub as f64)
+    };
+    (1..=group)
+        .filter(|sub| group.is_multiple_of(*sub))
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(b.cmp(&a)))
+        .unwrap_or(1)
+}
+
 /// f32 dot of 32 floats with 32 int8 (eight partial sums, which vectorize).
 #[inline(always)]
 fn fdot_i8(a: &[f32], b: &[i8]) -> f32 {
@@ -175,38 +241,78 @@ fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
     }
 }
 
-/// The f32 cache's attention (unchanged from the classic engine: golden results stay exact).
+/// The f32 cache's attention for one or more query heads of one KV head (`qs`, heads of
+/// `head_dim` values): per head, the classic engine's arithmetic (golden results stay
+/// exact), but each key row is dotted with every head while it is in L1, and the values are
+/// summed a tile of positions at a time, every head over the tile before the next, so each
+/// row comes from memory once for all the heads.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_f32(
-    q: &[f32],
+    qs: &[f32],
+    head_dim: usize,
     keys: &[f32],
     values: &[f32],
     kv_dim: usize,
     off: usize,
+    pos: usize,
     att: &mut [f32],
+    att_stride: usize,
     out: &mut [f32],
 ) {
-    let head_dim = q.len();
+    let n = qs.len() / head_dim;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    for (t, a) in att.iter_mut().enumerate() {
+    let weights = |h: usize| h * att_stride..h * att_stride + pos + 1;
+    for t in 0..=pos {
         let k = &keys[t * kv_dim + off..][..head_dim];
-        *a = dot(q, k) * scale;
+        if let Some(ahead) = keys.get(off + (t + ROWS_AHEAD) * kv_dim..) {
+            prefetch(&ahead[..head_dim.min(ahead.len())]);
+        }
+        for (h, q) in qs.chunks_exact(head_dim).enumerate() {
+            att[h * att_stride + t] = dot(q, k) * scale;
+        }
     }
-    softmax(att);
+    for h in 0..n {
+        softmax(&mut att[weights(h)]);
+    }
     // The weighted values, 32 outputs at a time in a local array the compiler keeps in
-    // registers over every position: added into `out` in memory, each position's adds waited
-    // on the last one's store. The same adds in the same order per output, so the same bits.
+    // registers over a tile's positions: added into `out` in memory, each position's adds
+    // waited on the last one's store. Each output gets the same adds in the same order
+    // (position by position, from 0.0), tiles or not, so the same bits.
+    out.fill(0.0);
+    let mut t0 = 0;
+    while t0 <= pos {
+        let tile = t0..(t0 + VALUE_TILE).min(pos + 1);
+        for t in tile.clone() {
+            if let Some(ahead) = values.get(off + (t + ROWS_AHEAD) * kv_dim..) {
+                prefetch(&ahead[..head_dim.min(ahead.len())]);
+            }
+        }
+        let rows = &values[t0 * kv_dim + off..];
+        for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
+            add_weighted_values(&att[weights(h)][tile.clone()], rows, kv_dim, o);
+        }
+        t0 = tile.end;
+    }
+}
+
+/// `out += sum over i of a[i] * row i`, rows `kv_dim` apart from the start of `values`, the
+/// adds of each output in row order.
+#[inline(always)]
+fn add_weighted_values(a: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]) {
     let mut c = 0;
-    while c + VALUE_BLOCK <= head_dim {
+    while c + VALUE_BLOCK <= out.len() {
         // Constant trip counts, so the loops unroll and `acc` lives in registers.
-        let mut acc = [[0f32; 8]; VALUE_BLOCK / 8];
-        for (t, &a) in att.iter().enumerate() {
-            let v: &[f32; VALUE_BLOCK] = values[t * kv_dim + off + c..][..VALUE_BLOCK]
+        let start: &[f32; VALUE_BLOCK] = out[c..][..VALUE_BLOCK].try_into().expect("a block");
+        let mut acc: [[f32; 8]; VALUE_BLOCK / 8] =
+            std::array::from_fn(|b| std::array::from_fn(|j| start[8 * b + j]));
+        for (i, &w) in a.iter().enumerate() {
+            let v: &[f32; VALUE_BLOCK] = values[i * kv_dim + c..][..VALUE_BLOCK]
                 .try_into()
                 .expect("a block of values");
-            for (i, acc) in acc.iter_mut().enumerate() {
+            for (b, acc) in acc.iter_mut().enumerate() {
                 for j in 0..8 {
-                    acc[j] += a * v[8 * i + j];
+                    acc[j] += w * v[8 * b + j];
                 }
             }
         }
@@ -216,17 +322,21 @@ fn attend_f32(
         c += VALUE_BLOCK;
     }
     let rest = &mut out[c..];
-    rest.fill(0.0);
-    if rest.is_empty() {
-        return;
-    }
-    for (t, &a) in att.iter().enumerate() {
-        let v = &values[t * kv_dim + off + c..][..rest.len()];
+    for (i, &w) in a.iter().enumerate() {
+        let v = &values[i * kv_dim + c..][..rest.len()];
         for (o, &vi) in rest.iter_mut().zip(v) {
-            *o += a * vi;
+            *o += w * vi;
         }
     }
 }
+
+/// How far ahead of the row it reads attention asks for a row of the cache: the hardware's
+/// prefetchers leave rows `kv_dim` apart to come from DRAM one miss at a time.
+const ROWS_AHEAD: usize = 8;
+
+/// Positions whose value rows every head adds before the next tile: 16 rows of a 128-wide
+/// head are 8 KiB, a quarter of an L1 (64 rows, a whole one, were 15% slower at 1.5B's shape).
+const VALUE_TILE: usize = 16;
 
 /// Outputs of `attend_f32`'s value pass kept in registers at once: four AVX2 registers.
 const VALUE_BLOCK: usize = 32;

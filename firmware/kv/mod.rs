@@ -28,6 +28,7 @@ mod cost;
 mod error;
 mod layout;
 
+pub use attend::heads_per_task;
 pub use cache::{cpu_has_avx2, key_scales_from_bias, KvCache, Storage};
 pub use cost::{policy_from, CostModel, Policy};
 pub use error::KvError;

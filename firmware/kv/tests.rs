@@ -1,4 +1,5 @@
 use super::attend::dot;
+use super::heads_per_task;
 use super::*;
 
 struct Bufs {
@@ -212,9 +213,9 @@ fn avx2_attention_equals_baseline_exactly() {
                 let q: Vec<f32> = (0..s.head_dim).map(|i| val(l, pos, i, 7)).collect();
                 let (mut a1, mut a2) = (vec![0f32; pos + 1], vec![0f32; pos + 1]);
                 let (mut o1, mut o2) = (vec![0f32; s.head_dim], vec![0f32; s.head_dim]);
-                c.attend_any(l, h, &q, pos, &mut a1, &mut o1);
+                c.attend_any(l, h, &q, pos, &mut a1, 0, &mut o1);
                 // SAFETY: cpu_has_avx2() found AVX2, FMA and F16C.
-                unsafe { c.attend_avx2(l, h, &q, pos, &mut a2, &mut o2) };
+                unsafe { c.attend_avx2(l, h, &q, pos, &mut a2, 0, &mut o2) };
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&o1), bits(&o2), "pos {pos} layer {l} head {h}");
                 assert_eq!(bits(&a1), bits(&a2));
@@ -449,4 +450,86 @@ fn f32_attention_equals_the_plain_loop_exactly() {
             assert_eq!(bits(&out), bits(&want), "avx2 {avx2} pos {pos} head {h}");
         }
     }
+}
+
+/// Several query heads of a KV head at once (`attend_heads`: each row read once for them all,
+/// values a tile of positions at a time) give each head the bits `attend` gives it alone: f32
+/// cache at a head size of 48 (a block of 32 and 16 past it) and the int8 chain of mixed
+/// segments, baseline and AVX2 builds, positions short of, at and past a value tile.
+#[test]
+fn heads_together_equal_heads_alone_exactly() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let s48 = Shape {
+        n_layers: 2,
+        kv_heads: 2,
+        head_dim: 48,
+        context: 300,
+    };
+    let (mut b32, mut b8) = (bufs(&s48), bufs(&shape()));
+    let mut c32 = cache_f32(s48, &mut b32, Policy::Fixed(Layout::TokenMajor));
+    let mut c8 = cache(shape(), &mut b8, Policy::Adaptive(eager()));
+    for pos in 0..200 {
+        append(&mut c32, pos);
+        append(&mut c8, pos);
+    }
+    assert!(c8.segments().len() > 1, "a chain of mixed segments");
+    for c in [&mut c32, &mut c8] {
+        let s = c.shape;
+        let hd = s.head_dim;
+        for avx2 in [false, cpu_has_avx2()] {
+            c.set_avx2(avx2);
+            for (pos, n, l, kvh) in [(0, 3, 0, 0), (63, 2, 1, 1), (64, 5, 0, 1), (199, 6, 1, 0)] {
+                let stride = pos + 7;
+                let qs: Vec<f32> = (0..n * hd).map(|i| val(l, pos, i, 11)).collect();
+                let mut att = vec![f32::NAN; n * stride];
+                let mut out = vec![f32::NAN; n * hd];
+                c.attend_heads(l, kvh, &qs, pos, &mut att, stride, &mut out);
+                for h in 0..n {
+                    let mut a1 = vec![0f32; pos + 1];
+                    let mut o1 = vec![0f32; hd];
+                    c.attend(l, kvh, &qs[h * hd..][..hd], pos, &mut a1, &mut o1);
+                    let what = format!("{:?} avx2 {avx2} pos {pos} head {h} of {n}", s);
+                    assert_eq!(bits(&out[h * hd..][..hd]), bits(&o1), "{what}");
+                    assert_eq!(bits(&att[h * stride..][..pos + 1]), bits(&a1), "{what}");
+                    assert!(o1.iter().any(|x| *x != 0.0), "{what}: an output");
+                }
+            }
+        }
+    }
+}
+
+/// Heads that are not whole, or weights that would overlap, are a caller's fault.
+#[test]
+#[should_panic(expected = "each head's weights need 11 places, 10 apart")]
+fn heads_together_need_room_for_every_head() {
+    let s = shape();
+    let mut b = bufs(&s);
+    let mut c = cache_f32(s, &mut b, Policy::Fixed(Layout::TokenMajor));
+    for pos in 0..11 {
+        append(&mut c, pos);
+    }
+    let qs = vec![0.5f32; 2 * s.head_dim];
+    let (mut att, mut out) = (vec![0f32; 20], vec![0f32; 2 * s.head_dim]);
+    c.attend_heads(0, 0, &qs, 10, &mut att, 10, &mut out);
+}
+
+/// Attention tasks: the least time on the busiest thread, a head of a bigger task costing
+/// less (it shares the reading of the rows).
+#[test]
+fn heads_per_task_keeps_threads_busy_and_reads_rows_once() {
+    // Qwen2.5-1.5B: 12 query heads on 2 KV heads.
+    assert_eq!(heads_per_task(6, 2, 2), 6);
+    assert_eq!(heads_per_task(6, 2, 8), 2);
+    assert_eq!(heads_per_task(6, 2, 16), 1);
+    // SmolLM2-135M: 9 on 3. Three tasks of three on two threads: 6 heads at 4/3 against 5
+    // alone at 2.
+    assert_eq!(heads_per_task(3, 3, 2), 3);
+    assert_eq!(heads_per_task(3, 3, 8), 3);
+    assert_eq!(heads_per_task(3, 3, 16), 1);
+    // A prefill batch of 16 tokens has work enough for whole groups.
+    assert_eq!(heads_per_task(3, 48, 2), 3);
+    assert_eq!(heads_per_task(6, 32, 8), 6);
+    // No grouping (multi-head attention), one thread.
+    assert_eq!(heads_per_task(1, 12, 2), 1);
+    assert_eq!(heads_per_task(6, 2, 1), 6);
 }

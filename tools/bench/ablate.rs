@@ -25,6 +25,8 @@ pub enum Ablation {
     NoCpuPrefetch,
     /// CPU: K-quant rows read their input with a scale per 32 values, not one per 256.
     KBlockScales,
+    /// CPU: attention a task a query head, not several heads of a KV head a task.
+    CpuPerHeadAttention,
     /// CUDA: every kernel launched, without the per-token graph.
     NoGraph,
     /// CUDA: every product kernel narrow.
@@ -71,6 +73,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("cpu-prefetch", "cpu", "x86: decode's one-pass kernels (w4 swizzled, w8, Q4_K, Q6_K) prefetch their weights in software (the default on Intel CPUs only)"),
     ("no-cpu-prefetch", "cpu", "x86: decode's one-pass kernels leave prefetching to the hardware (the default but on Intel CPUs)"),
     ("k-block-scales", "cpu", "K-quant rows read their input quantized with a scale per 32 values (finer, slower) rather than one per 256 (llama.cpp's Q8_K)"),
+    ("cpu-per-head-attention", "cpu", "attention a task a query head, each reading its KV head's rows, rather than the query heads of a KV head together reading them once"),
     ("no-graph", "cuda", "every kernel launched, without the per-token CUDA graph"),
     ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
     ("wide", "cuda", "every product kernel wide (small products too)"),
@@ -101,7 +104,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 22] = {
+const PLAIN: [Ablation; 23] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -110,6 +113,7 @@ const PLAIN: [Ablation; 22] = {
         CpuPrefetch,
         NoCpuPrefetch,
         KBlockScales,
+        CpuPerHeadAttention,
         NoGraph,
         Narrow,
         Wide,
@@ -173,6 +177,7 @@ impl Ablation {
             CpuPrefetch => "cpu-prefetch".into(),
             NoCpuPrefetch => "no-cpu-prefetch".into(),
             KBlockScales => "k-block-scales".into(),
+            CpuPerHeadAttention => "cpu-per-head-attention".into(),
             NoGraph => "no-graph".into(),
             Narrow => "narrow".into(),
             Wide => "wide".into(),
@@ -198,9 +203,8 @@ impl Ablation {
     pub fn backend(self) -> Backend {
         use Ablation::*;
         match self {
-            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales => {
-                Backend::Cpu
-            }
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales
+            | CpuPerHeadAttention => Backend::Cpu,
             _ => Backend::Cuda,
         }
     }
@@ -214,6 +218,7 @@ impl Ablation {
             Ablation::CpuPrefetch => k.prefetch = true,
             Ablation::NoCpuPrefetch => k.prefetch = false,
             Ablation::KBlockScales => k.superblock_scales = false,
+            Ablation::CpuPerHeadAttention => k.grouped_attention = false,
             _ => {}
         }
     }
@@ -243,7 +248,8 @@ impl Ablation {
             PrefillBatch(n) => o.prefill_batch = n,
             PtxProducts => o.prefill_products = PrefillProducts::Ptx,
             ScalarAttention => o.prefill_tensor_attention = false,
-            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales => {}
+            NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales
+            | CpuPerHeadAttention => {}
         }
     }
 }

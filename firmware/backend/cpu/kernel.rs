@@ -64,6 +64,11 @@ pub struct KernelSet {
     /// types take it: finer (Qwen2.5-1.5B Q4_K_M's perplexity 0.4% lower, docs/BENCHMARKS.md)
     /// and slower.
     pub superblock_scales: bool,
+    /// Attention tasks take several query heads of one KV head where that keeps the threads
+    /// as busy as a task a head, so each row of the cache is read once for them all (`false`:
+    /// a task a query head, as the classic engine: the `cpu-per-head-attention` ablation).
+    /// The same bits either way.
+    pub grouped_attention: bool,
 }
 
 impl KernelSet {
@@ -86,6 +91,7 @@ impl KernelSet {
             avx512: true,
             prefetch: intel_cpu(),
             superblock_scales: true,
+            grouped_attention: true,
         }
     }
 
