@@ -48,11 +48,14 @@ fn main() {
         (0..n).map(|_| next()).collect(),
     );
     let q: Vec<f32> = (0..heads * head_dim).map(|_| next()).collect();
+    let (mut kbuf, mut vbuf) = (vec![0f32; s.kv_dim()], vec![0f32; s.kv_dim()]);
     let mut kv = KvCache::new(
         s,
         Storage::F32 {
             k: &mut k,
             v: &mut v,
+            kbuf: &mut kbuf,
+            vbuf: &mut vbuf,
         },
         Policy::Fixed(Layout::TokenMajor),
     );

@@ -404,7 +404,12 @@ impl<'a> Engine<'a> {
             let vf = k.take::<f32>(h.n_layers * context * kv_dim)?;
             kf.fill(0.0);
             vf.fill(0.0);
-            Storage::F32 { k: kf, v: vf }
+            Storage::F32 {
+                k: kf,
+                v: vf,
+                kbuf: c.take(kv_dim)?,
+                vbuf: c.take(kv_dim)?,
+            }
         };
         let s = Scratch {
             x: c.take(h.dim)?,

@@ -1,10 +1,10 @@
 //! The cache's attention: [`KvCache::attend`] over every segment of the chain, and the kernels
 //! under it (int8 dots and value sums, the f32 cache's loop).
 
-use super::cache::{head_scales, KvCache, Storage};
+use super::cache::{f32_row, head_scales, KvCache, Storage};
 use super::layout::{addr, quantize_head};
 use super::{GROUP, MAX_HEAD_DIM};
-use crate::ops::{prefetch, softmax};
+use crate::ops::softmax;
 
 impl KvCache<'_> {
     /// Scaled dot-product attention of one query head `q` over positions `0..=pos` of KV head
@@ -93,15 +93,15 @@ impl KvCache<'_> {
         let s = &self.shape;
         let hd = s.head_dim;
         match &self.store {
-            Storage::F32 { k, v } => {
-                let n = s.context * s.kv_dim();
+            Storage::F32 { k, v, .. } => {
+                let (at, n) = (f32_row(s, l, kv_head, 0), s.context * hd);
                 attend_f32(
                     qs,
                     hd,
-                    &k[l * n..(l + 1) * n],
-                    &v[l * n..(l + 1) * n],
-                    s.kv_dim(),
-                    kv_head * hd,
+                    &k[at..at + n],
+                    &v[at..at + n],
+                    hd,
+                    0,
                     pos,
                     att,
                     att_stride,
@@ -192,7 +192,7 @@ impl KvCache<'_> {
 /// heads a KV head has), for `units` KV heads to attend (times the tokens of a batch) over
 /// `threads` (tasks are claimed in turn): the least time on the busiest thread, counting a
 /// head in a task of `sub` as `1 + 1/sub`, its own arithmetic plus its share of reading the
-/// rows (`cargo bench --bench attention`: a head alone 1.4-1.5x the time of one of 3 or 6 a
+/// rows (`cargo bench --bench attention`: a head alone 1.4-1.6x the time of one of 3 or 6 a
 /// task, docs/BENCHMARKS.md). Qwen2.5-1.5B's 6 heads a KV head take one task per KV head at 2
 /// threads, 2 heads a task at 8, one at 16; SmolLM2's 3 take one task per KV head at 2.
 pub fn heads_per_task(group: usize, units: usize, threads: usize) -> usize {
@@ -265,9 +265,6 @@ fn attend_f32(
     let weights = |h: usize| h * att_stride..h * att_stride + pos + 1;
     for t in 0..=pos {
         let k = &keys[t * kv_dim + off..][..head_dim];
-        if let Some(ahead) = keys.get(off + (t + ROWS_AHEAD) * kv_dim..) {
-            prefetch(&ahead[..head_dim.min(ahead.len())]);
-        }
         for (h, q) in qs.chunks_exact(head_dim).enumerate() {
             att[h * att_stride + t] = dot(q, k) * scale;
         }
@@ -283,11 +280,6 @@ fn attend_f32(
     let mut t0 = 0;
     while t0 <= pos {
         let tile = t0..(t0 + VALUE_TILE).min(pos + 1);
-        for t in tile.clone() {
-            if let Some(ahead) = values.get(off + (t + ROWS_AHEAD) * kv_dim..) {
-                prefetch(&ahead[..head_dim.min(ahead.len())]);
-            }
-        }
         let rows = &values[t0 * kv_dim + off..];
         for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
             add_weighted_values(&att[weights(h)][tile.clone()], rows, kv_dim, o);
@@ -330,12 +322,8 @@ fn add_weighted_values(a: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]
     }
 }
 
-/// How far ahead of the row it reads attention asks for a row of the cache: the hardware's
-/// prefetchers leave rows `kv_dim` apart to come from DRAM one miss at a time.
-const ROWS_AHEAD: usize = 8;
-
 /// Positions whose value rows every head adds before the next tile: 16 rows of a 128-wide
-/// head are 8 KiB, a quarter of an L1 (64 rows, a whole one, were 15% slower at 1.5B's shape).
+/// head are 8 KiB, a quarter of an L1 (8 to 64 measured: 16 the fastest at both shapes).
 const VALUE_TILE: usize = 16;
 
 /// Outputs of `attend_f32`'s value pass kept in registers at once: four AVX2 registers.

@@ -8,8 +8,17 @@ use super::{KvPrecision, GROUP, MAX_HEAD_DIM, MAX_SEGMENTS};
 /// The storage of a cache, carved from the KV arena at boot (or any buffers, for tests and the
 /// calibration benchmark).
 pub enum Storage<'a> {
-    /// `[layer][position][kv_dim]` keys and values.
-    F32 { k: &'a mut [f32], v: &'a mut [f32] },
+    /// Keys and values `[layer][kv_head][position][head_dim]`: the rows of one KV head lie
+    /// one after another, so its attention reads one stream (token-major rows, `kv_dim`
+    /// apart, left each head's reads a fraction of every line pair and page the hardware's
+    /// prefetchers fetched). `kbuf`/`vbuf`: the rows the forward pass writes a token's K and V
+    /// into (`kv_dim` each), stored per head by `commit`.
+    F32 {
+        k: &'a mut [f32],
+        v: &'a mut [f32],
+        kbuf: &'a mut [f32],
+        vbuf: &'a mut [f32],
+    },
     /// int8 values (`Shape::i8_values`), scales (`Shape::i8_scales`), and the f32 rows the
     /// forward pass writes a token's K and V into before they are quantized (`kv_dim` each).
     I8 {
@@ -57,9 +66,10 @@ impl<'a> KvCache<'a> {
     /// Panics when the storage does not match the shape (boot sizes it from the same shape).
     pub fn new(shape: Shape, store: Storage<'a>, policy: Policy) -> KvCache<'a> {
         match &store {
-            Storage::F32 { k, v } => {
+            Storage::F32 { k, v, kbuf, vbuf } => {
                 let n = shape.n_layers * shape.context * shape.kv_dim();
                 assert!(k.len() >= n && v.len() >= n, "f32 KV storage too small");
+                assert!(kbuf.len() == shape.kv_dim() && vbuf.len() == shape.kv_dim());
             }
             Storage::I8 {
                 k,
@@ -180,15 +190,13 @@ impl<'a> KvCache<'a> {
         }
     }
 
-    /// The rows the forward pass writes position `pos`'s key and value of layer `l` into.
-    pub fn rows(&mut self, l: usize, pos: usize) -> (&mut [f32], &mut [f32]) {
-        let kv_dim = self.shape.kv_dim();
+    /// The rows the forward pass writes a position's key and value of a layer into; `commit`
+    /// stores them.
+    pub fn rows(&mut self, _l: usize, _pos: usize) -> (&mut [f32], &mut [f32]) {
         match &mut self.store {
-            Storage::F32 { k, v } => {
-                let at = (l * self.shape.context + pos) * kv_dim;
-                (&mut k[at..at + kv_dim], &mut v[at..at + kv_dim])
+            Storage::F32 { kbuf, vbuf, .. } | Storage::I8 { kbuf, vbuf, .. } => {
+                (&mut kbuf[..], &mut vbuf[..])
             }
-            Storage::I8 { kbuf, vbuf, .. } => (&mut kbuf[..], &mut vbuf[..]),
         }
     }
 
@@ -206,7 +214,7 @@ impl<'a> KvCache<'a> {
     }
 
     /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
-    /// segment holding `pos`; f32: they are already in place).
+    /// segment holding `pos`; f32: each head's part to its row).
     pub fn commit(&mut self, l: usize, pos: usize) {
         let s = self.shape;
         let (hd, g) = (s.head_dim, s.groups());
@@ -214,6 +222,13 @@ impl<'a> KvCache<'a> {
             panic!("position {pos} was not begun");
         };
         let key_scale = self.key_scale;
+        if let Storage::F32 { k, v, kbuf, vbuf } = &mut self.store {
+            for h in 0..s.kv_heads {
+                let at = f32_row(&s, l, h, pos);
+                k[at..at + hd].copy_from_slice(&kbuf[h * hd..][..hd]);
+                v[at..at + hd].copy_from_slice(&vbuf[h * hd..][..hd]);
+            }
+        }
         if let Storage::I8 {
             k,
             v,
@@ -252,6 +267,12 @@ impl<'a> KvCache<'a> {
             .find(|s| pos >= s.start && pos < s.start + s.len)
             .map(|s| (*s, pos - s.start))
     }
+}
+
+/// Where the f32 cache's row of KV head `h` at position `pos` of layer `l` starts.
+#[inline(always)]
+pub(super) fn f32_row(s: &Shape, l: usize, h: usize, pos: usize) -> usize {
+    ((l * s.kv_heads + h) * s.context + pos) * s.head_dim
 }
 
 /// Key head `h` of layer `l`'s scales, when keys are scaled.

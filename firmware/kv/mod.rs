@@ -3,8 +3,8 @@
 //! picks the layout for new tokens, and a new segment starts only when another layout wins by a
 //! margin for `persist` tokens in a row (phase-aware transitions). Old segments are never re-laid.
 //!
-//! Precisions: `F32` (the `native` and `f16` engines: one token-major segment, exactly the
-//! classic `[layer][position][kv_dim]` cache) and `I8` (w8a8, w4a8): int8 values with one f32
+//! Precisions: `F32` (the `native` and `f16` engines: one segment, `[layer][kv_head][position]
+//! [head_dim]`, each KV head's rows one stream) and `I8` (w8a8, w4a8): int8 values with one f32
 //! scale per (token, kv head, group of 32 along the head), `d = amax / 127`, round to nearest.
 //!
 //! Layouts of an int8 segment (the head axis `D` is contiguous in both; they differ in where a

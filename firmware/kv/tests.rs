@@ -57,6 +57,8 @@ fn cache_f32<'a>(s: Shape, b: &'a mut Bufs, policy: Policy) -> KvCache<'a> {
         Storage::F32 {
             k: &mut b.kf,
             v: &mut b.vf,
+            kbuf: &mut b.kb,
+            vbuf: &mut b.vb,
         },
         policy,
     )

@@ -65,39 +65,6 @@ pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
     }
 }
 
-/// Hints the CPU to bring `items` (weights, cache rows) into cache; never faults, changes no
-/// result.
-#[inline]
-pub fn prefetch<T>(items: &[T]) {
-    let p = items.as_ptr().cast::<u8>();
-    let len = std::mem::size_of_val(items);
-    let mut off = 0;
-    while off < len {
-        prefetch_line(p.wrapping_add(off));
-        off += 64;
-    }
-    if let Some(last) = len.checked_sub(1) {
-        prefetch_line(p.wrapping_add(last));
-    }
-}
-
-#[inline]
-fn prefetch_line(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is in the
-    // x86-64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(target_arch = "aarch64")]
-    // SAFETY: PRFM is a hint that never faults, whatever the address.
-    unsafe {
-        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
-    };
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = p;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

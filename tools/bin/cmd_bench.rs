@@ -571,8 +571,13 @@ fn write_tables(a: &BenchArgs, json: &str, md: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The KV chain as `layout[start..end]` items.
+/// The KV chain as `layout[start..end]` items (the f32 cache is one segment of rows a KV head
+/// at a time: `head-major`).
 fn segments_text(e: &Engine) -> String {
+    if e.kv_precision() == leanstream::kv::KvPrecision::F32 {
+        let end = e.kv_segments().last().map_or(0, |s| s.start + s.len);
+        return format!("head-major[0..{end}]");
+    }
     e.kv_segments()
         .iter()
         .map(|s| format!("{}[{}..{}]", s.layout.name(), s.start, s.start + s.len))

@@ -9,7 +9,6 @@ pub mod matvec;
 pub mod pool;
 pub mod sparse_ffn;
 
-pub use crate::ops::prefetch;
 pub use matvec::{
     matmul_many, matvec, matvec_many, ActScratch, Kernel, KernelSet, Matrix, Rows, Tile,
 };
@@ -106,6 +105,37 @@ pub fn prefetch_gathered<'a>(ids: &[u32], i: usize, row: impl Fn(u32) -> &'a [u8
     for &r in ids.iter().skip(i + GATHER_PREFETCH_ROWS).take(4) {
         prefetch(row(r));
     }
+}
+
+/// Hints the CPU to bring `bytes` into cache; never faults, changes no result.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    let p = bytes.as_ptr();
+    let mut off = 0;
+    while off < bytes.len() {
+        prefetch_line(p.wrapping_add(off));
+        off += 64;
+    }
+    if let Some(last) = bytes.len().checked_sub(1) {
+        prefetch_line(p.wrapping_add(last));
+    }
+}
+
+#[inline]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is in the
+    // x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
 }
 
 #[cfg(test)]
