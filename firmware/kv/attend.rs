@@ -100,8 +100,6 @@ impl KvCache<'_> {
                     hd,
                     &k[at..at + n],
                     &v[at..at + n],
-                    hd,
-                    0,
                     pos,
                     att,
                     att_stride,
@@ -242,7 +240,7 @@ fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
 }
 
 /// The f32 cache's attention for one or more query heads of one KV head (`qs`, heads of
-/// `head_dim` values): per head, the classic engine's arithmetic (golden results stay
+/// `head_dim` values) over its rows (`keys`, `values`: `head_dim` values a position): per head, the classic engine's arithmetic (golden results stay
 /// exact), but each key row is dotted with every head while it is in L1, and the values are
 /// summed a tile of positions at a time, every head over the tile before the next, so each
 /// row comes from memory once for all the heads.
@@ -253,8 +251,6 @@ fn attend_f32(
     head_dim: usize,
     keys: &[f32],
     values: &[f32],
-    kv_dim: usize,
-    off: usize,
     pos: usize,
     att: &mut [f32],
     att_stride: usize,
@@ -264,7 +260,7 @@ fn attend_f32(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let weights = |h: usize| h * att_stride..h * att_stride + pos + 1;
     for t in 0..=pos {
-        let k = &keys[t * kv_dim + off..][..head_dim];
+        let k = &keys[t * head_dim..][..head_dim];
         for (h, q) in qs.chunks_exact(head_dim).enumerate() {
             att[h * att_stride + t] = dot(q, k) * scale;
         }
@@ -280,18 +276,19 @@ fn attend_f32(
     let mut t0 = 0;
     while t0 <= pos {
         let tile = t0..(t0 + VALUE_TILE).min(pos + 1);
-        let rows = &values[t0 * kv_dim + off..];
+        let rows = &values[t0 * head_dim..];
         for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
-            add_weighted_values(&att[weights(h)][tile.clone()], rows, kv_dim, o);
+            add_weighted_values(&att[weights(h)][tile.clone()], rows, o);
         }
         t0 = tile.end;
     }
 }
 
-/// `out += sum over i of a[i] * row i`, rows `kv_dim` apart from the start of `values`, the
-/// adds of each output in row order.
+/// `out += sum over i of a[i] * row i`, the rows `out.len()` values each from the start of
+/// `values`, the adds of each output in row order.
 #[inline(always)]
-fn add_weighted_values(a: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]) {
+fn add_weighted_values(a: &[f32], values: &[f32], out: &mut [f32]) {
+    let row = out.len();
     let mut c = 0;
     while c + VALUE_BLOCK <= out.len() {
         // Constant trip counts, so the loops unroll and `acc` lives in registers.
@@ -299,7 +296,7 @@ fn add_weighted_values(a: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]
         let mut acc: [[f32; 8]; VALUE_BLOCK / 8] =
             std::array::from_fn(|b| std::array::from_fn(|j| start[8 * b + j]));
         for (i, &w) in a.iter().enumerate() {
-            let v: &[f32; VALUE_BLOCK] = values[i * kv_dim + c..][..VALUE_BLOCK]
+            let v: &[f32; VALUE_BLOCK] = values[i * row + c..][..VALUE_BLOCK]
                 .try_into()
                 .expect("a block of values");
             for (b, acc) in acc.iter_mut().enumerate() {
@@ -315,7 +312,7 @@ fn add_weighted_values(a: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]
     }
     let rest = &mut out[c..];
     for (i, &w) in a.iter().enumerate() {
-        let v = &values[i * kv_dim + c..][..rest.len()];
+        let v = &values[i * row + c..][..rest.len()];
         for (o, &vi) in rest.iter_mut().zip(v) {
             *o += w * vi;
         }
