@@ -29,7 +29,7 @@ use crate::backend::cpu::{
 use crate::board::PREFILL_BATCH;
 pub use crate::boot::Arenas;
 use crate::boot::{ArenaKind, BootError, Carver, Plan};
-use crate::kv::{heads_per_task, CostModel, KvCache, Policy, Shape, Storage};
+use crate::kv::{heads_per_task, CostModel, KvCache, KvPrecision, Policy, Shape, Storage};
 use crate::model::ggml::dequantize_row;
 use crate::model::{Hyper, ModelFile, TensorRef};
 use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
@@ -651,9 +651,11 @@ impl<'a> Engine<'a> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
-        let sub = match self.kernels.grouped_attention {
-            true => heads_per_task(group, h.n_kv_heads, self.pool.n_threads()),
-            false => 1,
+        // Only the f32 cache reads its rows once for a task's heads (the int8 one attends a
+        // head at a time), so only it groups them.
+        let sub = match (self.kernels.grouped_attention, self.kv.precision()) {
+            (true, KvPrecision::F32) => heads_per_task(group, h.n_kv_heads, self.pool.n_threads()),
+            _ => 1,
         };
         let ctx = self.context;
         let s = &mut self.s;
@@ -846,9 +848,13 @@ impl Engine<'_> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
-        let sub = match self.kernels.grouped_attention {
-            true => heads_per_task(group, n * h.n_kv_heads, self.pool.n_threads()),
-            false => 1,
+        // Only the f32 cache reads its rows once for a task's heads (the int8 one attends a
+        // head at a time), so only it groups them.
+        let sub = match (self.kernels.grouped_attention, self.kv.precision()) {
+            (true, KvPrecision::F32) => {
+                heads_per_task(group, n * h.n_kv_heads, self.pool.n_threads())
+            }
+            _ => 1,
         };
         let half = head_dim / 2;
         let ctx = self.context;
