@@ -633,6 +633,19 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Query heads of one KV head an attention task takes, for `units` KV heads to attend.
+    /// Only the f32 cache reads its rows once for a task's heads (the int8 one attends a head
+    /// at a time), so only it groups them.
+    fn heads_per_attention_task(&self, units: usize) -> usize {
+        let h = &self.hyper;
+        match (self.kernels.grouped_attention, self.kv.precision()) {
+            (true, KvPrecision::F32) => {
+                heads_per_task(h.n_heads / h.n_kv_heads, units, self.pool.n_threads())
+            }
+            _ => 1,
+        }
+    }
+
     /// Runs one token at position `pos` through the model and returns the logits over the vocabulary.
     /// Positions are the caller's to manage: writing position p overwrites the cache from p on.
     pub fn forward(&mut self, token: u32, pos: usize) -> &mut [f32] {
@@ -651,12 +664,7 @@ impl<'a> Engine<'a> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
-        // Only the f32 cache reads its rows once for a task's heads (the int8 one attends a
-        // head at a time), so only it groups them.
-        let sub = match (self.kernels.grouped_attention, self.kv.precision()) {
-            (true, KvPrecision::F32) => heads_per_task(group, h.n_kv_heads, self.pool.n_threads()),
-            _ => 1,
-        };
+        let sub = self.heads_per_attention_task(h.n_kv_heads);
         let ctx = self.context;
         let s = &mut self.s;
         let (pool, ks) = (&self.pool, self.kernels);
@@ -671,7 +679,7 @@ impl<'a> Engine<'a> {
         for (l, w) in self.layers.iter().enumerate() {
             // Attention: q, k and v of this token; k and v go into the cache's rows for it.
             rmsnorm(s.xb, s.x, w.attn_norm, h.norm_eps);
-            let (k, v) = self.kv.rows(l, pos);
+            let (k, v) = self.kv.rows();
             matvec_many(
                 ks,
                 pool,
@@ -848,14 +856,7 @@ impl Engine<'_> {
         let kv_dim = h.n_kv_heads * head_dim;
         let q_dim = n_heads * head_dim;
         let group = n_heads / h.n_kv_heads;
-        // Only the f32 cache reads its rows once for a task's heads (the int8 one attends a
-        // head at a time), so only it groups them.
-        let sub = match (self.kernels.grouped_attention, self.kv.precision()) {
-            (true, KvPrecision::F32) => {
-                heads_per_task(group, n * h.n_kv_heads, self.pool.n_threads())
-            }
-            _ => 1,
-        };
+        let sub = self.heads_per_attention_task(n * h.n_kv_heads);
         let half = head_dim / 2;
         let ctx = self.context;
         let b = &mut self.b;
@@ -917,7 +918,7 @@ impl Engine<'_> {
                 );
                 rope(qt, cos, sin, h.rope_style);
                 rope(kt, cos, sin, h.rope_style);
-                let (kr, vr) = self.kv.rows(l, pos + t);
+                let (kr, vr) = self.kv.rows();
                 kr.copy_from_slice(kt);
                 vr.copy_from_slice(vt);
                 self.kv.commit(l, pos + t);

@@ -192,7 +192,7 @@ impl<'a> KvCache<'a> {
 
     /// The rows the forward pass writes a position's key and value of a layer into; `commit`
     /// stores them.
-    pub fn rows(&mut self, _l: usize, _pos: usize) -> (&mut [f32], &mut [f32]) {
+    pub fn rows(&mut self) -> (&mut [f32], &mut [f32]) {
         match &mut self.store {
             Storage::F32 { kbuf, vbuf, .. } | Storage::I8 { kbuf, vbuf, .. } => {
                 (&mut kbuf[..], &mut vbuf[..])

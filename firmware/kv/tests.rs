@@ -76,7 +76,7 @@ fn val(l: usize, pos: usize, i: usize, salt: u64) -> f32 {
 fn append(c: &mut KvCache, pos: usize) {
     c.begin_token(pos);
     for l in 0..c.shape.n_layers {
-        let (k, v) = c.rows(l, pos);
+        let (k, v) = c.rows();
         for (i, x) in k.iter_mut().enumerate() {
             *x = val(l, pos, i, 1);
         }
@@ -262,7 +262,7 @@ fn key_scales_tame_outlier_channels() {
         }
         for pos in 0..40 {
             c.begin_token(pos);
-            let (k, v) = c.rows(0, pos);
+            let (k, v) = c.rows();
             for (i, x) in k.iter_mut().enumerate() {
                 *x = 2.0 * val(0, pos, i, 1) + bias[i];
             }

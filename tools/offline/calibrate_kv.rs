@@ -64,7 +64,7 @@ pub fn time_attention(shape: Shape, layout: Layout, t: usize, reps: usize) -> f6
     let mut x = 0x9E37_79B9u32;
     for pos in 0..t {
         cache.begin_token(pos);
-        let (kr, vr) = cache.rows(0, pos);
+        let (kr, vr) = cache.rows();
         for val in kr.iter_mut().chain(vr.iter_mut()) {
             x ^= x << 13;
             x ^= x >> 17;
