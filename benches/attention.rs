@@ -3,8 +3,10 @@
 //! layer (3 MB at 2,048 positions) stays in L2/L3, as a layer's does between tokens.
 //! `cargo bench --bench attention`; `ATT_POS=4096` (positions); `ATT_SHAPE=qwen1.5b` (12 query
 //! heads on 2 KV heads of 128); `ATT_SUB=N`: N query heads of a KV head a call
-//! (`KvCache::attend_heads`, each row read once for them; default 1, a call a head).
+//! (`KvCache::attend_heads`, each row read once for them; default 1, a call a head);
+//! `ATT_KV=f16`: the f16 cache (the default for float engines) rather than f32.
 use leanstream::kv::{KvCache, Layout, Policy, Shape, Storage};
+use leanstream::model::ggml::f32_to_f16;
 use std::time::Instant;
 
 fn main() {
@@ -49,16 +51,31 @@ fn main() {
     );
     let q: Vec<f32> = (0..heads * head_dim).map(|_| next()).collect();
     let (mut kbuf, mut vbuf) = (vec![0f32; s.kv_dim()], vec![0f32; s.kv_dim()]);
-    let mut kv = KvCache::new(
-        s,
+    let half = std::env::var("ATT_KV").as_deref() == Ok("f16");
+    let (mut kh, mut vh): (Vec<u16>, Vec<u16>) = if half {
+        (
+            k.iter().map(|&x| f32_to_f16(x)).collect(),
+            v.iter().map(|&x| f32_to_f16(x)).collect(),
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let store = if half {
+        Storage::F16 {
+            k: &mut kh,
+            v: &mut vh,
+            kbuf: &mut kbuf,
+            vbuf: &mut vbuf,
+        }
+    } else {
         Storage::F32 {
             k: &mut k,
             v: &mut v,
             kbuf: &mut kbuf,
             vbuf: &mut vbuf,
-        },
-        Policy::Fixed(Layout::TokenMajor),
-    );
+        }
+    };
+    let mut kv = KvCache::new(s, store, Policy::Fixed(Layout::TokenMajor));
     // The AVX2 build of the loops where the CPU has it, as the engine boots it.
     kv.set_avx2(true);
     let mut att = vec![0f32; sub * pos];
@@ -85,7 +102,8 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "attention f32, {layers} layers of {pos} positions, {heads} heads on {kv_heads} of {head_dim}, {sub} a call: {:.2} ns per head and position ({sink:.1})",
+        "attention {}, {layers} layers of {pos} positions, {heads} heads on {kv_heads} of {head_dim}, {sub} a call: {:.2} ns per head and position ({sink:.1})",
+        if half { "f16" } else { "f32" },
         best * 1e9 / (reps * layers * heads * pos) as f64
     );
 }

@@ -1,5 +1,6 @@
 // Decode attention (decode.cu includes this at its place in the step): one kernel, `attention`
-// (f32 cache) and `attention_i8` (int8 cache), with its launch policy beside it
+// (f32 cache), `attention_f16` (half cache) and `attention_i8` (int8 cache), with its launch
+// policy beside it
 // (`attention_launch`): a block a query head, split over slices once the context is long, and
 // a kv head's query heads a block once a layer's cache outgrows the L2. engine/cuda.rs launches
 // it; the host side of the policy is `max_slices`, `max_group_slices` and `group_from` there.
@@ -136,15 +137,30 @@ __device__ void attend_i8_loop(int t_begin, int t_end, int pos, int head_dim, in
             ((float4*)wo)[4 * j + q] = make_float4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
 }
 
-// NP (1, 2 or 4) per-lane partial sums, each summed over the warp: the lane ends with the
+// NP (1, 2, 4 or 8) per-lane partial sums, each summed over the warp: the lane ends with the
 // whole sum of position lane / (32 / NP). A butterfly per sum takes 5 NP shuffles and adds;
 // here the first steps trade the half of the sums a lane does not keep (the lanes of bit 16
-// keep the upper half, then of bit 8 the upper quarter), so 4 sums take 6, 2 take 5. Each sum
-// gets a butterfly's additions in its order: the same bits.
+// keep the upper half, then of bit 8 the upper quarter, ...), so 8 sums take 7, 4 take 6, 2
+// take 5. Each sum gets a butterfly's additions in its order: the same bits.
 template <int NP>
 __device__ __forceinline__ float sum_halving(const float (&s)[NP], int lane) {
     float k;
-    if (NP == 4) {
+    if (NP == 8) {
+        // Three halvings (bits 16, 8, 4) of the eight sums to one.
+        float h[NP];
+#pragma unroll
+        for (int i = 0; i < NP; i++) h[i] = s[i];
+#pragma unroll
+        for (int n = NP, bit = 16; n > 1; n /= 2, bit /= 2) {
+            bool hi = lane & bit;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                float keep = hi ? h[n / 2 + i] : h[i], give = hi ? h[i] : h[n / 2 + i];
+                h[i] = keep + __shfl_xor_sync(0xffffffff, give, bit);
+            }
+        }
+        k = h[0];
+    } else if (NP == 4) {
         bool hi = lane & 16, mid = lane & 8;
         float k0 = hi ? s[2] : s[0], k1 = hi ? s[3] : s[1];
         k0 += __shfl_xor_sync(0xffffffff, hi ? s[0] : s[2], 16);
@@ -163,18 +179,35 @@ __device__ __forceinline__ float sum_halving(const float (&s)[NP], int lane) {
     return k;
 }
 
-// The float cache's pass over positions [t_begin, t_end) (attend's float path), for warp `warp`
+// Four values of a cache row, the `j`th four, as loaded (f32: a float4; half: 8 bytes, half the
+// registers while a round's loads are in flight) and as floats (a half converts exactly).
+__device__ __forceinline__ float4 load4(const float* row, int j) { return ((const float4*)row)[j]; }
+__device__ __forceinline__ uint2 load4(const f16* row, int j) { return ((const uint2*)row)[j]; }
+__device__ __forceinline__ float4 to4(float4 v) { return v; }
+__device__ __forceinline__ float4 to4(uint2 w) {
+    return make_float4(h2f((f16)(w.x & 0xffff)), h2f((f16)(w.x >> 16)), h2f((f16)(w.y & 0xffff)),
+                       h2f((f16)(w.y >> 16)));
+}
+
+// The value a float cache stores: f32, or (HALF) half.
+template <bool HALF> struct FloatCache { typedef float Value; };
+template <> struct FloatCache<true> { typedef f16 Value; };
+
+// The float caches' pass over positions [t_begin, t_end) (attend's float path; T float for the
+// f32 cache, f16 for the half one), for warp `warp`
 // of the `nw` that share the head's positions: scores, online softmax and weighted values, left
 // in `wo` (head_dim floats) with the warp's max `m` and sum `l`. A lane takes R float4s of a row
 // (j = lane, lane + 32: heads of up to 128 * R), the warp sums the dots (`sum_halving`), and a
 // round takes NP positions whose loads are all in flight before any is used: at long context
 // a warp's rounds, each a wait on memory, are attention's time, so a round takes as many
-// positions as the registers allow (NP 4 for heads of 128, 2 for 256).
-template <int R, int NP>
+// positions as the registers allow (NP 4 for f32 heads of 128, 8 for half ones, 2 for heads of
+// 256).
+template <typename T, int R, int NP>
 __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, int kv_dim,
-                                int kvh, float scale, const float* kcache, const float* vcache,
-                                const float* q, const float* kh, const float* vh, int warp,
+                                int kvh, float scale, const T* kcache, const T* vcache,
+                                const float* q, const T* kh, const T* vh, int warp,
                                 int nw, float& m, float& l, float* wo) {
+    using Raw = decltype(load4(kcache, 0));
     int lane = threadIdx.x & 31, n4 = head_dim / 4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 qv[R], o[R];
@@ -184,25 +217,22 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
         qv[r] = j < n4 ? ((const float4*)q)[j] : zero;
         o[r] = zero;
     }
-    // Row t of the kv head's keys or values as float4s: the cache, or for t = pos the shared copy.
-    auto row4 = [&](const float* cache, const float* mine, int t) -> const float4* {
-        return t == pos ? (const float4*)mine
-                        : (const float4*)(cache + (size_t)t * kv_dim + kvh * head_dim);
-    };
     for (int t0 = t_begin + warp; t0 < t_end; t0 += NP * nw) {
-        float4 kr[NP][R], vr[NP][R];
+        Raw kr[NP][R], vr[NP][R];
         bool ok[NP];
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             int t = t0 + p * nw;
             ok[p] = t < t_end;
             t = ok[p] ? t : t0;  // a position past the end loads t0's row again, and counts nothing
-            const float4 *k = row4(kcache, kh, t), *v = row4(vcache, vh, t);
+            // Row t of the kv head's keys and values: the cache's, or for t = pos the shared copy.
+            size_t at = (size_t)t * kv_dim + kvh * head_dim;
+            const T *k = t == pos ? kh : kcache + at, *v = t == pos ? vh : vcache + at;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int j = lane + 32 * r;
-                kr[p][r] = j < n4 ? k[j] : zero;
-                vr[p][r] = j < n4 ? v[j] : zero;
+                kr[p][r] = j < n4 ? load4(k, j) : Raw{};
+                vr[p][r] = j < n4 ? load4(v, j) : Raw{};
             }
         }
         float s[NP];
@@ -210,9 +240,10 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
         for (int p = 0; p < NP; p++) {
             s[p] = 0.0f;
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                s[p] += qv[r].x * kr[p][r].x + qv[r].y * kr[p][r].y + qv[r].z * kr[p][r].z +
-                        qv[r].w * kr[p][r].w;
+            for (int r = 0; r < R; r++) {
+                float4 k = to4(kr[p][r]);
+                s[p] += qv[r].x * k.x + qv[r].y * k.y + qv[r].z * k.z + qv[r].w * k.w;
+            }
         }
         // The NP dots summed over the warp by halving (`sum_halving`): lane ends with position
         // pl's score, whose weight it alone makes; the others' come by shuffle.
@@ -240,10 +271,11 @@ __device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, i
             l += w;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                o[r].x += w * vr[p][r].x;
-                o[r].y += w * vr[p][r].y;
-                o[r].z += w * vr[p][r].z;
-                o[r].w += w * vr[p][r].w;
+                float4 v = to4(vr[p][r]);
+                o[r].x += w * v.x;
+                o[r].y += w * v.y;
+                o[r].z += w * v.z;
+                o[r].w += w * v.w;
             }
         }
         m = mn;
@@ -398,6 +430,8 @@ __device__ void join_slices(int h0, int hb, int slices, int head_dim, const floa
 // limit is 48 KB), whichever instantiations it calls.
 struct AttendShared {
     __align__(16) float qh[1024], kh[256], vh[256];
+    // The half cache's k and v of p, as stored.
+    __align__(16) f16 kh16[256], vh16[256];
     // The int8 path's queries, key and value of p (int8, and their group scales).
     __align__(16) i8 qq[1024], kq[256], vq[256];
     float qd[32], kd[8], vd[8];
@@ -408,14 +442,16 @@ struct AttendShared {
     int last;
 };
 
-template <bool I8, bool CLUSTER>
+template <int KV, bool CLUSTER>
 __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        const float* qkv, int n_heads, int n_kv_heads, int head_dim, float base,
                        int half_split, int pos, float* kcache, float* vcache, float* kscales,
                        float* vscales, bool key_scaled, float fk, float* xf, i8* xq,
                        float* apart, unsigned* acount, bool cluster_join = CLUSTER) {
-    // (CLUSTER: compiled for the cluster kernel; cluster_join: this call's slices are a
-    // cluster, joined in shared memory, else through L2.)
+    // (KV: what the cache holds, KV_F32, KV_I8 or KV_F16; CLUSTER: compiled for the cluster
+    // kernel; cluster_join: this call's slices are a cluster, joined in shared memory, else
+    // through L2.)
+    constexpr bool I8 = KV == KV_I8, HALF = KV == KV_F16;
     float *qh = sh.qh, *kh = sh.kh, *vh = sh.vh, *qd = sh.qd, *kd = sh.kd, *vd = sh.vd;
     i8 *qq = sh.qq, *kq = sh.kq, *vq = sh.vq;
     float(*warp_o)[256] = sh.warp_o;
@@ -440,8 +476,13 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
         float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
         dst[a] = x0 * c - x1 * s;
         dst[b] = x0 * s + x1 * c;
+        // The half cache's k (and v below) as stored: p attends over its cache values.
+        if (HALF && which == hb) sh.kh16[a] = f2h(dst[a]), sh.kh16[b] = f2h(dst[b]);
     }
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) vh[i] = __ldcg(vsrc + i);
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        vh[i] = __ldcg(vsrc + i);
+        if (HALF) sh.vh16[i] = f2h(vh[i]);
+    }
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int groups = head_dim / 32;
@@ -480,6 +521,14 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                 vscales[srow + i] = vd[i];
             }
         }
+    } else if (HALF) {
+        f16* krow = (f16*)kcache + (size_t)pos * kv_dim + kvh * head_dim;
+        f16* vrow = (f16*)vcache + (size_t)pos * kv_dim + kvh * head_dim;
+        if (h0 % group == 0 && slice == 0)
+            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+                krow[i] = sh.kh16[i];
+                vrow[i] = sh.vh16[i];
+            }
     } else {
         float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
         float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
@@ -502,13 +551,20 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        qh + hi * head_dim, qq + hi * head_dim, qd + hi * groups, kq, kd, vq, vd,
                        wi, wph, m, l, warp_o[warp]);
     } else {
+        // The float caches: T the stored value's type, p's row its shared copy.
+        using T = typename FloatCache<HALF>::Value;
+        const T *kc = (const T*)kcache, *vc = (const T*)vcache;
+        const T *kp = HALF ? (const T*)sh.kh16 : (const T*)kh,
+                *vp = HALF ? (const T*)sh.vh16 : (const T*)vh;
         const float* q = qh + hi * head_dim;
+        // Rounds of 8 positions for half rows (their loads in flight take the registers of 4
+        // f32 rows), 4 for f32 ones (2 for heads of 256).
         if (head_dim <= 128)
-            attend_f32_loop<1, 4>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale, kcache,
-                                  vcache, q, kh, vh, wi, wph, m, l, warp_o[warp]);
+            attend_f32_loop<T, 1, HALF ? 8 : 4>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale,
+                                                kc, vc, q, kp, vp, wi, wph, m, l, warp_o[warp]);
         else
-            attend_f32_loop<2, 2>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale, kcache,
-                                  vcache, q, kh, vh, wi, wph, m, l, warp_o[warp]);
+            attend_f32_loop<T, 2, 2>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale, kc, vc,
+                                     q, kp, vp, wi, wph, m, l, warp_o[warp]);
     }
     if (lane == 0) {
         warp_m[warp] = m;
@@ -623,7 +679,7 @@ __device__ __forceinline__ AttentionPlan attention_plan(int pos, int n_heads, in
 // `cluster_until` on, the blocks run the plan above (slices joined through L2): it splits a
 // head over up to `max_slices` blocks, more than a cluster's, which pays once the slices are
 // long. Clusters past the heads prefetch, as blocks past the plan's do.
-template <bool I8, bool CLUSTER>
+template <int KV, bool CLUSTER>
 __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, int head_dim,
                                  float base, int half_split, const int* state, float* kcache,
                                  float* vcache, float* kscales, float* vscales,
@@ -637,7 +693,7 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     // boot, so it is loaded before the wait for the kernel before, off the step's chain of
     // latencies.
     float fk_head = 1.0f, fk_group = 1.0f, fk_cluster = 1.0f;
-    if (I8 && key_scale) {
+    if (KV == KV_I8 && key_scale) {
         int ch = ((threadIdx.x >> 5) % (head_dim / 32)) * 32 + (threadIdx.x & 31);
         fk_head = __ldg(key_scale + ((blockIdx.x % n_heads) / group) * head_dim + ch);
         fk_group = __ldg(key_scale + (blockIdx.x % n_kv_heads) * head_dim + ch);
@@ -658,7 +714,7 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         }
         int slices = pos >= cluster_slice ? cluster : 1;
         if (slices == 1 && rank > 0) return;
-        attend<I8, true>(sh, unit, 1, rank, slices, qkv, n_heads, n_kv_heads, head_dim, base,
+        attend<KV, true>(sh, unit, 1, rank, slices, qkv, n_heads, n_kv_heads, head_dim, base,
                          half_split, pos, kcache, vcache, kscales, vscales,
                          key_scale != nullptr, fk_cluster, xf, xq, apart, acount);
         return;
@@ -674,14 +730,15 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     int unit = blockIdx.x % p.units;
     // (The cluster kernel's one instantiation of attend, joining through L2 here: a second
     // would raise its registers into spills.)
-    attend<I8, CLUSTER>(sh, p.grouped ? unit * group : unit, p.hb, blockIdx.x / p.units, p.slices,
+    attend<KV, CLUSTER>(sh, p.grouped ? unit * group : unit, p.hb, blockIdx.x / p.units, p.slices,
                         qkv, n_heads, n_kv_heads, head_dim, base, half_split, pos, kcache, vcache,
                         kscales, vscales, key_scale != nullptr, p.grouped ? fk_group : fk_head,
                         xf, xq, apart, acount + unit, false);
 }
 
-// The float cache (`kscales`, `vscales`, `key_scale` unused) and the int8 cache (`kcache`,
-// `vcache` hold int8; see `attend`). engine.rs finds them by these names.
+// The f32 cache (`kscales`, `vscales`, `key_scale` unused), the int8 cache (`kcache`, `vcache`
+// hold int8; see `attend`) and the half cache (they hold f16). engine.rs finds them by these
+// names.
 #define ATTENTION_ARGS                                                                          \
     const float *qkv, int n_heads, int n_kv_heads, int head_dim, float base, int half_split,  \
         const int *state, float *kcache, float *vcache, float *kscales, float *vscales,       \
@@ -693,16 +750,22 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         vscales, key_scale, xf, xq, pf, pf_lines, apart, acount, max_slices, slice_positions,   \
         max_group_slices, group_from, cluster, cluster_slice, cluster_until, pdl
 extern "C" __global__ void __launch_bounds__(1024) attention(ATTENTION_ARGS) {
-    attention_launch<false, false>(ATTENTION_PASS);
+    attention_launch<KV_F32, false>(ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(1024) attention_i8(ATTENTION_ARGS) {
-    attention_launch<true, false>(ATTENTION_PASS);
+    attention_launch<KV_I8, false>(ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(1024) attention_f16(ATTENTION_ARGS) {
+    attention_launch<KV_F16, false>(ATTENTION_PASS);
 }
 // The same, launched as clusters of `cluster` blocks a head (sm_90; engine/cuda_attention.rs
 // `AttentionSplit::cluster`): the split's slices join in shared memory.
 extern "C" __global__ void __launch_bounds__(1024) attention_cluster(ATTENTION_ARGS) {
-    attention_launch<false, true>(ATTENTION_PASS);
+    attention_launch<KV_F32, true>(ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(1024) attention_i8_cluster(ATTENTION_ARGS) {
-    attention_launch<true, true>(ATTENTION_PASS);
+    attention_launch<KV_I8, true>(ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(1024) attention_f16_cluster(ATTENTION_ARGS) {
+    attention_launch<KV_F16, true>(ATTENTION_PASS);
 }

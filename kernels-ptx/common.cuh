@@ -18,6 +18,17 @@ __device__ __forceinline__ float h2f(f16 h) {
     return f;
 }
 
+// f32 -> half, rounded to nearest even (the CPU's `ggml::f32_to_f16`).
+__device__ __forceinline__ f16 f2h(float f) {
+    f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// What the KV cache holds (the host's `KvPrecision::kernel_code`): f32 rows, int8 blocks of 32
+// with their scales, or half rows.
+enum { KV_F32 = 0, KV_I8 = 1, KV_F16 = 2 };
+
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
     T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14

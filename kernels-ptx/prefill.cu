@@ -21,12 +21,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ f16 f2h(float f) {
-    f16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
 // x[t] = token_embd[tokens[t]] for the n tokens. One block a token.
 extern "C" __global__ void embed_rows(int type, const u8* q, const f16* d, const f16* m,
                                       const u32* qh, int dim, const u32* tokens, float* x) {
@@ -373,13 +367,13 @@ extern "C" __global__ void bias_rows(float* y, int ldy, int rows, const float* b
 }
 
 // --- RoPE and the KV cache: each token's q and k rotated in place at position p0 + t (as
-// decode.cu's `attend`), and k, v stored at that position: f32 rows, or int8 blocks of 32 with
-// their scales (`key_scale`: the keys' channel scales, k divided by them first), as `attend`
-// stores them. One block a token, of a multiple of 32 threads.
+// decode.cu's `attend`), and k, v stored at that position (`kv`, KV_*): f32 rows, half rows,
+// or int8 blocks of 32 with their scales (`key_scale`: the keys' channel scales, k divided by
+// them first), as `attend` stores them. One block a token, of a multiple of 32 threads.
 extern "C" __global__ void rope_store(float* qkv, int ldq, int p0, int n_heads, int n_kv_heads,
                                       int head_dim, float base, int half_split, float* kcache,
                                       float* vcache, float* kscales, float* vscales,
-                                      const float* key_scale, int int8) {
+                                      const float* key_scale, int kv) {
     pdl_wait();
     int t = blockIdx.x, pos = p0 + t, half = head_dim / 2;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
@@ -399,10 +393,17 @@ extern "C" __global__ void rope_store(float* qkv, int ldq, int p0, int n_heads, 
     __syncthreads();
     const float* k = row + q_dim;
     const float* v = row + q_dim + kv_dim;
-    if (!int8) {
+    if (kv == KV_F32) {
         for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
             kcache[(size_t)pos * kv_dim + i] = k[i];
             vcache[(size_t)pos * kv_dim + i] = v[i];
+        }
+        return;
+    }
+    if (kv == KV_F16) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+            ((f16*)kcache)[(size_t)pos * kv_dim + i] = f2h(k[i]);
+            ((f16*)vcache)[(size_t)pos * kv_dim + i] = f2h(v[i]);
         }
         return;
     }
@@ -430,7 +431,7 @@ extern "C" __global__ void rope_store(float* qkv, int ldq, int p0, int n_heads, 
 extern "C" __global__ void __launch_bounds__(256)
     attention_rows(const float* qkv, int ldq, int n, int p0, int n_heads, int n_kv_heads,
                    int head_dim, const float* kcache, const float* vcache, const float* kscales,
-                   const float* vscales, const float* key_scale, int int8, int qt, int kt,
+                   const float* vscales, const float* key_scale, int kv, int qt, int kt,
                    f16* xh, int ldx) {
     extern __shared__ float smem[];
     pdl_wait();
@@ -444,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int i = threadIdx.x; i < qt * head_dim; i += blockDim.x) {
         int tq = tq0 + i / head_dim, dd = i % head_dim;
         float v = tq < n ? qkv[(size_t)tq * ldq + h * head_dim + dd] : 0.0f;
-        if (int8 && key_scale) v *= key_scale[kvh * head_dim + dd];
+        if (kv == KV_I8 && key_scale) v *= key_scale[kvh * head_dim + dd];
         qs[i] = v;
     }
     int per_warp = qt / 8;
@@ -463,19 +464,22 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         for (int i = threadIdx.x; i < kt * head_dim; i += blockDim.x) {
             int j = i / head_dim, dd = i % head_dim, t = k0 + j;
-            float kv = 0.0f, vv = 0.0f;
+            float kk = 0.0f, vv = 0.0f;
             if (t <= last) {
                 size_t at = (size_t)t * kv_dim + kvh * head_dim + dd;
-                if (int8) {
+                if (kv == KV_I8) {
                     size_t s = (size_t)t * groups + (kvh * head_dim + dd) / 32;
-                    kv = (float)((const i8*)kcache)[at] * kscales[s];
+                    kk = (float)((const i8*)kcache)[at] * kscales[s];
                     vv = (float)((const i8*)vcache)[at] * vscales[s];
+                } else if (kv == KV_F16) {
+                    kk = h2f(((const f16*)kcache)[at]);
+                    vv = h2f(((const f16*)vcache)[at]);
                 } else {
-                    kv = kcache[at];
+                    kk = kcache[at];
                     vv = vcache[at];
                 }
             }
-            ks[j * (head_dim + 1) + dd] = kv;
+            ks[j * (head_dim + 1) + dd] = kk;
             vs[j * head_dim + dd] = vv;
         }
         __syncthreads();
@@ -537,12 +541,16 @@ extern "C" __global__ void __launch_bounds__(256)
 #define AQ 64
 #define AK 64
 
-// Four f32 of one key (or value) row from column dd, as f16 into shared memory at `dst`
-// (int8 cache: times its group's scale).
+// Four values of one key (or value) row from column dd, as f16 into shared memory at `dst`
+// (int8 cache: times its group's scale; the half cache's as they are).
 __device__ __forceinline__ void store4_f16(f16* dst, const float* cache, const float* scales,
-                                           int int8, size_t at, size_t s) {
+                                           int kv, size_t at, size_t s) {
+    if (kv == KV_F16) {
+        *(uint2*)dst = *(const uint2*)((const f16*)cache + at);
+        return;
+    }
     float a, b, c, e;
-    if (int8) {
+    if (kv == KV_I8) {
         u32 w = *(const u32*)((const i8*)cache + at);
         float sc = scales[s];
         a = (float)(i8)(w & 0xff) * sc;
@@ -561,7 +569,7 @@ __device__ __forceinline__ void attention_tc(const float* qkv, int ldq, int n, i
                                              int n_heads, int n_kv_heads, const float* kcache,
                                              const float* vcache, const float* kscales,
                                              const float* vscales, const float* key_scale,
-                                             int int8, f16* xh, int ldx) {
+                                             int kv, f16* xh, int ldx) {
 #if __CUDA_ARCH__ >= 800
     // Rows of HD + 8 halves: 16 bytes past a multiple of 128, so an ldmatrix phase's 8 rows
     // fall in different banks.
@@ -577,7 +585,7 @@ __device__ __forceinline__ void attention_tc(const float* qkv, int ldq, int n, i
     for (int i = tid; i < AQ * HD; i += 128) {
         int r = i / HD, dd = i % HD, tq = tq0 + r;
         float v = tq < n ? qkv[(size_t)tq * ldq + h * HD + dd] : 0.0f;
-        if (int8 && key_scale) v *= key_scale[kvh * HD + dd];
+        if (kv == KV_I8 && key_scale) v *= key_scale[kvh * HD + dd];
         ks[r * S + dd] = f2h(v);
     }
     __syncthreads();
@@ -603,8 +611,8 @@ __device__ __forceinline__ void attention_tc(const float* qkv, int ldq, int n, i
             if (t <= last) {
                 size_t at = (size_t)t * kv_dim + kvh * HD + dd;
                 size_t s = (size_t)t * groups + (kvh * HD + dd) / 32;
-                store4_f16(kd, kcache, kscales, int8, at, s);
-                store4_f16(vd, vcache, vscales, int8, at, s);
+                store4_f16(kd, kcache, kscales, kv, at, s);
+                store4_f16(vd, vcache, vscales, kv, at, s);
             } else {
                 *(uint2*)kd = make_uint2(0, 0);
                 *(uint2*)vd = make_uint2(0, 0);
@@ -695,9 +703,9 @@ __device__ __forceinline__ void attention_tc(const float* qkv, int ldq, int n, i
     extern "C" __global__ void __launch_bounds__(128) attention_tc##HD(                       \
         const float* qkv, int ldq, int n, int p0, int n_heads, int n_kv_heads,                \
         const float* kcache, const float* vcache, const float* kscales, const float* vscales, \
-        const float* key_scale, int int8, f16* xh, int ldx) {                                 \
+        const float* key_scale, int kv, f16* xh, int ldx) {                                   \
         attention_tc<HD>(qkv, ldq, n, p0, n_heads, n_kv_heads, kcache, vcache, kscales,       \
-                         vscales, key_scale, int8, xh, ldx);                                  \
+                         vscales, key_scale, kv, xh, ldx);                                    \
     }
 ATTENTION_TC(64)
 ATTENTION_TC(128)

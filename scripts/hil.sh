@@ -46,7 +46,7 @@ mkdir -p .whl
 # A self-contained copy (scripts, shapes, wheel) so hil-out/ alone can travel, e.g. from a
 # checkout that is not the one the device call sends: `HIL_DIR=. bash DIR/scripts/hil-run.sh`.
 mkdir -p "$out/scripts" "$out/.whl"
-cp scripts/hil-run.sh scripts/hil-setup.sh scripts/hil-cublas.sh scripts/hil-llama.sh scripts/hil-prefill.sh scripts/hil-decode.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-gpu-stream.sh scripts/hil-daemon-stream.sh scripts/synth-gguf.py "$out/scripts/"
+cp scripts/hil-run.sh scripts/hil-setup.sh scripts/hil-cublas.sh scripts/hil-llama.sh scripts/hil-prefill.sh scripts/hil-decode.sh scripts/hil-profile.sh scripts/hil-before-after.sh scripts/hil-kv-cache.sh scripts/hil-gpu-stream.sh scripts/hil-daemon-stream.sh scripts/synth-gguf.py "$out/scripts/"
 cp -r bench-shapes "$out/"
 cp .whl/gguf-*.whl "$out/.whl/"
 du -sh "$out"; ls -la "$out" "$out/models"

@@ -73,7 +73,7 @@ struct Args {
     /// memory; default: the board's memory_model.
     #[arg(long)]
     memory: Option<String>,
-    /// native (the file's own types, f32 KV; the default), f16, w8a8 or w4a8 (int8 KV).
+    /// native (the file's own types, f16 KV; the default), f16, w8a8 or w4a8 (int8 KV).
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
     /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved, swizzled, or

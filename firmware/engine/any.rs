@@ -5,6 +5,7 @@ use super::cuda::CudaEngine;
 use super::cuda_options::CudaOptions;
 use super::{Arenas, Decoder, Engine, EngineError, EngineOptions};
 use crate::board::MemoryModel;
+use crate::kv::KvChoice;
 use crate::model::ModelFile;
 
 /// What `--backend cuda` answers in a build without the `cuda` feature.
@@ -85,7 +86,10 @@ impl<'a> AnyEngine<'a> {
                 let cuda = CudaOptions {
                     context: cpu.context,
                     precision: cpu.precision,
-                    f32_kv: cpu.f32_kv || cuda.f32_kv,
+                    kv: match cpu.kv {
+                        KvChoice::Auto => cuda.kv,
+                        asked => asked,
+                    },
                     ..cuda
                 };
                 Self::boot_cuda(arenas, model, cuda, &cpu)?
@@ -168,10 +172,7 @@ impl<'a> AnyEngine<'a> {
                 },
                 match e.precision {
                     crate::quant::Precision::Native => String::new(),
-                    p => format!(
-                        ", {p} weights, KV cache {}",
-                        if e.int8_kv { "int8" } else { "f32" }
-                    ),
+                    p => format!(", {p} weights, KV cache {}", e.kv_precision.name()),
                 },
                 match e.prefill_kernels() {
                     Some(k) => format!(", prefill: {k}"),

@@ -92,9 +92,11 @@ struct Kernels {
     embed: Function,
     /// A streamed FFN's output into the residual, and the next input prepared (`stream`).
     add_norm: Function,
-    /// Attention over the f32 cache, or over the int8 one (`attention_i8`).
+    /// Attention over the f32 cache, the f16 one (`attention_f16`) or the int8 one
+    /// (`attention_i8`).
     attention: Function,
-    /// The same launched as clusters (`attention_cluster`, `attention_i8_cluster`).
+    /// The same launched as clusters (`attention_cluster`, `attention_f16_cluster`,
+    /// `attention_i8_cluster`).
     attention_cluster: Function,
     /// The product kernels per weight type (`type_slot`): narrow, wide (see `mv_config`), and
     /// the same two preparing their own normed input (`_prep`, see `in_block_norm`).
@@ -182,8 +184,8 @@ pub struct CudaEngine<'a> {
     layers: Vec<GpuLayer>,
     a: Activations,
     kv: GpuKv,
-    /// The KV cache holds int8 (`CudaOptions::f32_kv`).
-    pub int8_kv: bool,
+    /// What the KV cache holds (`CudaOptions::kv`).
+    pub kv_precision: crate::kv::KvPrecision,
     /// Where the argmax kernel also writes each step's token (indexed by position), for the
     /// host to read without a copy.
     host_tokens: MappedHost,
@@ -435,19 +437,29 @@ impl Decoder for CudaEngine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cuda_options::int8_kv;
+    use crate::engine::cuda_options::kv_precision;
+    use crate::kv::{KvChoice, KvPrecision::*};
 
     /// The int8 cache where the CPU keeps one and the kernel takes the head (16 values a
-    /// lane, at most 8 lanes): SmolLM2 and Qwen2.5 (heads of 64 and 128) at w8a8/w4a8; f32
-    /// for f16/native, `f32_kv`, stories260K's heads of 8 and heads of 256.
+    /// lane, at most 8 lanes): SmolLM2 and Qwen2.5 (heads of 64 and 128) at w8a8/w4a8; f16
+    /// for f16/native, stories260K's heads of 8 and heads of 256; f32 only when asked.
     #[test]
     fn kv_cache_is_int8_at_w8a8_and_w4a8_where_the_head_allows() {
+        let auto = KvChoice::Auto;
         for p in [Precision::W8a8, Precision::W4a8] {
-            assert!(int8_kv(p, false, 64) && int8_kv(p, false, 128) && int8_kv(p, false, 32));
-            assert!(!int8_kv(p, true, 64), "f32_kv keeps f32");
-            assert!(!int8_kv(p, false, 8) && !int8_kv(p, false, 48) && !int8_kv(p, false, 256));
+            for hd in [32, 64, 128] {
+                assert_eq!(kv_precision(p, auto, hd), I8);
+            }
+            assert_eq!(kv_precision(p, KvChoice::F32, 64), F32, "asked for f32");
+            assert_eq!(kv_precision(p, KvChoice::F16, 64), F16, "asked for f16");
+            for hd in [8, 48, 256] {
+                assert_eq!(kv_precision(p, auto, hd), F16, "head of {hd}");
+            }
         }
-        assert!(!int8_kv(Precision::Native, false, 64) && !int8_kv(Precision::F16, false, 64));
+        for p in [Precision::Native, Precision::F16] {
+            assert_eq!(kv_precision(p, auto, 64), F16);
+            assert_eq!(kv_precision(p, KvChoice::F32, 64), F32);
+        }
     }
 
     /// Every weight type of the image has a slot of its own and its four product kernels in

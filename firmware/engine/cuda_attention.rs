@@ -3,6 +3,7 @@
 //! boot from the GPU and the model.
 
 use crate::engine::cuda_options::{CudaOptions, GroupedAttention};
+use crate::kv::KvPrecision;
 use crate::model::Hyper;
 
 /// How decode's attention splits over blocks, for one GPU and model.
@@ -29,21 +30,22 @@ pub struct AttentionSplit {
 
 impl AttentionSplit {
     /// The split on a GPU that runs `resident` attention blocks at once and has `l2_bytes` of
-    /// L2, for a model of `h` whose cache is int8 or f32. Split attention fills the GPU with one
+    /// L2, for a model of `h` whose cache holds `kv`. Split attention fills the GPU with one
     /// wave of attention blocks at most: a second wave would cost a whole block's time at once
     /// (a step in latency per token).
     pub(super) fn plan(
         resident: usize,
         l2_bytes: usize,
         h: &Hyper,
-        int8_kv: bool,
+        kv: KvPrecision,
         opts: &CudaOptions,
     ) -> AttentionSplit {
         let kv_dim = h.n_kv_heads * h.head_dim;
+        let int8_kv = kv == KvPrecision::I8;
         let position_bytes = if int8_kv {
             2 * (kv_dim + kv_dim / 32 * 4)
         } else {
-            2 * kv_dim * 4
+            2 * kv_dim * kv.value_bytes()
         };
         let slice = opts.attention_slice;
         let (max_group_slices, group_from) = match opts.grouped_attention {

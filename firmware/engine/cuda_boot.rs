@@ -4,6 +4,7 @@
 //! or allocated once; then the weights written, the kernels chosen and the step captured.
 
 use super::*;
+use crate::kv::KvPrecision;
 
 impl<'a> CudaEngine<'a> {
     /// Boots `model` on the GPU: whole, or its dense part with the FFN streamed (`streamed`).
@@ -32,11 +33,11 @@ impl<'a> CudaEngine<'a> {
             )));
         }
         // The same KV plan as the CPU decoder's (`engine::kv_plan`), at the GPU's head limit.
-        let (shape, int8_kv) = crate::engine::kv_plan(
+        let (shape, kv_precision) = crate::engine::kv_plan(
             &h,
             opts.context,
             opts.precision,
-            opts.f32_kv,
+            opts.kv,
             INT8_KV_MAX_HEAD_DIM,
         );
         let context = shape.context;
@@ -149,13 +150,12 @@ impl<'a> CudaEngine<'a> {
             }
         }
         let groups = h.head_dim / 32;
-        let (kv_bytes, kv_scale_bytes) = if int8_kv {
-            (
-                h.n_layers * context * kv_dim,
-                h.n_layers * context * h.n_kv_heads * groups * 4,
-            )
+        let int8_kv = kv_precision == KvPrecision::I8;
+        let kv_bytes = h.n_layers * context * kv_dim * kv_precision.value_bytes();
+        let kv_scale_bytes = if int8_kv {
+            h.n_layers * context * h.n_kv_heads * groups * 4
         } else {
-            (h.n_layers * context * kv_dim * 4, 0)
+            0
         };
         let key_scale_bytes = if int8_kv && h.qkv_bias {
             h.n_layers * kv_dim * 4
@@ -167,10 +167,7 @@ impl<'a> CudaEngine<'a> {
         kv.check(
             ArenaKind::Kv,
             arenas.kv.len(),
-            &format!(
-                "the {} KV cache for {context} tokens",
-                if int8_kv { "int8" } else { "f32" }
-            ),
+            &format!("the {} KV cache for {context} tokens", kv_precision.name()),
         )?;
         // Batched prefill needs the FFN in memory (a streamed one runs prompts token by token).
         let prefill_batch = match streamed {
@@ -315,11 +312,15 @@ impl<'a> CudaEngine<'a> {
         let k = Kernels {
             embed: f("embed")?,
             add_norm: f("add_norm")?,
-            attention: f(if int8_kv { "attention_i8" } else { "attention" })?,
-            attention_cluster: f(if int8_kv {
-                "attention_i8_cluster"
-            } else {
-                "attention_cluster"
+            attention: f(match kv_precision {
+                KvPrecision::F32 => "attention",
+                KvPrecision::F16 => "attention_f16",
+                KvPrecision::I8 => "attention_i8",
+            })?,
+            attention_cluster: f(match kv_precision {
+                KvPrecision::F32 => "attention_cluster",
+                KvPrecision::F16 => "attention_f16_cluster",
+                KvPrecision::I8 => "attention_i8_cluster",
             })?,
             matvec: [
                 kernels_of(GpuType::F32)?,
@@ -349,7 +350,7 @@ impl<'a> CudaEngine<'a> {
             gpu.sm_count as usize * attention_per_sm as usize,
             gpu.l2_bytes.max(0) as usize,
             &h,
-            int8_kv,
+            kv_precision,
             &opts,
         );
         // Clusters where the GPU has them; the driver's count of clusters that run at once
@@ -444,7 +445,7 @@ impl<'a> CudaEngine<'a> {
             layers,
             a,
             kv,
-            int8_kv,
+            kv_precision,
             host_tokens,
             step: Box::new([0, 0]),
             logits_host,

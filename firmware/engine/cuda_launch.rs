@@ -139,7 +139,7 @@ impl CudaEngine<'_> {
         let h = &self.hyper;
         let kv_dim = h.n_kv_heads * h.head_dim;
         let ctx = self.context;
-        let value_bytes = if self.int8_kv { 1 } else { 4 };
+        let value_bytes = self.kv_precision.value_bytes();
         let kc = self.kv.k.ptr + (l * ctx * kv_dim * value_bytes) as u64;
         let vc = self.kv.v.ptr + (l * ctx * kv_dim * value_bytes) as u64;
         let scales_at = |b: &Option<DeviceBuffer>, per_layer: usize| {

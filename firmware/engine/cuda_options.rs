@@ -4,6 +4,7 @@
 //! reports them.
 
 use crate::board::MemoryModel;
+use crate::kv::{KvChoice, KvPrecision};
 use crate::quant::Precision;
 
 /// Choices made at boot.
@@ -21,12 +22,13 @@ pub struct CudaOptions {
     /// each to GGML Q8_0/Q4_0 by role. At w8a8 and w4a8 the KV cache is int8 too (as the CPU's,
     /// `f32_kv`).
     pub precision: Precision,
-    /// Keep the KV cache f32 at w8a8 and w4a8 (`bench --compare-f32-kv`). Otherwise those
-    /// precisions store int8 keys and values with a scale per group of 32, in the CPU's
-    /// format and arithmetic (kv/layout.rs, kv/attend.rs; token-major), where `int8_kv` allows (heads of whole
-    /// groups of 32, at most 128 wide). The int8 cache is a quarter of the bytes: 4x the
-    /// context in the same KV arena, and a quarter of the reads where bandwidth decides.
-    pub f32_kv: bool,
+    /// What the KV cache holds (`kv_precision`): by default int8 at w8a8 and w4a8, keys and
+    /// values with a scale per group of 32 in the CPU's format and arithmetic (kv/layout.rs,
+    /// kv/attend.rs; token-major) where the head allows (whole groups of 32, at most 128
+    /// wide), else f16 (the CPU's half rows, token-major); f32 when asked (`--ablate f32-kv`).
+    /// int8 is a quarter of f32's bytes and f16 half: that much more context in the same KV
+    /// arena, and that much less to read where bandwidth decides.
+    pub kv: KvChoice,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
@@ -142,7 +144,7 @@ impl Default for CudaOptions {
             context: 0,
             graph: true,
             precision: Precision::Native,
-            f32_kv: false,
+            kv: KvChoice::Auto,
             products: ProductKernels::Auto,
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
@@ -171,11 +173,11 @@ pub const ATTENTION_SLICE: usize = 256;
 pub const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
 
 /// The widest head the int8 cache's attention takes (attention.cuh's `attend_i8_loop`: 16 values
-/// a lane, at most 8 lanes a position). Wider heads keep the f32 cache.
+/// a lane, at most 8 lanes a position). Wider heads keep the f16 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
-/// Whether the GPU keeps its KV cache in int8: `kv::int8_kv`, the CPU's rule, with the GPU's
-/// widest head.
-pub fn int8_kv(precision: Precision, f32_kv: bool, head_dim: usize) -> bool {
-    crate::kv::int8_kv(precision, f32_kv, head_dim, INT8_KV_MAX_HEAD_DIM)
+/// What the GPU keeps its KV cache in: `kv::kv_precision`, the CPU's rule, with the GPU's
+/// widest int8 head.
+pub fn kv_precision(precision: Precision, choice: KvChoice, head_dim: usize) -> KvPrecision {
+    crate::kv::kv_precision(precision, choice, head_dim, INT8_KV_MAX_HEAD_DIM)
 }

@@ -501,7 +501,7 @@ impl CudaEngine<'_> {
                 .ptr(ks)
                 .ptr(vs)
                 .ptr(key_scale)
-                .i32(self.int8_kv as i32),
+                .i32(self.kv_precision.kernel_code()),
         )
     }
 
@@ -527,7 +527,7 @@ impl CudaEngine<'_> {
                     .ptr(ks)
                     .ptr(vs)
                     .ptr(key_scale)
-                    .i32(self.int8_kv as i32)
+                    .i32(self.kv_precision.kernel_code())
                     .ptr(p.xh)
                     .i32(p.ldx as i32),
             );
@@ -552,7 +552,7 @@ impl CudaEngine<'_> {
                 .ptr(ks)
                 .ptr(vs)
                 .ptr(key_scale)
-                .i32(self.int8_kv as i32)
+                .i32(self.kv_precision.kernel_code())
                 .i32(p.qt as i32)
                 .i32(p.kt as i32)
                 .ptr(p.xh)

@@ -29,7 +29,9 @@ use crate::backend::cpu::{
 use crate::board::PREFILL_BATCH;
 pub use crate::boot::Arenas;
 use crate::boot::{ArenaKind, BootError, Carver, Plan};
-use crate::kv::{heads_per_task, CostModel, KvCache, KvPrecision, Policy, Shape, Storage};
+use crate::kv::{
+    heads_per_task, CostModel, KvCache, KvChoice, KvPrecision, Policy, Shape, Storage,
+};
 use crate::model::ggml::dequantize_row;
 use crate::model::{Hyper, ModelFile, TensorRef};
 use crate::ops::{add, rmsnorm, rope, rope_angles, silu};
@@ -54,9 +56,10 @@ pub struct EngineOptions {
     pub packing: Packing,
     /// How the int8 KV cache picks the layout of new tokens.
     pub kv_policy: Policy,
-    /// Keep the KV cache in f32 at w8a8/w4a8 too: the reference a CUDA configuration with an
-    /// f32 cache is checked against (`engine::cuda_options::int8_kv` says when the GPU's is int8).
-    pub f32_kv: bool,
+    /// What the KV cache holds (`kv::kv_precision`: int8 at w8a8/w4a8, else f16, unless asked
+    /// for f16 or f32; a CUDA configuration's CPU reference asks for the GPU's own,
+    /// `engine::cuda_options::kv_precision`).
+    pub kv: KvChoice,
     /// At `native`, keep Q8_0 and Q4_0 matrices in the classic GGML kernels instead of
     /// importing them into w8/w4: the same values, a row's blocks summed in another order. The
     /// bench measures a model's float-order noise floor with it (the CUDA parity gate).
@@ -80,7 +83,7 @@ impl Default for EngineOptions {
             precision: Precision::Native,
             packing: Packing::default(),
             kv_policy: Policy::Adaptive(CostModel::default()),
-            f32_kv: false,
+            kv: KvChoice::Auto,
             native_classic: false,
             ffn: FfnOptions::default(),
             tap: None,
@@ -295,7 +298,7 @@ impl<'a> Engine<'a> {
     ) -> Result<Engine<'a>, EngineError> {
         let boot_plan = Self::plan(model, &opts)?;
         boot_plan.check(arenas)?;
-        let (shape, int8_kv) = (boot_plan.shape, boot_plan.int8_kv);
+        let (shape, kv_precision) = (boot_plan.shape, boot_plan.kv_precision);
         let context = shape.context;
         let h = model.hyper()?;
         let kv_dim = h.n_kv_heads * h.head_dim;
@@ -306,7 +309,7 @@ impl<'a> Engine<'a> {
         let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
         let sparse = opts.ffn.mode != FfnMode::Dense;
         let layer_name = |i: usize, n: &str| format!("blk.{i}.{n}");
-        let scale_keys = int8_kv && h.qkv_bias;
+        let scale_keys = kv_precision == KvPrecision::I8 && h.qkv_bias;
 
         // Place the weights.
         let mut d = arenas.dense.carver();
@@ -378,37 +381,51 @@ impl<'a> Engine<'a> {
         let mut c = arenas.scratch.carver();
         // Touch every page of the cache and activations now: the memory the engine will ever
         // use is resident from boot, so it does not grow while serving.
-        let store = if int8_kv {
-            let (kq, vq) = (
-                k.take::<i8>(shape.i8_values())?,
-                k.take::<i8>(shape.i8_values())?,
-            );
-            let (ks, vs) = (
-                k.take::<f32>(shape.i8_scales())?,
-                k.take::<f32>(shape.i8_scales())?,
-            );
-            kq.fill(0);
-            vq.fill(0);
-            ks.fill(0.0);
-            vs.fill(0.0);
-            Storage::I8 {
-                k: kq,
-                v: vq,
-                ks,
-                vs,
-                kbuf: c.take(kv_dim)?,
-                vbuf: c.take(kv_dim)?,
+        let rows = h.n_layers * context * kv_dim;
+        let store = match kv_precision {
+            KvPrecision::I8 => {
+                let (kq, vq) = (
+                    k.take::<i8>(shape.i8_values())?,
+                    k.take::<i8>(shape.i8_values())?,
+                );
+                let (ks, vs) = (
+                    k.take::<f32>(shape.i8_scales())?,
+                    k.take::<f32>(shape.i8_scales())?,
+                );
+                kq.fill(0);
+                vq.fill(0);
+                ks.fill(0.0);
+                vs.fill(0.0);
+                Storage::I8 {
+                    k: kq,
+                    v: vq,
+                    ks,
+                    vs,
+                    kbuf: c.take(kv_dim)?,
+                    vbuf: c.take(kv_dim)?,
+                }
             }
-        } else {
-            let kf = k.take::<f32>(h.n_layers * context * kv_dim)?;
-            let vf = k.take::<f32>(h.n_layers * context * kv_dim)?;
-            kf.fill(0.0);
-            vf.fill(0.0);
-            Storage::F32 {
-                k: kf,
-                v: vf,
-                kbuf: c.take(kv_dim)?,
-                vbuf: c.take(kv_dim)?,
+            KvPrecision::F16 => {
+                let (kh, vh) = (k.take::<u16>(rows)?, k.take::<u16>(rows)?);
+                kh.fill(0);
+                vh.fill(0);
+                Storage::F16 {
+                    k: kh,
+                    v: vh,
+                    kbuf: c.take(kv_dim)?,
+                    vbuf: c.take(kv_dim)?,
+                }
+            }
+            KvPrecision::F32 => {
+                let (kf, vf) = (k.take::<f32>(rows)?, k.take::<f32>(rows)?);
+                kf.fill(0.0);
+                vf.fill(0.0);
+                Storage::F32 {
+                    k: kf,
+                    v: vf,
+                    kbuf: c.take(kv_dim)?,
+                    vbuf: c.take(kv_dim)?,
+                }
             }
         };
         let s = Scratch {
@@ -634,12 +651,12 @@ impl<'a> Engine<'a> {
     }
 
     /// Query heads of one KV head an attention task takes, for `units` KV heads to attend.
-    /// Only the f32 cache reads its rows once for a task's heads (the int8 one attends a head
-    /// at a time), so only it groups them.
+    /// Only the float caches read their rows once for a task's heads (the int8 one attends a
+    /// head at a time), so only they group them.
     fn heads_per_attention_task(&self, units: usize) -> usize {
         let h = &self.hyper;
         match (self.kernels.grouped_attention, self.kv.precision()) {
-            (true, KvPrecision::F32) => {
+            (true, KvPrecision::F32 | KvPrecision::F16) => {
                 heads_per_task(h.n_heads / h.n_kv_heads, units, self.pool.n_threads())
             }
             _ => 1,

@@ -11,8 +11,8 @@ use super::*;
 pub struct BootPlan {
     /// The KV cache's dimensions (`shape.context`: the tokens of context planned for).
     pub shape: Shape,
-    /// Whether the KV cache is int8 (`kv::int8_kv`).
-    pub int8_kv: bool,
+    /// What the KV cache holds (`kv::kv_precision`).
+    pub kv_precision: KvPrecision,
     pub dense: Plan,
     pub ffn: Plan,
     pub kv: Plan,
@@ -44,7 +44,7 @@ impl BootPlan {
                 self.kv.bytes,
                 format!(
                     "the {} KV cache for {} tokens",
-                    if self.int8_kv { "int8" } else { "f32" },
+                    self.kv_precision.name(),
                     self.shape.context
                 ),
             ),
@@ -72,17 +72,18 @@ impl BootPlan {
 }
 
 /// The KV cache both decoders plan, by one rule: its context is the least of the board's
-/// `max_context`, the model's trained context and `asked` (0: no limit asked), and it is int8
-/// where `kv::int8_kv` says so for a backend whose attention takes heads up to `max_head_dim`.
+/// `max_context`, the model's trained context and `asked` (0: no limit asked), and its
+/// precision is `kv::kv_precision`'s for a backend whose int8 attention takes heads up to
+/// `max_head_dim`.
 /// Each backend then sizes its own layout from the shape (the CPU's segments keep slack for
 /// partly filled tiles; the GPU's cache is one token-major run).
 pub fn kv_plan(
     h: &Hyper,
     asked: usize,
     precision: Precision,
-    f32_kv: bool,
+    choice: KvChoice,
     max_head_dim: usize,
-) -> (Shape, bool) {
+) -> (Shape, KvPrecision) {
     let mut context = crate::board::MAX_CONTEXT.min(h.ctx_train.max(1));
     if asked > 0 {
         context = asked.min(context);
@@ -93,8 +94,8 @@ pub fn kv_plan(
         head_dim: h.head_dim,
         context,
     };
-    let int8 = crate::kv::int8_kv(precision, f32_kv, h.head_dim, max_head_dim);
-    (shape, int8)
+    let kv = crate::kv::kv_precision(precision, choice, h.head_dim, max_head_dim);
+    (shape, kv)
 }
 
 /// How boot places matrices: the precision's target per role, and the report of what it did.
@@ -179,11 +180,11 @@ impl Engine<'_> {
                 h.head_dim, h.n_heads, h.n_kv_heads
             )));
         }
-        let (shape, int8_kv) = kv_plan(
+        let (shape, kv_precision) = kv_plan(
             &h,
             opts.context,
             opts.precision,
-            opts.f32_kv,
+            opts.kv,
             crate::kv::MAX_HEAD_DIM,
         );
         let context = shape.context;
@@ -251,14 +252,22 @@ impl Engine<'_> {
             }
         }
         let mut kv = Plan::default();
-        if int8_kv {
-            kv.add::<i8>(shape.i8_values());
-            kv.add::<i8>(shape.i8_values());
-            kv.add::<f32>(shape.i8_scales());
-            kv.add::<f32>(shape.i8_scales());
-        } else {
-            kv.add::<f32>(h.n_layers * context * kv_dim);
-            kv.add::<f32>(h.n_layers * context * kv_dim);
+        let rows = h.n_layers * context * kv_dim;
+        match kv_precision {
+            KvPrecision::I8 => {
+                kv.add::<i8>(shape.i8_values());
+                kv.add::<i8>(shape.i8_values());
+                kv.add::<f32>(shape.i8_scales());
+                kv.add::<f32>(shape.i8_scales());
+            }
+            KvPrecision::F16 => {
+                kv.add::<u16>(rows);
+                kv.add::<u16>(rows);
+            }
+            KvPrecision::F32 => {
+                kv.add::<f32>(rows);
+                kv.add::<f32>(rows);
+            }
         }
         let mut scratch = Plan::default();
         for n in [
@@ -277,7 +286,7 @@ impl Engine<'_> {
         ] {
             scratch.add::<f32>(n);
         }
-        let scale_keys = int8_kv && h.qkv_bias;
+        let scale_keys = kv_precision == KvPrecision::I8 && h.qkv_bias;
         if scale_keys {
             scratch.add::<f32>(h.n_layers * kv_dim);
         }
@@ -305,7 +314,7 @@ impl Engine<'_> {
 
         Ok(BootPlan {
             shape,
-            int8_kv,
+            kv_precision,
             dense,
             ffn,
             kv,

@@ -1,9 +1,10 @@
 //! The cache's attention: [`KvCache::attend`] over every segment of the chain, and the kernels
-//! under it (int8 dots and value sums, the f32 cache's loop).
+//! under it (int8 dots and value sums, the float caches' loop).
 
 use super::cache::{f32_row, head_scales, KvCache, Storage};
 use super::layout::{addr, quantize_head};
 use super::{GROUP, MAX_HEAD_DIM};
+use crate::model::ggml::f16_to_f32;
 use crate::ops::softmax;
 
 #[cfg(target_arch = "x86_64")]
@@ -28,7 +29,7 @@ impl KvCache<'_> {
     /// [`Self::attend`] for several query heads of KV head `kv_head` at once: `qs` holds them
     /// one after another, `out` gets their outputs alike, and head `h`'s weights go to
     /// `att[h * att_stride..][..pos + 1]`. Each head's results are the bits `attend` gives it;
-    /// the f32 cache reads each key and value row once for all the heads (a task a head read
+    /// the float caches read each key and value row once for all the heads (a task a head read
     /// its KV head's rows once per query head: six times over at Qwen2.5-1.5B's grouping).
     #[allow(clippy::too_many_arguments)]
     pub fn attend_heads(
@@ -98,7 +99,7 @@ impl KvCache<'_> {
     }
 
     /// `AVX2`: called from [`Self::attend_avx2`] only (so the CPU has AVX2, FMA and F16C):
-    /// the f32 cache's scores take the AVX2 kernel.
+    /// the float cache's scores take the AVX2 kernel, and f16 rows its conversions.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn attend_with<const AVX2: bool>(
@@ -116,16 +117,13 @@ impl KvCache<'_> {
         match &self.store {
             Storage::F32 { k, v, .. } => {
                 let (at, n) = (f32_row(s, l, kv_head, 0), s.context * hd);
-                attend_f32::<AVX2>(
-                    qs,
-                    hd,
-                    &k[at..at + n],
-                    &v[at..at + n],
-                    pos,
-                    att,
-                    att_stride,
-                    out,
-                )
+                let (k, v) = (&k[at..at + n], &v[at..at + n]);
+                attend_float::<f32, AVX2>(qs, hd, k, v, pos, att, att_stride, out)
+            }
+            Storage::F16 { k, v, .. } => {
+                let (at, n) = (f32_row(s, l, kv_head, 0), s.context * hd);
+                let (k, v) = (&k[at..at + n], &v[at..at + n]);
+                attend_float::<u16, AVX2>(qs, hd, k, v, pos, att, att_stride, out)
             }
             // The int8 cache's heads one at a time (its rows are a quarter of f32's).
             Storage::I8 { k, v, ks, vs, .. } => {
@@ -260,18 +258,60 @@ fn axpy_i8(out: &mut [f32], w: f32, v: &[i8]) {
     }
 }
 
-/// The f32 cache's attention for one or more query heads of one KV head (`qs`, heads of
-/// `head_dim` values) over its rows (`keys`, `values`: `head_dim` values a position): per head, the classic engine's arithmetic (golden results stay
-/// exact), but each key row is dotted with every head while it is in L1, and the values are
-/// summed a tile of positions at a time, every head over the tile before the next, so each
-/// row comes from memory once for all the heads.
+/// A float cache's stored value: f32, or IEEE half (its bits). Rows of either are read as
+/// f32 (a half converts exactly), so an f16 cache's attention is the f32 code over the
+/// converted values, bit for bit.
+pub(super) trait FloatValue: Copy {
+    /// Whether the value is a half (the AVX2 loads convert it).
+    #[cfg(target_arch = "x86_64")]
+    const HALF: bool;
+    fn f32(self) -> f32;
+}
+
+impl FloatValue for f32 {
+    #[cfg(target_arch = "x86_64")]
+    const HALF: bool = false;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl FloatValue for u16 {
+    #[cfg(target_arch = "x86_64")]
+    const HALF: bool = true;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f16_to_f32(self)
+    }
+}
+
+/// The first eight values of `x` as f32: with `AVX2` (the CPU has it, and F16C) one load, a
+/// half's a conversion.
+#[inline(always)]
+fn load8<E: FloatValue, const AVX2: bool>(x: &[E]) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: AVX2 is true only under `attend_avx2`, which runs where the CPU has AVX2,
+        // FMA and F16C.
+        return unsafe { x86::load8(x) };
+    }
+    std::array::from_fn(|j| x[j].f32())
+}
+
+/// The float cache's attention for one or more query heads of one KV head (`qs`, heads of
+/// `head_dim` values) over its rows (`keys`, `values`: `head_dim` values a position, f32 or
+/// f16): per head, the classic engine's arithmetic (golden results stay exact), but each key
+/// row is dotted with every head while it is in L1, and the values are summed a tile of
+/// positions at a time, every head over the tile before the next, so each row comes from
+/// memory once for all the heads.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_f32<const AVX2: bool>(
+fn attend_float<E: FloatValue, const AVX2: bool>(
     qs: &[f32],
     head_dim: usize,
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     pos: usize,
     att: &mut [f32],
     att_stride: usize,
@@ -287,7 +327,7 @@ fn attend_f32<const AVX2: bool>(
         while t + SCORE_BLOCK <= pos + 1 {
             let rows = &keys[t * head_dim..][..SCORE_BLOCK * head_dim];
             for (h, q) in qs.chunks_exact(head_dim).enumerate() {
-                let s = dots_of_rows::<AVX2>(q, rows);
+                let s = dots_of_rows::<E, AVX2>(q, rows);
                 for (a, s) in att[h * att_stride + t..][..SCORE_BLOCK].iter_mut().zip(s) {
                     *a = s * scale;
                 }
@@ -298,7 +338,7 @@ fn attend_f32<const AVX2: bool>(
     for t in t..=pos {
         let k = &keys[t * head_dim..][..head_dim];
         for (h, q) in qs.chunks_exact(head_dim).enumerate() {
-            att[h * att_stride + t] = dot(q, k) * scale;
+            att[h * att_stride + t] = dot_of::<E, AVX2>(q, k) * scale;
         }
     }
     for h in 0..n {
@@ -314,7 +354,7 @@ fn attend_f32<const AVX2: bool>(
         let tile = t0..(t0 + VALUE_TILE).min(pos + 1);
         let rows = &values[t0 * head_dim..];
         for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
-            add_weighted_values(&att[weights(h)][tile.clone()], rows, o);
+            add_weighted_values::<E, AVX2>(&att[weights(h)][tile.clone()], rows, o);
         }
         t0 = tile.end;
     }
@@ -323,7 +363,7 @@ fn attend_f32<const AVX2: bool>(
 /// `out += sum over i of a[i] * row i`, the rows `out.len()` values each from the start of
 /// `values`, the adds of each output in row order.
 #[inline(always)]
-fn add_weighted_values(a: &[f32], values: &[f32], out: &mut [f32]) {
+fn add_weighted_values<E: FloatValue, const AVX2: bool>(a: &[f32], values: &[E], out: &mut [f32]) {
     let row = out.len();
     let mut c = 0;
     while c + VALUE_BLOCK <= out.len() {
@@ -332,12 +372,11 @@ fn add_weighted_values(a: &[f32], values: &[f32], out: &mut [f32]) {
         let mut acc: [[f32; 8]; VALUE_BLOCK / 8] =
             std::array::from_fn(|b| std::array::from_fn(|j| start[8 * b + j]));
         for (i, &w) in a.iter().enumerate() {
-            let v: &[f32; VALUE_BLOCK] = values[i * row + c..][..VALUE_BLOCK]
-                .try_into()
-                .expect("a block of values");
+            let v = &values[i * row + c..][..VALUE_BLOCK];
             for (b, acc) in acc.iter_mut().enumerate() {
+                let v = load8::<E, AVX2>(&v[8 * b..]);
                 for j in 0..8 {
-                    acc[j] += w * v[8 * b + j];
+                    acc[j] += w * v[j];
                 }
             }
         }
@@ -350,7 +389,7 @@ fn add_weighted_values(a: &[f32], values: &[f32], out: &mut [f32]) {
     for (i, &w) in a.iter().enumerate() {
         let v = &values[i * row + c..][..rest.len()];
         for (o, &vi) in rest.iter_mut().zip(v) {
-            *o += w * vi;
+            *o += w * vi.f32();
         }
     }
 }
@@ -358,7 +397,7 @@ fn add_weighted_values(a: &[f32], values: &[f32], out: &mut [f32]) {
 /// [`dot`] of `q` with each of the `SCORE_BLOCK` rows at the start of `rows`: with `AVX2`
 /// (the CPU has it) the kernel that sums the eight dots together, else one at a time.
 #[inline(always)]
-fn dots_of_rows<const AVX2: bool>(q: &[f32], rows: &[f32]) -> [f32; SCORE_BLOCK] {
+fn dots_of_rows<E: FloatValue, const AVX2: bool>(q: &[f32], rows: &[E]) -> [f32; SCORE_BLOCK] {
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: AVX2 is true only under `attend_avx2`, which runs where the CPU has AVX2,
@@ -366,7 +405,7 @@ fn dots_of_rows<const AVX2: bool>(q: &[f32], rows: &[f32]) -> [f32; SCORE_BLOCK]
         return unsafe { x86::dots_of_rows(q, rows) };
     }
     let hd = q.len();
-    std::array::from_fn(|p| dot(q, &rows[p * hd..][..hd]))
+    std::array::from_fn(|p| dot_of::<E, AVX2>(q, &rows[p * hd..][..hd]))
 }
 
 /// Key rows scored together: eight dots' sums are one transpose and seven vector adds.
@@ -380,23 +419,29 @@ const VALUE_TILE: usize = 16;
 /// eight independent add chains (32, four chains, was ~4% slower at both shapes).
 const VALUE_BLOCK: usize = 64;
 
+/// [`dot`] of a query with a cache row of either float type (the same bits as `dot` over
+/// the row converted to f32).
 #[inline(always)]
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums in one vector register: over fixed-size chunks (no bounds checks in
-    // the loop) the compiler does vectorize it (indexed, it did not: the scalar loop was most
-    // of a prefill's attention). The arithmetic per partial sum is the same either way.
+fn dot_of<E: FloatValue, const AVX2: bool>(a: &[f32], b: &[E]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     let mut acc = [0f32; 8];
     for (x, y) in ac.zip(bc) {
+        let y = load8::<E, AVX2>(y);
         for j in 0..8 {
             acc[j] += x[j] * y[j];
         }
     }
     let mut sum: f32 = acc.iter().sum();
     for (x, y) in ar.iter().zip(br) {
-        sum += x * y;
+        sum += x * y.f32();
     }
     sum
+}
+
+/// The dot `attend` gives a query and an f32 row (the tests' reference).
+#[cfg(test)]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_of::<f32, false>(a, b)
 }

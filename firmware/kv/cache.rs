@@ -4,6 +4,7 @@
 use super::cost::Policy;
 use super::layout::{addr, quantize_head, Layout, Segment, Shape};
 use super::{KvPrecision, GROUP, MAX_HEAD_DIM, MAX_SEGMENTS};
+use crate::model::ggml::f32_to_f16;
 
 /// The storage of a cache, carved from the KV arena at boot (or any buffers, for tests and the
 /// calibration benchmark).
@@ -16,6 +17,13 @@ pub enum Storage<'a> {
     F32 {
         k: &'a mut [f32],
         v: &'a mut [f32],
+        kbuf: &'a mut [f32],
+        vbuf: &'a mut [f32],
+    },
+    /// As `F32`, the values IEEE half (their bits), rounded to nearest even by `commit`.
+    F16 {
+        k: &'a mut [u16],
+        v: &'a mut [u16],
         kbuf: &'a mut [f32],
         vbuf: &'a mut [f32],
     },
@@ -71,6 +79,11 @@ impl<'a> KvCache<'a> {
                 assert!(k.len() >= n && v.len() >= n, "f32 KV storage too small");
                 assert!(kbuf.len() == shape.kv_dim() && vbuf.len() == shape.kv_dim());
             }
+            Storage::F16 { k, v, kbuf, vbuf } => {
+                let n = shape.n_layers * shape.context * shape.kv_dim();
+                assert!(k.len() >= n && v.len() >= n, "f16 KV storage too small");
+                assert!(kbuf.len() == shape.kv_dim() && vbuf.len() == shape.kv_dim());
+            }
             Storage::I8 {
                 k,
                 v,
@@ -105,6 +118,7 @@ impl<'a> KvCache<'a> {
     pub fn precision(&self) -> KvPrecision {
         match self.store {
             Storage::F32 { .. } => KvPrecision::F32,
+            Storage::F16 { .. } => KvPrecision::F16,
             Storage::I8 { .. } => KvPrecision::I8,
         }
     }
@@ -137,7 +151,7 @@ impl<'a> KvCache<'a> {
             _ => {}
         }
         let want = match (self.policy, self.precision()) {
-            (_, KvPrecision::F32) => Layout::TokenMajor,
+            (_, KvPrecision::F32 | KvPrecision::F16) => Layout::TokenMajor,
             (Policy::Fixed(l), _) => l,
             (Policy::Adaptive(m), _) => {
                 let t = pos + 1;
@@ -194,9 +208,9 @@ impl<'a> KvCache<'a> {
     /// stores them.
     pub fn rows(&mut self) -> (&mut [f32], &mut [f32]) {
         match &mut self.store {
-            Storage::F32 { kbuf, vbuf, .. } | Storage::I8 { kbuf, vbuf, .. } => {
-                (&mut kbuf[..], &mut vbuf[..])
-            }
+            Storage::F32 { kbuf, vbuf, .. }
+            | Storage::F16 { kbuf, vbuf, .. }
+            | Storage::I8 { kbuf, vbuf, .. } => (&mut kbuf[..], &mut vbuf[..]),
         }
     }
 
@@ -214,7 +228,7 @@ impl<'a> KvCache<'a> {
     }
 
     /// Stores the rows written for position `pos` of layer `l` (int8: quantizes them into the
-    /// segment holding `pos`; f32: each head's part to its row).
+    /// segment holding `pos`; f32, f16: each head's part to its row).
     pub fn commit(&mut self, l: usize, pos: usize) {
         let s = self.shape;
         let (hd, g) = (s.head_dim, s.groups());
@@ -227,6 +241,17 @@ impl<'a> KvCache<'a> {
                 let at = f32_row(&s, l, h, pos);
                 k[at..at + hd].copy_from_slice(&kbuf[h * hd..][..hd]);
                 v[at..at + hd].copy_from_slice(&vbuf[h * hd..][..hd]);
+            }
+        }
+        if let Storage::F16 { k, v, kbuf, vbuf } = &mut self.store {
+            for h in 0..s.kv_heads {
+                let at = f32_row(&s, l, h, pos);
+                for (o, &x) in k[at..at + hd].iter_mut().zip(&kbuf[h * hd..][..hd]) {
+                    *o = f32_to_f16(x);
+                }
+                for (o, &x) in v[at..at + hd].iter_mut().zip(&vbuf[h * hd..][..hd]) {
+                    *o = f32_to_f16(x);
+                }
             }
         }
         if let Storage::I8 {
@@ -269,7 +294,7 @@ impl<'a> KvCache<'a> {
     }
 }
 
-/// Where the f32 cache's row of KV head `h` at position `pos` of layer `l` starts.
+/// Where the float (f32, f16) cache's row of KV head `h` at position `pos` of layer `l` starts.
 #[inline(always)]
 pub(super) fn f32_row(s: &Shape, l: usize, h: usize, pos: usize) -> usize {
     ((l * s.kv_heads + h) * s.context + pos) * s.head_dim

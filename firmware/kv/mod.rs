@@ -3,9 +3,10 @@
 //! picks the layout for new tokens, and a new segment starts only when another layout wins by a
 //! margin for `persist` tokens in a row (phase-aware transitions). Old segments are never re-laid.
 //!
-//! Precisions: `F32` (the `native` and `f16` engines: one segment, `[layer][kv_head][position]
-//! [head_dim]`, each KV head's rows one stream) and `I8` (w8a8, w4a8): int8 values with one f32
-//! scale per (token, kv head, group of 32 along the head), `d = amax / 127`, round to nearest.
+//! Precisions: `F16` (the `native` and `f16` engines; IEEE half, rounded to nearest even) and
+//! `F32` (asked for: the reference), one segment each, `[layer][kv_head][position][head_dim]`,
+//! each KV head's rows one stream; and `I8` (w8a8, w4a8): int8 values with one f32 scale per
+//! (token, kv head, group of 32 along the head), `d = amax / 127`, round to nearest.
 //!
 //! Layouts of an int8 segment (the head axis `D` is contiguous in both; they differ in where a
 //! head's tokens lie). Storage is counted in token slots of `kv_dim` bytes (+ scales) per layer:
@@ -43,20 +44,42 @@ pub const TILE: usize = 64;
 /// Widest head the int8 cache handles on the CPU.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Whether a KV cache is int8 (the one rule, for both backends): at the int8 precisions
-/// (w8a8, w4a8) unless `f32_kv`, where a head is whole groups of 32 and at most
-/// `max_head_dim` wide (what the backend's attention takes: [`MAX_HEAD_DIM`] on the CPU,
-/// `engine::cuda::INT8_KV_MAX_HEAD_DIM` on the GPU). Otherwise the cache stays f32.
-pub fn int8_kv(
+/// What a KV cache is asked to hold (`EngineOptions::kv`, `CudaOptions::kv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvChoice {
+    /// int8 at the int8 precisions (w8a8, w4a8) where the head allows, else f16.
+    #[default]
+    Auto,
+    /// f16 at every precision (a reference for a backend whose int8 cache cannot take a head).
+    F16,
+    /// f32 at every precision: the reference the others are measured against.
+    F32,
+}
+
+/// A KV cache's precision (the one rule, for both backends). int8 at the int8 precisions
+/// (w8a8, w4a8) when `Auto`, where a head is whole groups of 32 and at most `max_head_dim`
+/// wide (what the backend's attention takes: [`MAX_HEAD_DIM`] on the CPU,
+/// `engine::cuda::INT8_KV_MAX_HEAD_DIM` on the GPU). Otherwise f16 (llama.cpp's default too):
+/// half the bytes of f32, which is what decode at a long context reads, and half the KV
+/// arena; f32 only when asked.
+pub fn kv_precision(
     precision: crate::quant::Precision,
-    f32_kv: bool,
+    choice: KvChoice,
     head_dim: usize,
     max_head_dim: usize,
-) -> bool {
-    precision.int8_kv()
-        && !f32_kv
-        && head_dim.is_multiple_of(GROUP)
-        && head_dim <= max_head_dim.min(MAX_HEAD_DIM)
+) -> KvPrecision {
+    match choice {
+        KvChoice::F32 => KvPrecision::F32,
+        KvChoice::F16 => KvPrecision::F16,
+        KvChoice::Auto
+            if precision.int8_kv()
+                && head_dim.is_multiple_of(GROUP)
+                && head_dim <= max_head_dim.min(MAX_HEAD_DIM) =>
+        {
+            KvPrecision::I8
+        }
+        KvChoice::Auto => KvPrecision::F16,
+    }
 }
 const GROUP: usize = 32;
 
@@ -67,7 +90,46 @@ pub const TABLE_VERSION: u32 = 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvPrecision {
     F32,
+    F16,
     I8,
+}
+
+impl KvPrecision {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+            KvPrecision::I8 => "int8",
+        }
+    }
+
+    /// Bytes of one stored value (an int8 cache's scales are apart).
+    pub fn value_bytes(self) -> usize {
+        match self {
+            KvPrecision::F32 => 4,
+            KvPrecision::F16 => 2,
+            KvPrecision::I8 => 1,
+        }
+    }
+
+    /// The kernels' code for it (common.cuh's KV_F32, KV_I8, KV_F16).
+    pub fn kernel_code(self) -> i32 {
+        match self {
+            KvPrecision::F32 => 0,
+            KvPrecision::I8 => 1,
+            KvPrecision::F16 => 2,
+        }
+    }
+
+    /// The choice that gives this precision wherever the head allows it (a reference
+    /// configuration's cache as another backend keeps it).
+    pub fn choice(self) -> KvChoice {
+        match self {
+            KvPrecision::F32 => KvChoice::F32,
+            KvPrecision::F16 => KvChoice::F16,
+            KvPrecision::I8 => KvChoice::Auto,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ struct Bufs {
     vb: Vec<f32>,
     kf: Vec<f32>,
     vf: Vec<f32>,
+    kh: Vec<u16>,
+    vh: Vec<u16>,
 }
 
 fn shape() -> Shape {
@@ -32,6 +34,8 @@ fn bufs(s: &Shape) -> Bufs {
         vb: vec![0.0; s.kv_dim()],
         kf: vec![0.0; s.n_layers * s.context * s.kv_dim()],
         vf: vec![0.0; s.n_layers * s.context * s.kv_dim()],
+        kh: vec![0; s.n_layers * s.context * s.kv_dim()],
+        vh: vec![0; s.n_layers * s.context * s.kv_dim()],
     }
 }
 
@@ -64,6 +68,20 @@ fn cache_f32<'a>(s: Shape, b: &'a mut Bufs, policy: Policy) -> KvCache<'a> {
     )
 }
 
+/// The f16 cache over the same shape.
+fn cache_f16<'a>(s: Shape, b: &'a mut Bufs) -> KvCache<'a> {
+    KvCache::new(
+        s,
+        Storage::F16 {
+            k: &mut b.kh,
+            v: &mut b.vh,
+            kbuf: &mut b.kb,
+            vbuf: &mut b.vb,
+        },
+        Policy::Fixed(Layout::TokenMajor),
+    )
+}
+
 /// Deterministic K/V/q values for (layer, position, index).
 fn val(l: usize, pos: usize, i: usize, salt: u64) -> f32 {
     let mut x = (l as u64) << 40 ^ (pos as u64) << 20 ^ i as u64 ^ salt.wrapping_mul(0x9E37_79B9);
@@ -74,14 +92,19 @@ fn val(l: usize, pos: usize, i: usize, salt: u64) -> f32 {
 }
 
 fn append(c: &mut KvCache, pos: usize) {
+    append_with(c, pos, |x| x)
+}
+
+/// `append` with each key and value passed through `f` first.
+fn append_with(c: &mut KvCache, pos: usize, f: impl Fn(f32) -> f32) {
     c.begin_token(pos);
     for l in 0..c.shape.n_layers {
         let (k, v) = c.rows();
         for (i, x) in k.iter_mut().enumerate() {
-            *x = val(l, pos, i, 1);
+            *x = f(val(l, pos, i, 1));
         }
         for (i, x) in v.iter_mut().enumerate() {
-            *x = val(l, pos, i, 2);
+            *x = f(val(l, pos, i, 2));
         }
         c.commit(l, pos);
     }
@@ -327,19 +350,89 @@ fn kvcost_table_round_trips_and_refuses_damage() {
     assert!(e.to_string().contains("damaged"), "{e}");
 }
 
-/// One int8-KV rule for both backends: whole groups of 32 per head, at most the backend's
-/// widest head, only at the int8 precisions, never with `f32_kv`.
+/// One KV rule for both backends: int8 for whole groups of 32 per head, at most the backend's
+/// widest head, only at the int8 precisions; f16 otherwise; f16 or f32 whenever asked.
 #[test]
-fn int8_kv_rule() {
+fn kv_precision_rule() {
     use crate::quant::Precision;
+    use KvPrecision::*;
+    let rule = |p, c, hd, max| kv_precision(p, c, hd, max);
+    let auto = KvChoice::Auto;
     for p in [Precision::W8a8, Precision::W4a8] {
-        assert!(int8_kv(p, false, 64, MAX_HEAD_DIM) && int8_kv(p, false, 256, MAX_HEAD_DIM));
-        assert!(!int8_kv(p, false, 256, 128) && int8_kv(p, false, 128, 128));
-        assert!(!int8_kv(p, true, 64, MAX_HEAD_DIM));
-        assert!(!int8_kv(p, false, 48, MAX_HEAD_DIM) && !int8_kv(p, false, 512, 1024));
+        assert_eq!(rule(p, auto, 64, MAX_HEAD_DIM), I8);
+        assert_eq!(rule(p, auto, 256, MAX_HEAD_DIM), I8);
+        assert_eq!(
+            rule(p, auto, 256, 128),
+            F16,
+            "wider than the backend's int8 head"
+        );
+        assert_eq!(rule(p, auto, 128, 128), I8);
+        assert_eq!(rule(p, auto, 48, MAX_HEAD_DIM), F16, "not whole groups");
+        assert_eq!(
+            rule(p, auto, 512, 1024),
+            F16,
+            "wider than the CPU's int8 head"
+        );
+        assert_eq!(rule(p, KvChoice::F32, 64, MAX_HEAD_DIM), F32);
+        assert_eq!(rule(p, KvChoice::F16, 64, MAX_HEAD_DIM), F16);
     }
-    assert!(!int8_kv(Precision::Native, false, 64, MAX_HEAD_DIM));
-    assert!(!int8_kv(Precision::F16, false, 64, MAX_HEAD_DIM));
+    for p in [Precision::Native, Precision::F16] {
+        assert_eq!(rule(p, auto, 64, MAX_HEAD_DIM), F16);
+        assert_eq!(rule(p, KvChoice::F32, 64, MAX_HEAD_DIM), F32);
+    }
+    for k in [F32, F16, I8] {
+        assert_eq!(rule(Precision::W8a8, k.choice(), 64, MAX_HEAD_DIM), k);
+    }
+}
+
+/// The f16 cache stores each value rounded to the nearest half and attends over them with the
+/// f32 cache's arithmetic: its results are, bit for bit, the f32 cache's over the rounded
+/// values, in the baseline and AVX2 builds, one query head or several, at heads of 48 (all past
+/// the value blocks), 64 and 128 (whole blocks), short of and past a score block.
+#[test]
+fn f16_attention_equals_f32_over_rounded_values_exactly() {
+    use crate::model::ggml::{f16_to_f32, f32_to_f16};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let round = |x: f32| f16_to_f32(f32_to_f16(x));
+    for head_dim in [48, 64, 128] {
+        let s = Shape {
+            n_layers: 2,
+            kv_heads: 2,
+            head_dim,
+            context: 80,
+        };
+        let (mut b16, mut b32) = (bufs(&s), bufs(&s));
+        let mut c16 = cache_f16(s, &mut b16);
+        let mut c32 = cache_f32(s, &mut b32, Policy::Fixed(Layout::TokenMajor));
+        for pos in 0..80 {
+            append(&mut c16, pos);
+            append_with(&mut c32, pos, round);
+        }
+        assert_eq!(c16.precision(), KvPrecision::F16);
+        for avx2 in [false, cpu_has_avx2()] {
+            c16.set_avx2(avx2);
+            c32.set_avx2(avx2);
+            for (pos, n, l, kvh) in [(0, 1, 0, 0), (6, 3, 1, 1), (8, 2, 0, 1), (79, 6, 1, 0)] {
+                let qs: Vec<f32> = (0..n * head_dim).map(|i| val(l, pos, i, 13)).collect();
+                let stride = pos + 3;
+                let (mut a16, mut a32) = (vec![0f32; n * stride], vec![0f32; n * stride]);
+                let (mut o16, mut o32) = (vec![0f32; n * head_dim], vec![0f32; n * head_dim]);
+                c16.attend_heads(l, kvh, &qs, pos, &mut a16, stride, &mut o16);
+                c32.attend_heads(l, kvh, &qs, pos, &mut a32, stride, &mut o32);
+                let what = format!("head {head_dim} avx2 {avx2} pos {pos} heads {n}");
+                assert_eq!(bits(&o16), bits(&o32), "{what}");
+                assert_eq!(bits(&a16), bits(&a32), "{what}");
+                assert!(o16.iter().any(|x| *x != 0.0), "{what}: an output");
+            }
+        }
+        // Rounding did change values: the f16 cache is not the f32 cache of the raw values.
+        let mut b_raw = bufs(&s);
+        let mut raw = cache_f32(s, &mut b_raw, Policy::Fixed(Layout::TokenMajor));
+        for pos in 0..80 {
+            append(&mut raw, pos);
+        }
+        assert_ne!(attention(&raw, 79), attention(&c16, 79), "head {head_dim}");
+    }
 }
 
 /// `policy_from` says which part of the request is wrong: the layout's name, the table file

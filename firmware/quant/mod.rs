@@ -42,9 +42,10 @@
 //!
 //! # Precisions
 //!
-//! `native` (the default) runs every tensor in the type the file stores, with an f32 KV cache;
+//! `native` (the default) runs every tensor in the type the file stores, with an f16 KV cache;
 //! its Q8_0 and Q4_0 matrices are imported as they are into w8 and w4 (the same values) and so
-//! run the integer kernels below, every other type the classic ones. `f16` converts every matrix to F16 (f32 activations, f32 KV).
+//! run the integer kernels below, every other type the classic ones. `f16` converts every
+//! matrix to F16 (f32 activations, f16 KV). (`kv::kv_precision` decides the cache.)
 //! `w8a8` converts every matrix to w8 and keeps the KV cache in int8. `w4a8` puts the FFN's gate
 //! and up and attention's output in w4 (the chosen packing), and attention's q, k, v, the FFN's
 //! down projection, every matrix of the first and last layer, and the token embeddings / output
@@ -103,7 +104,7 @@ impl From<QuantError> for String {
 /// The precision an engine runs in (`--precision`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// The file's own tensor types, f32 KV cache.
+    /// The file's own tensor types, f16 KV cache.
     #[default]
     Native,
     F16,

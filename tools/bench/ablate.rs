@@ -10,6 +10,7 @@ use leanstream::engine::cuda_options::{
     CudaOptions, DependentLaunch, GroupedAttention as GroupedAttentionMode, InBlockNorm,
     PrefillProducts, ProductKernels,
 };
+use leanstream::kv::KvChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ablation {
@@ -27,6 +28,8 @@ pub enum Ablation {
     KBlockScales,
     /// CPU: attention a task a query head, not several heads of a KV head a task.
     CpuPerHeadAttention,
+    /// CPU: the KV cache in f32 (rather than f16, or int8 at w8a8/w4a8).
+    CpuF32Kv,
     /// CUDA: every kernel launched, without the per-token graph.
     NoGraph,
     /// CUDA: every product kernel narrow.
@@ -53,7 +56,7 @@ pub enum Ablation {
     NoPdl,
     /// CUDA (sm_90): each product block pulls its first weights into L2 while it waits.
     PdlPrefetch,
-    /// CUDA, w8a8/w4a8: the KV cache in f32.
+    /// CUDA: the KV cache in f32 (rather than f16, or int8 at w8a8/w4a8).
     F32Kv,
     /// CUDA: the prompt run token by token, as decode (no batched prefill).
     TokenPrefill,
@@ -73,6 +76,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("cpu-prefetch", "cpu", "x86: decode's one-pass kernels (w4 swizzled, w8, Q4_K, Q6_K) prefetch their weights in software (the default on Intel CPUs only)"),
     ("no-cpu-prefetch", "cpu", "x86: decode's one-pass kernels leave prefetching to the hardware (the default but on Intel CPUs)"),
     ("k-block-scales", "cpu", "K-quant rows read their input quantized with a scale per 32 values (finer, slower) rather than one per 256 (llama.cpp's Q8_K)"),
+    ("cpu-f32-kv", "cpu", "the KV cache in f32 rather than f16 (or int8 at w8a8/w4a8)"),
     ("cpu-per-head-attention", "cpu", "attention a task a query head, each reading its KV head's rows, rather than the query heads of a KV head together reading them once"),
     ("no-graph", "cuda", "every kernel launched, without the per-token CUDA graph"),
     ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
@@ -87,7 +91,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-cluster-attention", "cuda", "sm_90: a split head's slices joined through L2 by the last block to finish, not in a thread block cluster's shared memory"),
     ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
     ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
-    ("f32-kv", "cuda", "w8a8/w4a8: the KV cache in f32 rather than int8"),
+    ("f32-kv", "cuda", "the KV cache in f32 rather than f16 (or int8 at w8a8/w4a8)"),
     ("token-prefill", "cuda", "the prompt run token by token, as decode, rather than batched"),
     ("prefill-batch=N", "cuda", "the prompt batched N tokens a chunk rather than the board's gpu_prefill_batch"),
     ("ptx-products", "cuda", "the batched prompt's products on the project's PTX kernel rather than cuBLAS"),
@@ -104,7 +108,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 23] = {
+const PLAIN: [Ablation; 24] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -114,6 +118,7 @@ const PLAIN: [Ablation; 23] = {
         NoCpuPrefetch,
         KBlockScales,
         CpuPerHeadAttention,
+        CpuF32Kv,
         NoGraph,
         Narrow,
         Wide,
@@ -178,6 +183,7 @@ impl Ablation {
             NoCpuPrefetch => "no-cpu-prefetch".into(),
             KBlockScales => "k-block-scales".into(),
             CpuPerHeadAttention => "cpu-per-head-attention".into(),
+            CpuF32Kv => "cpu-f32-kv".into(),
             NoGraph => "no-graph".into(),
             Narrow => "narrow".into(),
             Wide => "wide".into(),
@@ -204,7 +210,7 @@ impl Ablation {
         use Ablation::*;
         match self {
             NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales
-            | CpuPerHeadAttention => Backend::Cpu,
+            | CpuPerHeadAttention | CpuF32Kv => Backend::Cpu,
             _ => Backend::Cuda,
         }
     }
@@ -221,6 +227,11 @@ impl Ablation {
             Ablation::CpuPerHeadAttention => k.grouped_attention = false,
             _ => {}
         }
+    }
+
+    /// The KV cache a CPU ablation asks for (`cpu-f32-kv`), if any.
+    pub fn cpu_kv(self) -> Option<KvChoice> {
+        (self == Ablation::CpuF32Kv).then_some(KvChoice::F32)
     }
 
     /// Applies a CUDA ablation to the decoder's options (a CPU one leaves them as they are).
@@ -243,13 +254,13 @@ impl Ablation {
             NoClusterAttention => o.cluster_attention = false,
             NoPdl => o.dependent_launch = DependentLaunch::Off,
             PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
-            F32Kv => o.f32_kv = true,
+            F32Kv => o.kv = KvChoice::F32,
             TokenPrefill => o.prefill_batch = 1,
             PrefillBatch(n) => o.prefill_batch = n,
             PtxProducts => o.prefill_products = PrefillProducts::Ptx,
             ScalarAttention => o.prefill_tensor_attention = false,
             NoDeferredDequant | NoVnni | NoAvx512 | CpuPrefetch | NoCpuPrefetch | KBlockScales
-            | CpuPerHeadAttention => {}
+            | CpuPerHeadAttention | CpuF32Kv => {}
         }
     }
 }

@@ -196,6 +196,7 @@ pub fn run(
             context: prompt.len() + s.gen_tokens + 1,
             precision: c.precision,
             packing: c.packing,
+            kv: c.ablation.and_then(|a| a.cpu_kv()).unwrap_or_default(),
             ..EngineOptions::default()
         };
         // f16 weights follow the precision (AnyEngine::boot).
@@ -221,15 +222,15 @@ pub fn run(
             // Check against the CPU backend on the same prompt before timing anything.
             // The first 16 prompt tokens (the CPU reference of a large model is slow).
             let check = &prompt[..prompt.len().min(16)];
-            let gpu_int8_kv = g.int8_kv;
+            let gpu_kv = g.kv_precision;
             let cpu_logits = |kernel: Kernel,
                               classic: bool,
                               precision: leanstream::quant::Precision|
              -> Result<Vec<f32>, String> {
                 let mut cpu_arenas = Arenas::from_board().map_err(|e| e.to_string())?;
-                // The reference keeps its KV cache as the GPU does (int8 or f32).
+                // The reference keeps its KV cache as the GPU does (int8, f16 or f32).
                 let reference = EngineOptions {
-                    f32_kv: !gpu_int8_kv,
+                    kv: gpu_kv.choice(),
                     native_classic: classic,
                     precision,
                     kernels: KernelSet::with(kernel),

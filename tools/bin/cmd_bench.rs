@@ -537,7 +537,7 @@ fn cmd_bench_long_cuda(a: BenchArgs) -> Result<(), String> {
         let step =
             |e: &mut leanstream::engine::cuda::CudaEngine, t: u32, p: usize| e.forward_greedy(t, p);
         let kv = |e: &leanstream::engine::cuda::CudaEngine| {
-            format!("{} token-major", if e.int8_kv { "int8" } else { "f32" })
+            format!("{} token-major", e.kv_precision.name())
         };
         let (json, md) = long_context(&mut engine, step, &prompt, n, &label, kv)?;
         rows_json.push(json);
@@ -571,12 +571,13 @@ fn write_tables(a: &BenchArgs, json: &str, md: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The KV chain as `layout[start..end]` items (the f32 cache is one segment of rows a KV head
-/// at a time: `head-major`).
+/// The KV chain as `layout[start..end]` items (a float cache is one segment of rows a KV head
+/// at a time: `head-major`, after its precision).
 fn segments_text(e: &Engine) -> String {
-    if e.kv_precision() == leanstream::kv::KvPrecision::F32 {
+    let kv = e.kv_precision();
+    if kv != leanstream::kv::KvPrecision::I8 {
         let end = e.kv_segments().last().map_or(0, |s| s.start + s.len);
-        return format!("head-major[0..{end}]");
+        return format!("{} head-major[0..{end}]", kv.name());
     }
     e.kv_segments()
         .iter()

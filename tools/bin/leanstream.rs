@@ -174,7 +174,7 @@ struct ModelArgs {
 
 #[derive(Args, Clone)]
 struct LowBitArgs {
-    /// native (the file's own types, f32 KV), f16, w8a8 or w4a8 (int8 KV for the last two).
+    /// native (the file's own types, f16 KV), f16, w8a8 or w4a8 (int8 KV for the last two).
     #[arg(long, default_value = "native", value_parser = Precision::parse)]
     precision: Precision,
     /// int4 packing (w4a8, and Q4_0 matrices at native): contiguous, interleaved, swizzled
@@ -272,6 +272,9 @@ fn options(
     o.packing = low.packing;
     o.kv_policy = leanstream::kv::policy_from(file, low.kv_cost.as_deref(), &low.kv_layout)?;
     o.kernels = low.kernels();
+    if let Some(kv) = low.ablate.iter().find_map(|a| a.cpu_kv()) {
+        o.kv = kv;
+    }
     if is_flash_image(&m.model) {
         o.stream = Some(m.stream.options(&m.model)?);
     }

@@ -18,6 +18,7 @@ use leanstream::engine::cuda_options::{
 };
 use leanstream::engine::sample::argmax;
 use leanstream::engine::{Arenas, Decoder, Engine, EngineError, EngineOptions};
+use leanstream::kv::{KvChoice, KvPrecision};
 use leanstream::model::ModelFile;
 use leanstream::quant::Precision;
 use leanstream_tools::bench::rel_err;
@@ -131,12 +132,13 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
     let opts = EngineOptions {
         context: 256,
         precision,
-        // Its KV cache as the GPU keeps it: int8 at w8a8 and w4a8 where the head allows.
-        f32_kv: !leanstream::engine::cuda_options::int8_kv(
+        // Its KV cache as the GPU keeps it: int8 at w8a8 and w4a8 where the head allows, else f16.
+        kv: leanstream::engine::cuda_options::kv_precision(
             precision,
-            false,
+            KvChoice::Auto,
             file.hyper().unwrap().head_dim,
-        ),
+        )
+        .choice(),
         ..EngineOptions::default()
     };
     let mut cpu = Engine::boot(&mut arenas, file, opts).unwrap();
@@ -154,8 +156,8 @@ fn run_cpu(file: &ModelFile, precision: Precision, prompt: &[u32]) -> (Vec<Vec<f
 }
 
 /// Logits of the prompt, the 64 greedy tokens after it, whether any product quantized its
-/// input to int8, and whether the KV cache was int8.
-type GpuRun = (Vec<Vec<f32>>, Vec<u32>, bool, bool);
+/// input to int8, and what the KV cache held.
+type GpuRun = (Vec<Vec<f32>>, Vec<u32>, bool, KvPrecision);
 
 fn run_gpu(
     file: &ModelFile,
@@ -213,7 +215,7 @@ fn run_gpu(
         tokens.push(tok);
         tok = gpu.forward_greedy(tok, prompt.len() + i);
     }
-    Ok((logits, tokens, gpu.int8_activations, gpu.int8_kv))
+    Ok((logits, tokens, gpu.int8_activations, gpu.kv_precision))
 }
 
 /// The parity models of $LEANSTREAM_HIL_MODELS, opened, with their file names; None (and a
@@ -286,31 +288,35 @@ fn check_parity(file: &ModelFile, name: &str, precisions: &[Precision]) {
         for memory in [MemoryModel::Discrete, MemoryModel::Unified] {
             for products in [ProductKernels::Narrow, ProductKernels::Wide] {
                 let what = format!("{name} {memory:?} {products:?} {precision}");
-                let (g, t, int8, int8_kv) =
-                    match run_gpu(file, memory, products, precision, &prompt) {
-                        Ok(r) => r,
-                        // A model the GPU cannot run at a low-bit precision says why at boot.
-                        Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
-                            eprintln!("skipped: parity {what}: {why}");
-                            continue;
-                        }
-                        Err(e) => panic!("{what}: boot failed: {e}"),
-                    };
-                // The int8 cache wherever w8a8/w4a8 and the head allow one.
+                let (g, t, int8, kv) = match run_gpu(file, memory, products, precision, &prompt) {
+                    Ok(r) => r,
+                    // A model the GPU cannot run at a low-bit precision says why at boot.
+                    Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
+                        eprintln!("skipped: parity {what}: {why}");
+                        continue;
+                    }
+                    Err(e) => panic!("{what}: boot failed: {e}"),
+                };
+                // The int8 cache wherever w8a8/w4a8 and the head allow one, else f16.
                 let head_dim = file.hyper().unwrap().head_dim;
+                let int8_kv = precision.int8_kv()
+                    && head_dim.is_multiple_of(32)
+                    && head_dim <= leanstream::engine::cuda_options::INT8_KV_MAX_HEAD_DIM;
                 assert_eq!(
-                    int8_kv,
-                    precision.int8_kv()
-                        && head_dim.is_multiple_of(32)
-                        && head_dim <= leanstream::engine::cuda_options::INT8_KV_MAX_HEAD_DIM,
+                    kv,
+                    if int8_kv {
+                        KvPrecision::I8
+                    } else {
+                        KvPrecision::F16
+                    },
                     "{what}: KV cache precision"
                 );
                 let e = worst(&g, &cpu);
                 let tol = if int8 { 5e-2 } else { 1e-2 };
                 eprintln!(
-                    "parity {what}{}{}: max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
+                    "parity {what}{} ({} KV): max logits rel err {e:.2e} over {} positions, greedy tokens identical {}/64",
                     if int8 { " (int8 activations)" } else { "" },
-                    if int8_kv { " (int8 KV)" } else { "" },
+                    kv.name(),
                     prompt.len(),
                     agree(&t, &cpu_tokens)
                 );

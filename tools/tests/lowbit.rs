@@ -249,7 +249,7 @@ fn requantized_file_decodes_as_requantized_at_boot() {
         );
     }
     // Run as stored (native: its Q4_0/Q8_0 imported as they are into the same integer kernels,
-    // f32 KV), it still makes sense: its greedy next token after the prompt matches the w4a8
+    // f16 KV), it still makes sense: its greedy next token after the prompt matches the w4a8
     // engine's.
     let (native, requantized) = logits(&out, Precision::Native, 6);
     assert_eq!(requantized, 0, "native imports Q4_0/Q8_0 as they are");

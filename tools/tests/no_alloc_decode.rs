@@ -172,7 +172,7 @@ fn main() {
         }
     }
     if let Some(model) = common::model(common::SMOLLM2) {
-        // The model's own types with the f32 KV cache; then w8a8 and w4a8 (integer kernels,
+        // The model's own types with the f16 KV cache; then w8a8 and w4a8 (integer kernels,
         // the segmented int8 KV cache switching layouts on the way).
         for (precision, packing, steps) in [
             (Precision::Native, Packing::Interleaved, 256),

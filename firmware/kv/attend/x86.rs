@@ -1,16 +1,16 @@
-//! The f32 cache's scores on x86 with AVX2: eight key rows dotted with a query at once, each
-//! the bits [`super::dot`] gives it.
+//! The float caches' scores on x86 with AVX2: eight key rows dotted with a query at once, each
+//! the bits [`super::dot_of`] gives it; and their rows' loads (a half's, a conversion).
 
-use super::SCORE_BLOCK;
+use super::{FloatValue, SCORE_BLOCK};
 use std::arch::x86_64::*;
 
-/// [`super::dot`] of `q` with each of the `SCORE_BLOCK` rows at the start of `rows` (`q.len()`
+/// [`super::dot_of`] of `q` with each of the `SCORE_BLOCK` rows at the start of `rows` (`q.len()`
 /// values each). A row's eight partial sums are `dot`'s (a product added to each lane, chunk
 /// by chunk, never fused); their sum, `dot`'s chain of seven adds lane after lane, is done for
 /// the eight rows at once: the partial sums transposed, then seven vector adds in lane order.
 /// One dot at a time, that chain and its shuffles were a quarter of attention's time.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_of_rows(q: &[f32], rows: &[f32]) -> [f32; SCORE_BLOCK] {
+pub(super) fn dots_of_rows<E: FloatValue>(q: &[f32], rows: &[E]) -> [f32; SCORE_BLOCK] {
     let hd = q.len();
     assert!(
         hd.is_multiple_of(8) && rows.len() >= SCORE_BLOCK * hd,
@@ -23,7 +23,7 @@ pub(super) fn dots_of_rows(q: &[f32], rows: &[f32]) -> [f32; SCORE_BLOCK] {
         // (asserted above); unaligned loads.
         let x = unsafe { _mm256_loadu_ps(q.as_ptr().add(c)) };
         for (p, acc) in acc.iter_mut().enumerate() {
-            let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(p * hd + c)) };
+            let y = unsafe { load(rows.as_ptr().add(p * hd + c)) };
             *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
         }
     }
@@ -36,6 +36,33 @@ pub(super) fn dots_of_rows(q: &[f32], rows: &[f32]) -> [f32; SCORE_BLOCK] {
     // SAFETY: `out` holds 8 floats; an unaligned store.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
     out
+}
+
+/// The first eight values of `x` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn load8<E: FloatValue>(x: &[E]) -> [f32; 8] {
+    assert!(x.len() >= 8, "eight values from {}", x.len());
+    let mut out = [0f32; 8];
+    // SAFETY: eight values at x (asserted); `out` holds eight floats; unaligned accesses.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), load(x.as_ptr())) };
+    out
+}
+
+/// Eight values from `p` as f32: f32 loaded, halves loaded and converted (exactly).
+///
+/// # Safety
+/// Eight values of `E` are readable at `p` (any alignment).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load<E: FloatValue>(p: *const E) -> __m256 {
+    if E::HALF {
+        // SAFETY: eight halves are 16 bytes at p (the caller's promise).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    } else {
+        // SAFETY: eight f32 at p (the caller's promise).
+        unsafe { _mm256_loadu_ps(p.cast()) }
+    }
 }
 
 /// Eight vectors' lane `j` gathered into vector `j` (row `p`'s lane in place `p`).

@@ -4,6 +4,7 @@ use super::parity_models;
 use leanstream::engine::cuda::CudaEngine;
 use leanstream::engine::cuda_options::{CudaOptions, GroupedAttention};
 use leanstream::engine::{Arenas, Decoder, EngineError};
+use leanstream::kv::KvChoice;
 use leanstream::model::ModelFile;
 use leanstream::quant::Precision;
 use leanstream_tools::bench::rel_err;
@@ -19,7 +20,8 @@ use leanstream_tools::bench::rel_err;
 /// before the split starts (position 200), where it starts (256) and after several slices (to
 /// 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
-/// the f32 cache (f16) and the int8 one (w8a8, where the head allows).
+/// the f16 cache (f16), the f32 one (f16, asked for) and the int8 one (w8a8, where the head
+/// allows).
 #[test]
 fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
     let Some(mut models) = parity_models() else {
@@ -47,7 +49,11 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
         let tokens: Vec<u32> = (0..n as u32)
             .map(|i| (11 + i * 7919) % h.vocab_size as u32)
             .collect();
-        for precision in [Precision::F16, Precision::W8a8] {
+        for (precision, kv) in [
+            (Precision::F16, KvChoice::Auto),
+            (Precision::F16, KvChoice::F32),
+            (Precision::W8a8, KvChoice::Auto),
+        ] {
             let run = |attention_slice: usize,
                        grouped_attention: GroupedAttention,
                        cluster_attention: bool| {
@@ -55,6 +61,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 let opts = CudaOptions {
                     context: n,
                     precision,
+                    kv,
                     attention_slice,
                     grouped_attention,
                     cluster_attention,
@@ -72,7 +79,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 let sm90 = gpu.gpu.compute_capability.0 >= 9;
                 Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split(), sm90))
             };
-            let what = format!("{name} {precision}");
+            let what = format!("{name} {precision} {kv:?} KV");
             let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false) {
                 Ok(r) => r,
                 Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
