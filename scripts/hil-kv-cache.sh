@@ -8,7 +8,8 @@
 #   HIL_SHAPES (qwen2.5-1.5b), HIL_TYPES (q4_0): the same-shape models written here;
 #   HIL_DEPTHS ("1 4096"): the prompt lengths; HIL_LONG (4096; 0: none): the window run;
 #   HIL_BINS ("leanstream"): the staged builds to time (others as $h/NAME.xz, e.g. an earlier
-#   commit's), each beside the others at each depth, in reverse order in the second round.
+#   commit's), each beside the others at each depth, in reverse order in the second round;
+#   HIL_ROUNDS (2): 1 leaves the second round out.
 # Run in one device call carrying hil-out/: `HIL_DIR=hil-out bash scripts/hil-kv-cache.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ for shape in ${HIL_SHAPES:-qwen2.5-1.5b}; do
 done
 models=$(ls $syn/*.gguf | tr '\n' ',' | sed 's/,$//')
 rc=0
-for round in 1 2; do
+for round in $(seq 1 ${HIL_ROUNDS:-2}); do
   order=$bins; [ $round = 2 ] && order=$(echo $bins | tr ' ' '\n' | tac | tr '\n' ' ')
   for depth in ${HIL_DEPTHS:-1 4096}; do
     for b in $order; do
