@@ -98,6 +98,7 @@ impl<'a> Engine<'a> {
         // Touch every page of the cache and activations now: the memory the engine will ever
         // use is resident from boot, so it does not grow while serving.
         let rows = h.n_layers * context * kv_dim;
+        let (kbuf, vbuf) = (c.take(kv_dim)?, c.take(kv_dim)?);
         let store = match kv_precision {
             KvPrecision::I8 => {
                 let (kq, vq) = (
@@ -117,8 +118,8 @@ impl<'a> Engine<'a> {
                     v: vq,
                     ks,
                     vs,
-                    kbuf: c.take(kv_dim)?,
-                    vbuf: c.take(kv_dim)?,
+                    kbuf,
+                    vbuf,
                 }
             }
             KvPrecision::F16 => {
@@ -128,8 +129,8 @@ impl<'a> Engine<'a> {
                 Storage::F16 {
                     k: kh,
                     v: vh,
-                    kbuf: c.take(kv_dim)?,
-                    vbuf: c.take(kv_dim)?,
+                    kbuf,
+                    vbuf,
                 }
             }
             KvPrecision::F32 => {
@@ -139,8 +140,8 @@ impl<'a> Engine<'a> {
                 Storage::F32 {
                     k: kf,
                     v: vf,
-                    kbuf: c.take(kv_dim)?,
-                    vbuf: c.take(kv_dim)?,
+                    kbuf,
+                    vbuf,
                 }
             }
         };
