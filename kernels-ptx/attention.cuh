@@ -179,10 +179,10 @@ __device__ __forceinline__ float sum_halving(const float (&s)[NP], int lane) {
     return k;
 }
 
-// Four values of a cache row, the `j`th four, as loaded (f32: a float4; half: 8 bytes, half the
-// registers while a round's loads are in flight) and as floats (a half converts exactly).
-__device__ __forceinline__ float4 load4(const float* row, int j) { return ((const float4*)row)[j]; }
-__device__ __forceinline__ uint2 load4(const f16* row, int j) { return ((const uint2*)row)[j]; }
+// Four values of a cache row as loaded (f32: a float4; half: 8 bytes, half the registers
+// while a round's loads are in flight) and as floats (a half converts exactly).
+template <typename T> struct Four { typedef float4 Raw; };
+template <> struct Four<f16> { typedef uint2 Raw; };
 __device__ __forceinline__ float4 to4(float4 v) { return v; }
 __device__ __forceinline__ float4 to4(uint2 w) {
     return make_float4(h2f((f16)(w.x & 0xffff)), h2f((f16)(w.x >> 16)), h2f((f16)(w.y & 0xffff)),
@@ -194,45 +194,48 @@ template <bool HALF> struct FloatCache { typedef float Value; };
 template <> struct FloatCache<true> { typedef f16 Value; };
 
 // The float caches' pass over positions [t_begin, t_end) (attend's float path; T float for the
-// f32 cache, f16 for the half one), for warp `warp`
-// of the `nw` that share the head's positions: scores, online softmax and weighted values, left
-// in `wo` (head_dim floats) with the warp's max `m` and sum `l`. A lane takes R float4s of a row
-// (j = lane, lane + 32: heads of up to 128 * R), the warp sums the dots (`sum_halving`), and a
-// round takes NP positions whose loads are all in flight before any is used: at long context
-// a warp's rounds, each a wait on memory, are attention's time, so a round takes as many
-// positions as the registers allow (NP 4 for f32 heads of 128, 8 for half ones, 2 for heads of
-// 256).
+// f32 cache, f16 for the half one; every row in the cache, p's too), for warp `warp` of the
+// `nw` that share the head's positions: scores, online softmax and weighted values, left in
+// `wo` (head_dim floats) with the warp's max `m` and sum `l`. A lane takes R fours of a row
+// (lane, lane + 32: heads of up to 128 * R; a lane past the head loads the head's last four
+// and weighs it by a zero q), the warp sums the dots (`sum_halving`), and a round takes NP
+// positions whose loads are all in flight before any is used: at long context a warp's
+// rounds, each a wait on memory, are attention's time, so a round takes as many positions as
+// the registers allow (NP 4 for f32 heads of 128, 8 for half ones, 2 for heads of 256). The
+// loop is issue-bound too (32 warps a multiprocessor): a row's address is one multiply-add
+// from the lane's pointers (32-bit element offsets: a layer's cache is under 2^31 values).
 template <typename T, int R, int NP>
-__device__ void attend_f32_loop(int t_begin, int t_end, int pos, int head_dim, int kv_dim,
-                                int kvh, float scale, const T* kcache, const T* vcache,
-                                const float* q, const T* kh, const T* vh, int warp,
-                                int nw, float& m, float& l, float* wo) {
-    using Raw = decltype(load4(kcache, 0));
+__device__ void attend_f32_loop(int t_begin, int t_end, int head_dim, int kv_dim, int kvh,
+                                float scale, const T* kcache, const T* vcache, const float* q,
+                                int warp, int nw, float& m, float& l, float* wo) {
+    using Raw = typename Four<T>::Raw;
     int lane = threadIdx.x & 31, n4 = head_dim / 4;
+    unsigned row4 = (unsigned)kv_dim / 4;  // a position's fours
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 qv[R], o[R];
+    // This lane's first four of the kv head's row 0, and its others' distance from it (two
+    // pointers, not 2R: heads of 256 keep their registers).
+    int c = kvh * head_dim + 4 * min(lane, n4 - 1);
+    const Raw *kl = (const Raw*)(kcache + c), *vl = (const Raw*)(vcache + c);
+    unsigned dj[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         int j = lane + 32 * r;
         qv[r] = j < n4 ? ((const float4*)q)[j] : zero;
         o[r] = zero;
+        dj[r] = min(j, n4 - 1) - min(lane, n4 - 1);
     }
     for (int t0 = t_begin + warp; t0 < t_end; t0 += NP * nw) {
         Raw kr[NP][R], vr[NP][R];
-        bool ok[NP];
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             int t = t0 + p * nw;
-            ok[p] = t < t_end;
-            t = ok[p] ? t : t0;  // a position past the end loads t0's row again, and counts nothing
-            // Row t of the kv head's keys and values: the cache's, or for t = pos the shared copy.
-            size_t at = (size_t)t * kv_dim + kvh * head_dim;
-            const T *k = t == pos ? kh : kcache + at, *v = t == pos ? vh : vcache + at;
+            t = t < t_end ? t : t0;  // a position past the end loads t0's row again, and counts nothing
+            unsigned at = (unsigned)t * row4;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int j = lane + 32 * r;
-                kr[p][r] = j < n4 ? load4(k, j) : Raw{};
-                vr[p][r] = j < n4 ? load4(v, j) : Raw{};
+                kr[p][r] = kl[r == 0 ? at : at + dj[r]];
+                vr[p][r] = vl[r == 0 ? at : at + dj[r]];
             }
         }
         float s[NP];
@@ -442,6 +445,13 @@ struct AttendShared {
     int last;
 };
 
+// The positions [t_begin, t_end) of 0..=pos that slice `slice` of `slices` attends over.
+__device__ __forceinline__ void slice_span(int pos, int slice, int slices, int& t_begin, int& t_end) {
+    int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
+    t_begin = slice * chunk;
+    t_end = min(pos + 1, t_begin + chunk);
+}
+
 template <int KV, bool CLUSTER>
 __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        const float* qkv, int n_heads, int n_kv_heads, int head_dim, float base,
@@ -459,8 +469,8 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
     int& last = sh.last;
     int group = n_heads / n_kv_heads, kvh = h0 / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
-    int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
-    int t_begin = slice * chunk, t_end = min(pos + 1, t_begin + chunk);
+    int t_begin, t_end;
+    slice_span(pos, slice, slices, t_begin, t_end);
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
     // Pairs of the q heads, then of k, rotated as the CPU's rope. qkv was written by the kernel
@@ -521,22 +531,19 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                 vscales[srow + i] = vd[i];
             }
         }
-    } else if (HALF) {
-        f16* krow = (f16*)kcache + (size_t)pos * kv_dim + kvh * head_dim;
-        f16* vrow = (f16*)vcache + (size_t)pos * kv_dim + kvh * head_dim;
-        if (h0 % group == 0 && slice == 0)
-            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-                krow[i] = sh.kh16[i];
-                vrow[i] = sh.vh16[i];
-            }
-    } else {
-        float* krow = kcache + (size_t)pos * kv_dim + kvh * head_dim;
-        float* vrow = vcache + (size_t)pos * kv_dim + kvh * head_dim;
-        if (h0 % group == 0 && slice == 0)
-            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-                krow[i] = kh[i];
-                vrow[i] = vh[i];
-            }
+    } else if (t_end == pos + 1) {
+        // The float caches: every block whose slice holds p stores k and v there (the same
+        // values from each of a kv head's blocks) and reads them back from the cache with the
+        // rows before, after the barrier, so the loop has no case for p.
+        using T = typename FloatCache<HALF>::Value;
+        T* krow = (T*)kcache + (size_t)pos * kv_dim + kvh * head_dim;
+        T* vrow = (T*)vcache + (size_t)pos * kv_dim + kvh * head_dim;
+        const T *ks = HALF ? (const T*)sh.kh16 : (const T*)kh, *vs = HALF ? (const T*)sh.vh16 : (const T*)vh;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            krow[i] = ks[i];
+            vrow[i] = vs[i];
+        }
+        __syncthreads();
     }
 
     // This warp's head (hi; none when hi >= hb) and its place among the head's wph warps.
@@ -551,20 +558,22 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        qh + hi * head_dim, qq + hi * head_dim, qd + hi * groups, kq, kd, vq, vd,
                        wi, wph, m, l, warp_o[warp]);
     } else {
-        // The float caches: T the stored value's type, p's row its shared copy.
+        // The float caches: T the stored value's type.
         using T = typename FloatCache<HALF>::Value;
         const T *kc = (const T*)kcache, *vc = (const T*)vcache;
-        const T *kp = HALF ? (const T*)sh.kh16 : (const T*)kh,
-                *vp = HALF ? (const T*)sh.vh16 : (const T*)vh;
         const float* q = qh + hi * head_dim;
         // Rounds of 8 positions for half rows (their loads in flight take the registers of 4
-        // f32 rows), 4 for f32 ones (2 for heads of 256).
-        if (head_dim <= 128)
-            attend_f32_loop<T, 1, HALF ? 8 : 4>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale,
-                                                kc, vc, q, kp, vp, wi, wph, m, l, warp_o[warp]);
+        // f32 rows) where each warp has 8 or more, else 4 (a short context: a round of 8 would
+        // load and score rows no warp uses); 4 for f32 rows, 2 for heads of 256.
+        if (head_dim <= 128 && HALF && t_end - t_begin >= 8 * wph)
+            attend_f32_loop<T, 1, 8>(t_begin, t_end, head_dim, kv_dim, kvh, scale, kc, vc, q, wi,
+                                     wph, m, l, warp_o[warp]);
+        else if (head_dim <= 128)
+            attend_f32_loop<T, 1, 4>(t_begin, t_end, head_dim, kv_dim, kvh, scale, kc, vc, q, wi,
+                                     wph, m, l, warp_o[warp]);
         else
-            attend_f32_loop<T, 2, 2>(t_begin, t_end, pos, head_dim, kv_dim, kvh, scale, kc, vc,
-                                     q, kp, vp, wi, wph, m, l, warp_o[warp]);
+            attend_f32_loop<T, 2, 2>(t_begin, t_end, head_dim, kv_dim, kvh, scale, kc, vc, q, wi,
+                                     wph, m, l, warp_o[warp]);
     }
     if (lane == 0) {
         warp_m[warp] = m;
@@ -672,6 +681,34 @@ __device__ __forceinline__ AttentionPlan attention_plan(int pos, int n_heads, in
     return p;
 }
 
+// What block `blockIdx.x` of the launch does at position `pos` (`attention_launch`): attend
+// for query heads h0 .. h0 + hb - 1 over slice `slice` of `slices` (its counter `unit`, its
+// slices joined in a cluster or through L2), pull weights into L2, or nothing.
+enum { WORK_ATTEND, WORK_PREFETCH, WORK_IDLE };
+struct AttentionWork {
+    int what, h0, hb, slice, slices, unit, items;
+    bool cluster_join;
+};
+template <bool CLUSTER>
+__device__ __forceinline__ AttentionWork attention_work(int pos, int n_heads, int n_kv_heads,
+                                                        int max_slices, int slice_positions,
+                                                        int max_group_slices, int group_from,
+                                                        int cluster, int cluster_slice,
+                                                        int cluster_until) {
+    int b = blockIdx.x;
+    if (CLUSTER && pos < cluster_until) {
+        int unit = b / cluster, rank = b % cluster, items = n_heads * cluster;
+        int slices = pos >= cluster_slice ? cluster : 1;
+        int what = b >= items ? WORK_PREFETCH : slices == 1 && rank > 0 ? WORK_IDLE : WORK_ATTEND;
+        return {what, unit, 1, rank, slices, unit, items, true};
+    }
+    AttentionPlan p = attention_plan(pos, n_heads, n_kv_heads, max_slices, slice_positions,
+                                     max_group_slices, group_from);
+    int items = p.units * p.slices, unit = b % p.units;
+    return {b >= items ? WORK_PREFETCH : WORK_ATTEND, p.grouped ? unit * (n_heads / n_kv_heads) : unit,
+            p.hb, b / p.units, p.slices, unit, items, false};
+}
+
 // The cluster launch (CLUSTER: sm_90, launched as clusters of `cluster` consecutive blocks):
 // below position `cluster_until`, head h is cluster h, whose blocks split its positions from
 // `cluster_slice` on (before, its first block alone attends) and join their slices in shared
@@ -689,9 +726,9 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
                                  int cluster, int cluster_slice, int cluster_until, int pdl) {
     int group = n_heads / n_kv_heads;
     // The int8 cache's key channel scale that this thread's warp quantizes with (attend: warp
-    // w takes channel (w % groups) * 32 + lane), for each mode's kv head. It is written at
-    // boot, so it is loaded before the wait for the kernel before, off the step's chain of
-    // latencies.
+    // w takes channel (w % groups) * 32 + lane), for this block's kv head in each mode. It is
+    // written at boot, so it is loaded before the wait for the kernel before, off the step's
+    // chain of latencies.
     float fk_head = 1.0f, fk_group = 1.0f, fk_cluster = 1.0f;
     if (KV == KV_I8 && key_scale) {
         int ch = ((threadIdx.x >> 5) % (head_dim / 32)) * 32 + (threadIdx.x & 31);
@@ -705,35 +742,21 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     __shared__ AttendShared sh;
     pdl_start(pdl);
     int pos = state[1];
-    if (CLUSTER && pos < cluster_until) {
-        int unit = blockIdx.x / cluster, rank = blockIdx.x % cluster, items = n_heads * cluster;
-        if ((int)blockIdx.x >= items) {
-            prefetch_l2(pf, pf_lines, (blockIdx.x - items) * blockDim.x + threadIdx.x,
-                        (gridDim.x - items) * blockDim.x);
-            return;
-        }
-        int slices = pos >= cluster_slice ? cluster : 1;
-        if (slices == 1 && rank > 0) return;
-        attend<KV, true>(sh, unit, 1, rank, slices, qkv, n_heads, n_kv_heads, head_dim, base,
-                         half_split, pos, kcache, vcache, kscales, vscales,
-                         key_scale != nullptr, fk_cluster, xf, xq, apart, acount);
+    AttentionWork w = attention_work<CLUSTER>(pos, n_heads, n_kv_heads, max_slices, slice_positions,
+                                              max_group_slices, group_from, cluster,
+                                              cluster_slice, cluster_until);
+    if (w.what == WORK_PREFETCH) {
+        prefetch_l2(pf, pf_lines, (blockIdx.x - w.items) * blockDim.x + threadIdx.x,
+                    (gridDim.x - w.items) * blockDim.x);
         return;
     }
-    AttentionPlan p = attention_plan(pos, n_heads, n_kv_heads, max_slices, slice_positions,
-                                     max_group_slices, group_from);
-    int items = p.units * p.slices;
-    if ((int)blockIdx.x >= items) {
-        prefetch_l2(pf, pf_lines, (blockIdx.x - items) * blockDim.x + threadIdx.x,
-                    (gridDim.x - items) * blockDim.x);
-        return;
-    }
-    int unit = blockIdx.x % p.units;
-    // (The cluster kernel's one instantiation of attend, joining through L2 here: a second
-    // would raise its registers into spills.)
-    attend<KV, CLUSTER>(sh, p.grouped ? unit * group : unit, p.hb, blockIdx.x / p.units, p.slices,
-                        qkv, n_heads, n_kv_heads, head_dim, base, half_split, pos, kcache, vcache,
-                        kscales, vscales, key_scale != nullptr, p.grouped ? fk_group : fk_head,
-                        xf, xq, apart, acount + unit, false);
+    if (w.what == WORK_IDLE) return;
+    float fk = w.cluster_join ? fk_cluster : w.hb > 1 ? fk_group : fk_head;
+    // (The cluster kernel's one instantiation of attend, joining through L2 or in the cluster
+    // as `cluster_join` says: a second would raise its registers into spills.)
+    attend<KV, CLUSTER>(sh, w.h0, w.hb, w.slice, w.slices, qkv, n_heads, n_kv_heads, head_dim,
+                        base, half_split, pos, kcache, vcache, kscales, vscales,
+                        key_scale != nullptr, fk, xf, xq, apart, acount + w.unit, w.cluster_join);
 }
 
 // The f32 cache (`kscales`, `vscales`, `key_scale` unused), the int8 cache (`kcache`, `vcache`

@@ -52,6 +52,10 @@ pub struct CudaOptions {
     /// reaches its widest (`AttentionSplit::with_cluster`). `bench --ablate
     /// no-cluster-attention` is the ablation.
     pub cluster_attention: bool,
+    /// The position from which the split through L2 runs instead of clusters
+    /// (`AttentionSplit::cluster_until`); 0: the rule there (`bench --ablate cluster-until=N`
+    /// sets it).
+    pub cluster_until: usize,
     /// Whether each kernel may launch before the one before it ends (`DependentLaunch`);
     /// only GPUs of compute capability 9.0 and newer can, the rest run `Off` whatever is asked.
     pub dependent_launch: DependentLaunch,
@@ -151,6 +155,7 @@ impl Default for CudaOptions {
             attention_slice: ATTENTION_SLICE,
             grouped_attention: GroupedAttention::Auto,
             cluster_attention: true,
+            cluster_until: 0,
             dependent_launch: DependentLaunch::On,
             prefill_batch: crate::board::GPU_PREFILL_BATCH,
             prefill_products: PrefillProducts::Blas,

@@ -46,6 +46,9 @@ pub enum Ablation {
     NoSplitAttention,
     /// CUDA: each head's attention split over one more block every N positions.
     AttentionSlice(usize),
+    /// CUDA (sm_90): clusters up to position N, the split through L2 from there.
+    ClusterUntil(usize),
+
     /// CUDA: a long context's attention split per query head, not per kv head.
     PerHeadAttention,
     /// CUDA: a split attention per kv head from the first split on, whatever the L2 holds.
@@ -86,6 +89,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
+    ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
     ("no-cluster-attention", "cuda", "sm_90: a split head's slices joined through L2 by the last block to finish, not in a thread block cluster's shared memory"),
@@ -152,6 +156,14 @@ impl Ablation {
                 )),
             };
         }
+        if let Some(n) = s.strip_prefix("cluster-until=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Ablation::ClusterUntil(n)),
+                _ => Err(format!(
+                    "cluster-until takes a positive position, not '{n}'"
+                )),
+            };
+        }
         if let Some(n) = s.strip_prefix("prefill-batch=") {
             return match n.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Ablation::PrefillBatch(n)),
@@ -192,6 +204,7 @@ impl Ablation {
             NoPrefetch => "no-prefetch".into(),
             NoSplitAttention => "no-split-attention".into(),
             AttentionSlice(n) => format!("attention-slice={n}"),
+            ClusterUntil(n) => format!("cluster-until={n}"),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
             NoClusterAttention => "no-cluster-attention".into(),
@@ -246,6 +259,7 @@ impl Ablation {
             NoPrefetch => o.prefetch = false,
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
+            ClusterUntil(n) => o.cluster_until = n,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
             GroupedAttention => {
                 o.grouped_attention = GroupedAttentionMode::Always;
@@ -271,7 +285,7 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 2);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 3);
         for (name, backend, _) in ABLATIONS {
             let name = name.replace("=N", "=64");
             let a = Ablation::parse(&name).unwrap();
@@ -295,9 +309,11 @@ mod tests {
         assert!(!k.vnni && k.deferred_dequant && k.avx512);
         let mut o = CudaOptions::default();
         Ablation::AttentionSlice(64).apply_cuda(&mut o);
+        Ablation::ClusterUntil(4608).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
+            cluster_until: 4608,
             ..CudaOptions::default()
         };
         assert_eq!(format!("{o:?}"), format!("{want:?}"));
@@ -312,5 +328,10 @@ mod tests {
         assert!(Ablation::parse("attention-slice=0").is_err());
         assert!(Ablation::parse("attention-slice=x").is_err());
         assert!(Ablation::parse("prefill-batch=0").is_err());
+        assert!(Ablation::parse("cluster-until=0").is_err());
+        assert_eq!(
+            Ablation::parse("cluster-until=4608"),
+            Ok(Ablation::ClusterUntil(4608))
+        );
     }
 }
