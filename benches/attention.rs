@@ -4,7 +4,8 @@
 //! `cargo bench --bench attention`; `ATT_POS=4096` (positions); `ATT_SHAPE=qwen1.5b` (12 query
 //! heads on 2 KV heads of 128); `ATT_SUB=N`: N query heads of a KV head a call
 //! (`KvCache::attend_heads`, each row read once for them; default 1, a call a head);
-//! `ATT_KV=f16`: the f16 cache (the default for float engines) rather than f32.
+//! `ATT_KV=f16`: the f16 cache (the default for float engines) rather than f32; `ATT_KV=i8`:
+//! the int8 cache (w8a8, w4a8), written through `commit`.
 use leanstream::kv::{KvCache, Layout, Policy, Shape, Storage};
 use leanstream::model::ggml::f32_to_f16;
 use std::time::Instant;
@@ -52,6 +53,17 @@ fn main() {
     let q: Vec<f32> = (0..heads * head_dim).map(|_| next()).collect();
     let (mut kbuf, mut vbuf) = (vec![0f32; s.kv_dim()], vec![0f32; s.kv_dim()]);
     let half = std::env::var("ATT_KV").as_deref() == Ok("f16");
+    let int8 = std::env::var("ATT_KV").as_deref() == Ok("i8");
+    let (mut ki, mut vi, mut ksc, mut vsc) = if int8 {
+        (
+            vec![0i8; s.i8_values()],
+            vec![0i8; s.i8_values()],
+            vec![0f32; s.i8_scales()],
+            vec![0f32; s.i8_scales()],
+        )
+    } else {
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new())
+    };
     let (mut kh, mut vh): (Vec<u16>, Vec<u16>) = if half {
         (
             k.iter().map(|&x| f32_to_f16(x)).collect(),
@@ -60,7 +72,16 @@ fn main() {
     } else {
         (Vec::new(), Vec::new())
     };
-    let store = if half {
+    let store = if int8 {
+        Storage::I8 {
+            k: &mut ki,
+            v: &mut vi,
+            ks: &mut ksc,
+            vs: &mut vsc,
+            kbuf: &mut kbuf,
+            vbuf: &mut vbuf,
+        }
+    } else if half {
         Storage::F16 {
             k: &mut kh,
             v: &mut vh,
@@ -76,6 +97,18 @@ fn main() {
         }
     };
     let mut kv = KvCache::new(s, store, Policy::Fixed(Layout::TokenMajor));
+    if int8 {
+        // The int8 cache is written through `commit` (quantized per group of 32), a position at
+        // a time, from random rows as the float caches'.
+        for p in 0..pos {
+            kv.begin_token(p);
+            for l in 0..layers {
+                let (kr, vr) = kv.rows();
+                kr.iter_mut().chain(vr.iter_mut()).for_each(|x| *x = next());
+                kv.commit(l, p);
+            }
+        }
+    }
     // The AVX2 build of the loops where the CPU has it, as the engine boots it.
     kv.set_avx2(true);
     let mut att = vec![0f32; sub * pos];
@@ -103,7 +136,13 @@ fn main() {
     }
     println!(
         "attention {}, {layers} layers of {pos} positions, {heads} heads on {kv_heads} of {head_dim}, {sub} a call: {:.2} ns per head and position ({sink:.1})",
-        if half { "f16" } else { "f32" },
+        if int8 {
+            "int8"
+        } else if half {
+            "f16"
+        } else {
+            "f32"
+        },
         best * 1e9 / (reps * layers * heads * pos) as f64
     );
 }

@@ -547,6 +547,73 @@ fn f32_attention_equals_the_plain_loop_exactly() {
     }
 }
 
+/// The int8 cache's attention equals the plain loop bit for bit (each group's exact integer
+/// dot scaled and added group by group, softmax, then each output the sum of weighted values in
+/// position order), over a chain of mixed segments, baseline and AVX2 builds, positions short
+/// of, at and past a value tile.
+#[test]
+fn int8_attention_equals_the_plain_loop_exactly() {
+    let s = shape();
+    let mut b = bufs(&s);
+    let mut c = cache(s, &mut b, Policy::Adaptive(eager()));
+    for pos in 0..200 {
+        append(&mut c, pos);
+    }
+    assert!(c.segments().len() > 1, "a chain of mixed segments");
+    let (hd, ng) = (s.head_dim, s.groups());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for avx2 in [false, cpu_has_avx2()] {
+        c.set_avx2(avx2);
+        for (pos, l, h) in [(0, 0, 0), (15, 1, 2), (16, 0, 1), (199, 1, 0)] {
+            let q: Vec<f32> = (0..hd).map(|i| val(l, pos, i, 13)).collect();
+            let mut att = vec![0f32; pos + 1];
+            let mut out = vec![0f32; hd];
+            c.attend(l, h, &q, pos, &mut att, &mut out);
+            let Storage::I8 { k, v, ks, vs, .. } = &c.store else {
+                unreachable!("an int8 cache")
+            };
+            let (mut qq, mut dq) = (vec![0i8; hd], vec![0f32; ng]);
+            layout::quantize_head(&q, &mut qq, &mut dq);
+            let rows: Vec<(usize, usize, usize)> = c
+                .segments()
+                .iter()
+                .flat_map(|seg| {
+                    let n = seg.len.min((pos + 1).saturating_sub(seg.start));
+                    (0..n).map(move |i| {
+                        let (d, sc) = layout::addr(&s, seg, l, h, i);
+                        (seg.start + i, d, sc)
+                    })
+                })
+                .collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut want_att = vec![0f32; pos + 1];
+            for &(t, d, sc) in &rows {
+                let mut acc = 0f32;
+                for g in 0..ng {
+                    let dot: i32 = (0..GROUP)
+                        .map(|j| qq[g * GROUP + j] as i32 * k[d + g * GROUP + j] as i32)
+                        .sum();
+                    acc += (dq[g] * ks[sc + g]) * dot as f32;
+                }
+                want_att[t] = acc * scale;
+            }
+            crate::ops::softmax(&mut want_att);
+            let mut want = vec![0f32; hd];
+            for &(t, d, sc) in &rows {
+                for g in 0..ng {
+                    let w = want_att[t] * vs[sc + g];
+                    for j in 0..GROUP {
+                        want[g * GROUP + j] += w * v[d + g * GROUP + j] as f32;
+                    }
+                }
+            }
+            let what = format!("avx2 {avx2} pos {pos} layer {l} head {h}");
+            assert_eq!(bits(&att), bits(&want_att), "{what}");
+            assert_eq!(bits(&out), bits(&want), "{what}");
+        }
+    }
+}
+
 /// Several query heads of a KV head at once (`attend_heads`: each row read once for them all,
 /// values a tile of positions at a time) give each head the bits `attend` gives it alone: f32
 /// cache at a head size of 48 (a block of 32 and 16 past it) and the int8 chain of mixed
