@@ -82,11 +82,13 @@ impl AttentionSplit {
     /// attention_slice` positions; measured on the H200: the two cross near there): from
     /// there on its slices are the shorter, and a long context is rounds of loads. The launch
     /// is one wave of clusters (those that do not fit wait for a whole cluster's room), so the
-    /// split through L2 and the prefetch keep within it.
+    /// split through L2 and the prefetch keep within it. `until`, where not 0, puts the hand-over
+    /// there instead (`CudaOptions::cluster_until`: measured, docs/BENCHMARKS.md).
     pub(super) fn with_cluster(
         self,
         (cluster, wave): (usize, usize),
         attention_slice: usize,
+        until: usize,
         (n_heads, n_kv_heads): (usize, usize),
     ) -> AttentionSplit {
         if cluster < 2 || attention_slice == 0 {
@@ -98,7 +100,10 @@ impl AttentionSplit {
             max_group_slices: self.max_group_slices.min(wave / n_kv_heads.max(1)),
             cluster,
             cluster_slice: (attention_slice / 4).max(1),
-            cluster_until: cluster * attention_slice,
+            cluster_until: match until {
+                0 => cluster * attention_slice,
+                n => n,
+            },
             cluster_wave: wave,
             ..self
         }
@@ -281,7 +286,7 @@ mod tests {
         // where the split through L2 would take 9 slices a head; that one then up to 10: the
         // 128 blocks of one wave of clusters hold 10 of its 11 (and 64 of grouped mode's 66 a
         // kv head).
-        let c = split.with_cluster((8, 128), 256, (12, 2));
+        let c = split.with_cluster((8, 128), 256, 0, (12, 2));
         assert_eq!(
             (c.cluster, c.cluster_slice, c.cluster_until),
             (8, 64, 2_048)
@@ -292,8 +297,17 @@ mod tests {
         );
         assert_eq!(c.grid(137), 128);
         assert_eq!(c.grid(100), 104);
-        assert_eq!(split.with_cluster((0, 0), 256, (12, 2)), split);
-        assert_eq!(split.with_cluster((8, 128), 0, (12, 2)), split);
+        // `cluster-until=N` moves only the hand-over; without clusters it changes nothing.
+        let later = split.with_cluster((8, 128), 256, 4_608, (12, 2));
+        assert_eq!(
+            later,
+            AttentionSplit {
+                cluster_until: 4_608,
+                ..c
+            }
+        );
+        assert_eq!(split.with_cluster((0, 0), 256, 4_608, (12, 2)), split);
+        assert_eq!(split.with_cluster((8, 128), 0, 0, (12, 2)), split);
         assert_eq!(split.grid(137), 137);
     }
 

@@ -360,15 +360,12 @@ impl<'a> CudaEngine<'a> {
                 gpu.max_active_clusters(k.attention_cluster, 1024, c as u32)
                     .map_or(0, |n| n as usize)
             });
-            let split = split.with_cluster(c, opts.attention_slice, (h.n_heads, h.n_kv_heads));
-            match opts.cluster_until {
-                0 => split,
-                n if split.cluster > 0 => AttentionSplit {
-                    cluster_until: n,
-                    ..split
-                },
-                _ => split,
-            }
+            split.with_cluster(
+                c,
+                opts.attention_slice,
+                opts.cluster_until,
+                (h.n_heads, h.n_kv_heads),
+            )
         } else {
             split
         };
