@@ -445,13 +445,6 @@ struct AttendShared {
     int last;
 };
 
-// The positions [t_begin, t_end) of 0..=pos that slice `slice` of `slices` attends over.
-__device__ __forceinline__ void slice_span(int pos, int slice, int slices, int& t_begin, int& t_end) {
-    int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
-    t_begin = slice * chunk;
-    t_end = min(pos + 1, t_begin + chunk);
-}
-
 template <int KV, bool CLUSTER>
 __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        const float* qkv, int n_heads, int n_kv_heads, int head_dim, float base,
@@ -469,8 +462,8 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
     int& last = sh.last;
     int group = n_heads / n_kv_heads, kvh = h0 / group;
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
-    int t_begin, t_end;
-    slice_span(pos, slice, slices, t_begin, t_end);
+    int chunk = (pos + slices) / slices;  // positions per slice: ceil((pos + 1) / slices)
+    int t_begin = slice * chunk, t_end = min(pos + 1, t_begin + chunk);
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
     // Pairs of the q heads, then of k, rotated as the CPU's rope. qkv was written by the kernel

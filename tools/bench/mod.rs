@@ -24,6 +24,8 @@ use leanstream::engine::sample::argmax;
 use leanstream::engine::Engine;
 use leanstream::engine::{Arenas, Decoder, EngineOptions};
 use leanstream::load::open_model;
+#[cfg(feature = "cuda")]
+use leanstream::model::{ggml::GgmlType, ModelFile};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -290,15 +292,28 @@ pub fn run(
                 let scalar_set = KernelSet::with(Kernel::Scalar);
                 let scalar = rel_err(&cpu_logits(scalar_set, false, native)?, reference);
                 let classic = rel_err(&cpu_logits(best, true, native)?, reference);
-                let per_32 = KernelSet {
-                    superblock_scales: false,
-                    ..best
+                // (Only K-quant rows read the scale per 256: elsewhere the term is 0, unrun.)
+                let k_quants = matches!(&file, ModelFile::Gguf(g) if g.tensors.iter().any(|t| {
+                    matches!(t.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+                }));
+                let k_scales = if k_quants {
+                    let per_32 = KernelSet {
+                        superblock_scales: false,
+                        ..best
+                    };
+                    rel_err(&cpu_logits(per_32, false, native)?, reference)
+                } else {
+                    0.0
                 };
-                let k_scales = rel_err(&cpu_logits(per_32, false, native)?, reference);
                 let floor = scalar.max(classic).max(k_scales);
                 log(&format!(
-                    "{}: cpu scalar vs simd rel err {scalar:.2e}, classic vs integer kernels {classic:.2e}, K-quant input scales per 32 vs per 256 {k_scales:.2e} (this model's noise floor)",
-                    c.label()
+                    "{}: cpu scalar vs simd rel err {scalar:.2e}, classic vs integer kernels {classic:.2e}{} (this model's noise floor)",
+                    c.label(),
+                    if k_quants {
+                        format!(", K-quant input scales per 32 vs per 256 {k_scales:.2e}")
+                    } else {
+                        String::new()
+                    }
                 ));
                 row.cpu_noise_floor = Some(floor);
                 tol = f64::max(tol, (2.0 * floor).min(MAX_INT8_GATE));
