@@ -142,6 +142,25 @@ __device__ __forceinline__ void prefetch_line(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
 }
 
+// Pulls this block's share of `bytes` from `p` into L2 with one bulk prefetch of its first
+// thread (sm_90's TMA: one instruction however many lines, so the block's own loads lose no
+// issue slots to it): the weights of the product after this one, while this one's loads leave
+// the memory idle between rounds (engine/cuda_launch.rs `ahead_of`). `p` is 16-byte aligned
+// and `bytes` a multiple of 16 (the host's). Older architectures compile nothing.
+__device__ __forceinline__ void prefetch_ahead(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0 || bytes == 0) return;
+    unsigned share = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u;
+    unsigned from = blockIdx.x * share;
+    if (from >= bytes) return;
+    unsigned n = min(share, bytes - from);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                 :
+                 : "l"((const char*)p + from), "r"(n)
+                 : "memory");
+#endif
+}
+
 // One value of row `r`, column `c` of a matrix in the layout of decode.cu's header.
 __device__ float mat_value(int type, const u8* q, const f16* d, const f16* m, const u32* qh,
                            int cols, int r, int c) {

@@ -141,7 +141,9 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 // min; Q6_K's its two int8 scales (one per 16 values) and the super-block's d.
 //
 // After the product, `fin` says what the last block to finish prepares for the next kernel
-// (see `finish`); `counter` counts finished blocks and is reset by the last one.
+// (see `finish`); `counter` counts finished blocks and is reset by the last one. `ahead` /
+// `ahead_bytes` (sm_90; 0 = none) are the weights the blocks pull into L2 before they start
+// (`prefetch_ahead`): the start of the next product's.
 
 #define MV_THREADS 256
 #define MV_R 2
@@ -411,7 +413,8 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
         i8 *xq, float *out, const float *bias, int acc, int fin, const float *fin_src,    \
         const float *fin_nw, int fin_n, float *fin_xf, i8 *fin_xq, float eps,             \
         unsigned *counter, float *part,                                                   \
-        int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw, int pdl
+        int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw, int pdl, \
+        const u8 *ahead, unsigned ahead_bytes
 
 // UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
 // short blocks) suits the small products, where a step is a chain of short kernels; wide (UN
@@ -474,6 +477,7 @@ __device__ void matvec(MV_ARGS) {
     // into L2 while waiting. The wait is in `prep`, or here without one; a preloading loop
     // issues its first loads (into registers) before it, `prep` after them.
     if (pdl != PDL_OFF) pdl_launch_next();
+    prefetch_ahead(ahead, ahead_bytes);
     if (pdl == PDL_PREFETCH && units) {
         int nu = TY == T_F16 ? cols / 8 : cols / 32;
         int ub = TY == T_Q8_0 ? 32 : 16;  // bytes of a unit's quants (f16: 8 halves)
@@ -619,7 +623,8 @@ __device__ void matvec(MV_ARGS) {
 }
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
-                fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw, pdl
+                fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw, pdl, \
+                ahead, ahead_bytes
 // The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
 // (PREP: the block norms its own input). engine.rs finds them by these names.
 #define MV_EXPORT(NAME, TY, UN)                                                                   \

@@ -6,7 +6,7 @@
 
 use super::cuda_options::{
     CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
-    INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM,
+    INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM, PREFETCH_AHEAD_L2_SHARE,
 };
 use super::{Arenas, Decoder, EngineError};
 use crate::backend::cuda::driver::{
@@ -57,6 +57,8 @@ struct Mat {
     d: u64,
     m: u64,
     qh: u64,
+    /// Bytes of its arrays (they follow `q` in the image, each aligned: see weights.rs).
+    bytes: usize,
 }
 
 /// Matrices that share an input and write consecutive slices of one output ([q|k|v],
@@ -202,6 +204,9 @@ pub struct CudaEngine<'a> {
     in_block_norm: bool,
     /// `CudaOptions::prefetch`.
     prefetch: bool,
+    /// `CudaOptions::prefetch_ahead` as bytes (0: none; and where the GPU cannot, sm_90 having
+    /// the bulk prefetch, or the weights are in host memory).
+    prefetch_ahead: usize,
     /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
     pdl: i32,
     /// How attention splits over blocks, and `CudaOptions::attention_slice`.

@@ -49,6 +49,15 @@ impl<'a> CudaEngine<'a> {
             DependentLaunch::Off
         };
         gpu.dependent_launch = dependent_launch != DependentLaunch::Off;
+        // The products' pull of the next one's weights: a bulk prefetch (sm_90), of weights in
+        // device memory (in mapped host memory the bus sets the pace, and a second stream of
+        // reads over it would only compete), for the FFN in memory.
+        let prefetch_ahead = match opts.prefetch_ahead {
+            _ if gpu.compute_capability.0 < 9 => 0,
+            _ if streamed.is_some() || opts.memory != MemoryModel::Discrete => 0,
+            Some(bytes) => bytes,
+            None => gpu.l2_bytes.max(0) as usize / PREFETCH_AHEAD_L2_SHARE,
+        };
 
         // Plan the weight image (same code as the write pass, without writing).
         let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
@@ -255,6 +264,7 @@ impl<'a> CudaEngine<'a> {
             d: if l.d == usize::MAX { 0 } else { at(l.d) },
             m: if l.m == usize::MAX { 0 } else { at(l.m) },
             qh: if l.qh == usize::MAX { 0 } else { at(l.qh) },
+            bytes: l.bytes,
         };
         let grp = |g: &heapless::Vec<(MatLayout, usize), 3>| -> MatGroup {
             g.iter().map(|(l, off)| (mat(l), *off)).collect()
@@ -466,6 +476,7 @@ impl<'a> CudaEngine<'a> {
                 InBlockNorm::Never => false,
             },
             prefetch: opts.prefetch && streamed.is_none(),
+            prefetch_ahead,
             split,
             attention_slice: opts.attention_slice,
             pdl: pdl_kernel_mode(dependent_launch),

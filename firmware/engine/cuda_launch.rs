@@ -162,14 +162,16 @@ impl CudaEngine<'_> {
         let head_dim = h.head_dim;
         let (kc, vc, ks, vs, key_scale) = self.layer_cache(l);
         // Attention: q, k, v of the normed input.
-        for &(m, off) in &w.qkv {
+        for (i, &(m, off)) in w.qkv.iter().enumerate() {
             let bias = if w.qkv_bias != 0 {
                 w.qkv_bias + off as u64 * 4
             } else {
                 0
             };
             let out = a.qkv + off as u64 * 4;
-            self.matvec(&m, self.normed(w.attn_norm), out, bias, false, Finish::None)?;
+            let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
+            let normed = self.normed(w.attn_norm);
+            self.matvec(&m, normed, out, bias, false, Finish::None, Some(next))?;
         }
         // Each head rotates its q and k, attends over positions 0..=pos of its KV head
         // (storing k and v of pos; split over up to `max_slices` blocks once the context
@@ -219,6 +221,7 @@ impl CudaEngine<'_> {
             0,
             true,
             self.norm_tail(w.ffn_norm),
+            w.gate_up.first().map(|(m, _)| m),
         )?;
         Ok(())
     }
@@ -239,15 +242,16 @@ impl CudaEngine<'_> {
             } else {
                 Finish::None
             };
-            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin)?;
+            let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
+            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next)?;
         }
-        let next_norm = self
-            .layers
-            .get(l + 1)
-            .map_or(self.output_norm, |n| n.attn_norm);
-        let fin = self.norm_tail(next_norm);
+        let next = self.layers.get(l + 1);
+        let fin = self.norm_tail(next.map_or(self.output_norm, |n| n.attn_norm));
         let down = w.down.as_ref().expect("an FFN in memory");
-        self.matvec(down, Input::FfnHidden, a.x, 0, true, fin)?;
+        let after = next
+            .and_then(|n| n.qkv.first())
+            .map_or(&self.output, |(m, _)| m);
+        self.matvec(down, Input::FfnHidden, a.x, 0, true, fin, Some(after))?;
         Ok(())
     }
 
@@ -255,7 +259,21 @@ impl CudaEngine<'_> {
         let a = &self.a;
         // Logits, and the greedy pick that advances the state.
         let normed = self.normed(self.output_norm);
-        self.matvec(&self.output, normed, a.logits, 0, false, Finish::Argmax)
+        // Meanwhile the next step's first product comes into L2.
+        let next = self
+            .layers
+            .first()
+            .and_then(|l| l.qkv.first())
+            .map(|(m, _)| m);
+        self.matvec(
+            &self.output,
+            normed,
+            a.logits,
+            0,
+            false,
+            Finish::Argmax,
+            next,
+        )
     }
 
     /// What the attention launch pulls into L2 for the products after it: from wo's first
@@ -292,7 +310,9 @@ impl CudaEngine<'_> {
         }
     }
 
-    /// `out = (acc ? out : 0) + W in + bias`, then `fin`; `in` as `input` says.
+    /// `out = (acc ? out : 0) + W in + bias`, then `fin`; `in` as `input` says. Its blocks
+    /// pull the start of `next` (the product after it) into L2 as they start.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec(
         &self,
         m: &Mat,
@@ -301,6 +321,7 @@ impl CudaEngine<'_> {
         bias: u64,
         acc: bool,
         fin: Finish,
+        next: Option<&Mat>,
     ) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
@@ -360,6 +381,8 @@ impl CudaEngine<'_> {
             .ptr(a.x)
             .ptr(norm.unwrap_or(0))
             .i32(self.pdl);
+        let (ahead, ahead_bytes) = next.map_or((0, 0), |n| prefetch_ahead(n, self.prefetch_ahead));
+        args.ptr(ahead).i32(ahead_bytes);
         self.gpu.launch_shared(
             f,
             mv.grid as u32,
@@ -368,6 +391,18 @@ impl CudaEngine<'_> {
             &mut args,
         )
     }
+}
+
+/// What a product pulls into L2 of `next`, the product after it: its first `cap` bytes at
+/// most, in whole 16-byte units (the bulk prefetch's), from its first array on (the image keeps
+/// a matrix's arrays together; `bytes` counts them without the alignment between them, so the
+/// span never passes the matrix's end).
+fn prefetch_ahead(next: &Mat, cap: usize) -> (u64, i32) {
+    let bytes = next.bytes.min(cap).min(i32::MAX as usize) / 16 * 16;
+    if bytes == 0 {
+        return (0, 0);
+    }
+    (next.q, bytes as i32)
 }
 
 /// The prefetch of `start..end` (device addresses) on a GPU with `l2_bytes` of L2 and
@@ -394,7 +429,30 @@ mod tests {
             d: 0,
             m: 0,
             qh: 0,
+            bytes: 0,
         }
+    }
+
+    /// The pull of the next product: its first bytes up to the cap, in 16-byte units, from
+    /// its first array; nothing when off or for an empty matrix.
+    #[test]
+    fn prefetch_ahead_takes_the_next_products_start() {
+        let cap = (50 << 20) / crate::engine::cuda_options::PREFETCH_AHEAD_L2_SHARE;
+        let mut qkv = mat(GpuType::Q4_0, 2048, 1536);
+        (qkv.q, qkv.bytes) = (1 << 30, 2048 * 48 * 18);
+        // 1.5B q4_0 [q|k|v] (1.8 MB) under a twelfth of an H100's L2: whole.
+        assert_eq!(prefetch_ahead(&qkv, cap), (1 << 30, 1_769_472));
+        // Its down (7.7 MB): the cap, in 16-byte units.
+        let mut down = mat(GpuType::Q4_0, 1536, 8960);
+        (down.q, down.bytes) = (1 << 30, 1536 * 280 * 18);
+        assert_eq!(
+            prefetch_ahead(&down, cap),
+            (1 << 30, (cap / 16 * 16) as i32)
+        );
+        down.bytes = 1000;
+        assert_eq!(prefetch_ahead(&down, cap), (1 << 30, 992));
+        assert_eq!(prefetch_ahead(&down, 0), (0, 0));
+        assert_eq!(prefetch_ahead(&mat(GpuType::Q4_0, 0, 0), 1 << 20), (0, 0));
     }
 
     /// The prefetch during attention: half the L2 at most (H200: 50 MiB, Orin: 4 MiB), whole

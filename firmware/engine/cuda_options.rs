@@ -37,6 +37,12 @@ pub struct CudaOptions {
     /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
     /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
     pub prefetch: bool,
+    /// Bytes of the next product's weights each product kernel pulls into L2 as it starts
+    /// (sm_90, weights in device memory): the memory idles between a product's rounds of
+    /// loads and while its last blocks finish, and the next product then starts from L2.
+    /// None: a twelfth of the L2 (`PREFETCH_AHEAD_L2_SHARE`); Some(0): none (`bench --ablate
+    /// no-prefetch-ahead`; `prefetch-ahead=MIB` sets it).
+    pub prefetch_ahead: Option<usize>,
     /// A head's attention is split over one more block for every this many positions (up to
     /// `max_slices`), and the blocks' parts joined, so a long context's keys and values are
     /// read by the whole GPU rather than a block per head; 0 = one block per head
@@ -152,6 +158,7 @@ impl Default for CudaOptions {
             products: ProductKernels::Auto,
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
+            prefetch_ahead: None,
             attention_slice: ATTENTION_SLICE,
             grouped_attention: GroupedAttention::Auto,
             cluster_attention: true,
@@ -163,6 +170,13 @@ impl Default for CudaOptions {
         }
     }
 }
+
+/// The share of the L2 that a product's pull of the next product's weights takes at most
+/// (`CudaOptions::prefetch_ahead`): a twelfth, 4.2 MiB of an H100's 50. Measured at the 1.5B
+/// shape (docs/HIL.md round 34): caps of 2-6 MiB gain 2-4% at every type, 8 MiB less, and 12.5
+/// MiB (a quarter) loses 2-3% against none: a bigger pull competes with the product's own
+/// loads.
+pub const PREFETCH_AHEAD_L2_SHARE: usize = 12;
 
 /// Positions a slice of a head's attention starts at (`CudaOptions::attention_slice`): four
 /// rounds of the kernel's 32 warps, two positions each, so a slice's block is kept busy and

@@ -474,7 +474,15 @@ impl CudaEngine<'_> {
                     } else {
                         Finish::None
                     };
-                    self.matvec(&m, Input::Prepared, a.gu + off as u64 * 4, 0, false, fin)?;
+                    self.matvec(
+                        &m,
+                        Input::Prepared,
+                        a.gu + off as u64 * 4,
+                        0,
+                        false,
+                        fin,
+                        None,
+                    )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;
             }

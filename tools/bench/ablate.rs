@@ -42,6 +42,10 @@ pub enum Ablation {
     NormInBlock,
     /// CUDA: no weights pulled into L2 during attention.
     NoPrefetch,
+    /// CUDA (sm_90): no product pulls the next product's weights into L2.
+    NoPrefetchAhead,
+    /// CUDA (sm_90): each product pulls at most N MiB of the next product's weights into L2.
+    PrefetchAhead(usize),
     /// CUDA: each head's attention in one block at any context length.
     NoSplitAttention,
     /// CUDA: each head's attention split over one more block every N positions.
@@ -87,6 +91,8 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("norm-tail", "cuda", "the residual's norm made once by the last block of the product before"),
     ("norm-in-block", "cuda", "every product that reads the normed residual norms it in each block, at any size"),
     ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
+    ("no-prefetch-ahead", "cuda", "sm_90: no product kernel pulls the next product's weights into L2 as it starts"),
+    ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a quarter of the L2)"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
@@ -112,7 +118,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 24] = {
+const PLAIN: [Ablation; 25] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -129,6 +135,7 @@ const PLAIN: [Ablation; 24] = {
         NormTail,
         NormInBlock,
         NoPrefetch,
+        NoPrefetchAhead,
         NoSplitAttention,
         PerHeadAttention,
         GroupedAttention,
@@ -161,6 +168,14 @@ impl Ablation {
                 Ok(n) if n > 0 => Ok(Ablation::ClusterUntil(n)),
                 _ => Err(format!(
                     "cluster-until takes a positive position, not '{n}'"
+                )),
+            };
+        }
+        if let Some(n) = s.strip_prefix("prefetch-ahead=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Ablation::PrefetchAhead(n)),
+                _ => Err(format!(
+                    "prefetch-ahead takes a positive number of MiB, not '{n}'"
                 )),
             };
         }
@@ -202,6 +217,8 @@ impl Ablation {
             NormTail => "norm-tail".into(),
             NormInBlock => "norm-in-block".into(),
             NoPrefetch => "no-prefetch".into(),
+            NoPrefetchAhead => "no-prefetch-ahead".into(),
+            PrefetchAhead(n) => format!("prefetch-ahead={n}"),
             NoSplitAttention => "no-split-attention".into(),
             AttentionSlice(n) => format!("attention-slice={n}"),
             ClusterUntil(n) => format!("cluster-until={n}"),
@@ -257,6 +274,8 @@ impl Ablation {
             NormTail => o.in_block_norm = InBlockNorm::Never,
             NormInBlock => o.in_block_norm = InBlockNorm::Always,
             NoPrefetch => o.prefetch = false,
+            NoPrefetchAhead => o.prefetch_ahead = Some(0),
+            PrefetchAhead(n) => o.prefetch_ahead = Some(n << 20),
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
             ClusterUntil(n) => o.cluster_until = n,
@@ -285,7 +304,7 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 3);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 4);
         for (name, backend, _) in ABLATIONS {
             let name = name.replace("=N", "=64");
             let a = Ablation::parse(&name).unwrap();
@@ -310,10 +329,12 @@ mod tests {
         let mut o = CudaOptions::default();
         Ablation::AttentionSlice(64).apply_cuda(&mut o);
         Ablation::ClusterUntil(4608).apply_cuda(&mut o);
+        Ablation::PrefetchAhead(8).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
             cluster_until: 4608,
+            prefetch_ahead: Some(8 << 20),
             ..CudaOptions::default()
         };
         assert_eq!(format!("{o:?}"), format!("{want:?}"));
@@ -329,6 +350,7 @@ mod tests {
         assert!(Ablation::parse("attention-slice=x").is_err());
         assert!(Ablation::parse("prefill-batch=0").is_err());
         assert!(Ablation::parse("cluster-until=0").is_err());
+        assert!(Ablation::parse("prefetch-ahead=0").is_err());
         assert_eq!(
             Ablation::parse("cluster-until=4608"),
             Ok(Ablation::ClusterUntil(4608))
