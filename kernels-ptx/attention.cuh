@@ -716,7 +716,8 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
                                  const float* key_scale, float* xf, i8* xq, const u8* pf,
                                  int pf_lines, float* apart, unsigned* acount, int max_slices,
                                  int slice_positions, int max_group_slices, int group_from,
-                                 int cluster, int cluster_slice, int cluster_until, int pdl) {
+                                 int cluster, int cluster_slice, int cluster_until, int pdl,
+                                 unsigned long long* trace, int trace_slot) {
     int group = n_heads / n_kv_heads;
     // The int8 cache's key channel scale that this thread's warp quantizes with (attend: warp
     // w takes channel (w % groups) * 32 + lane), for this block's kv head in each mode. It is
@@ -733,7 +734,9 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         }
     }
     __shared__ AttendShared sh;
+    trace_mark(trace, trace_slot, TRACE_START);
     pdl_start(pdl);
+    trace_mark(trace, trace_slot, TRACE_WAITED);
     int pos = state[1];
     AttentionWork w = attention_work<CLUSTER>(pos, n_heads, n_kv_heads, max_slices, slice_positions,
                                               max_group_slices, group_from, cluster,
@@ -741,15 +744,20 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     if (w.what == WORK_PREFETCH) {
         prefetch_l2(pf, pf_lines, (blockIdx.x - w.items) * blockDim.x + threadIdx.x,
                     (gridDim.x - w.items) * blockDim.x);
+        trace_mark(trace, trace_slot, TRACE_END);
         return;
     }
-    if (w.what == WORK_IDLE) return;
+    if (w.what == WORK_IDLE) {
+        trace_mark(trace, trace_slot, TRACE_END);
+        return;
+    }
     float fk = w.cluster_join ? fk_cluster : w.hb > 1 ? fk_group : fk_head;
     // (The cluster kernel's one instantiation of attend, joining through L2 or in the cluster
     // as `cluster_join` says: a second would raise its registers into spills.)
     attend<KV, CLUSTER>(sh, w.h0, w.hb, w.slice, w.slices, qkv, n_heads, n_kv_heads, head_dim,
                         base, half_split, pos, kcache, vcache, kscales, vscales,
                         key_scale != nullptr, fk, xf, xq, apart, acount + w.unit, w.cluster_join);
+    trace_mark(trace, trace_slot, TRACE_END);
 }
 
 // The f32 cache (`kscales`, `vscales`, `key_scale` unused), the int8 cache (`kcache`, `vcache`
@@ -760,11 +768,12 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
         const int *state, float *kcache, float *vcache, float *kscales, float *vscales,       \
         const float *key_scale, float *xf, i8 *xq, const u8 *pf, int pf_lines, float *apart,  \
         unsigned *acount, int max_slices, int slice_positions, int max_group_slices,          \
-        int group_from, int cluster, int cluster_slice, int cluster_until, int pdl
+        int group_from, int cluster, int cluster_slice, int cluster_until, int pdl,             \
+        unsigned long long *trace, int trace_slot
 #define ATTENTION_PASS                                                                          \
     qkv, n_heads, n_kv_heads, head_dim, base, half_split, state, kcache, vcache, kscales,     \
         vscales, key_scale, xf, xq, pf, pf_lines, apart, acount, max_slices, slice_positions,   \
-        max_group_slices, group_from, cluster, cluster_slice, cluster_until, pdl
+        max_group_slices, group_from, cluster, cluster_slice, cluster_until, pdl, trace, trace_slot
 extern "C" __global__ void __launch_bounds__(1024) attention(ATTENTION_ARGS) {
     attention_launch<KV_F32, false>(ATTENTION_PASS);
 }

@@ -161,6 +161,25 @@ __device__ __forceinline__ void prefetch_ahead(const void* p, unsigned bytes) {
 #endif
 }
 
+// The step's timeline (`leanstream gpu-timeline`, engine/cuda_timeline.rs): launch `slot`'s four
+// %globaltimer readings in `trace` (0: off), made by each block's first thread: the first
+// block's start (TRACE_START), the first and the last block's return from the wait for the
+// kernel before (TRACE_WAITED), and the last block's end (TRACE_END). Calls name the kernel's
+// own parameters, so nothing is held in registers across the kernel for them.
+enum { TRACE_START, TRACE_WAITED, TRACE_END };
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int slot, int what) {
+    if (!trace || threadIdx.x != 0) return;
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
+    unsigned long long* t = trace + 4 * slot;
+    if (what == TRACE_START) atomicMin(t, now);
+    if (what == TRACE_WAITED) {
+        atomicMin(t + 1, now);
+        atomicMax(t + 2, now);
+    }
+    if (what == TRACE_END) atomicMax(t + 3, now);
+}
+
 // One value of row `r`, column `c` of a matrix in the layout of decode.cu's header.
 __device__ float mat_value(int type, const u8* q, const f16* d, const f16* m, const u32* qh,
                            int cols, int r, int c) {

@@ -117,13 +117,17 @@ __device__ void prep_input(int mode, const float* src, const float* nw, int n, f
 // x = token_embd[state[0]], then the first layer's input RMSNorm(x, nw). One block.
 extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16* m,
                                  const u32* qh, int dim, const int* state, float* x,
-                                 const float* nw, float eps, float* xf, i8* xq, int pdl) {
+                                 const float* nw, float eps, float* xf, i8* xq, int pdl,
+                                 unsigned long long* trace, int trace_slot) {
+    trace_mark(trace, trace_slot, TRACE_START);
     pdl_start(pdl);
+    trace_mark(trace, trace_slot, TRACE_WAITED);
     int tok = state[0];
     for (int c = threadIdx.x; c < dim; c += blockDim.x)
         x[c] = mat_value(type, q, d, m, qh, dim, tok, c);
     __syncthreads();
     prep_input(PREP_NORM, x, nw, dim, eps, xf, xq);
+    trace_mark(trace, trace_slot, TRACE_END);
 }
 
 // --- matrix-vector products, `out[r] = (acc ? out[r] : 0) + W[r] . in + bias[r]`.
@@ -414,7 +418,7 @@ __device__ __forceinline__ float f16_dot8(uint4 p, float4 a, float4 b) {
         const float *fin_nw, int fin_n, float *fin_xf, i8 *fin_xq, float eps,             \
         unsigned *counter, float *part,                                                   \
         int *state, volatile int *host_tokens, const float *prep_src, const float *prep_nw, int pdl, \
-        const u8 *ahead, unsigned ahead_bytes
+        const u8 *ahead, unsigned ahead_bytes, unsigned long long *trace, int trace_slot
 
 // UN = units a thread takes per round of loads. Narrow (UN 1, about one unit per thread, many
 // short blocks) suits the small products, where a step is a chain of short kernels; wide (UN
@@ -450,6 +454,7 @@ template <int TY, int UN, bool PREP>
 __device__ void matvec(MV_ARGS) {
     __shared__ float red[MV_THREADS / 32][MV_R];
     extern __shared__ __align__(16) unsigned char prep_smem[];
+    trace_mark(trace, trace_slot, TRACE_START);
     // The product's input: xf/xq, or the block's own copy in shared memory (PREP).
     const float* in_f = xf;
     const i8* in_q = xq;
@@ -457,6 +462,7 @@ __device__ void matvec(MV_ARGS) {
     // The loops below that preload their first round call this after the loads.
     auto prep = [&]() {
         pdl_wait();
+        trace_mark(trace, trace_slot, TRACE_WAITED);
         prep_input(PREP_NORM, prep_src, prep_nw, cols, eps, floats ? (float*)prep_smem : nullptr,
                    floats ? nullptr : (i8*)prep_smem);
         __syncthreads();
@@ -490,7 +496,10 @@ __device__ void matvec(MV_ARGS) {
                 if (TY != T_F16) prefetch_line(d + b);
             }
     }
-    if (!PREP) pdl_wait();
+    if (!PREP) {
+        pdl_wait();
+        trace_mark(trace, trace_slot, TRACE_WAITED);
+    }
     if (PREP && !preload) prep();
     float s[MV_R];
 #pragma unroll
@@ -620,11 +629,12 @@ __device__ void matvec(MV_ARGS) {
     }
     finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, fin_xf, fin_xq, counter, part, state,
            host_tokens);
+    trace_mark(trace, trace_slot, TRACE_END);
 }
 
 #define MV_PASS q, d, m, qh, rows, cols, tpr, xf, xq, out, bias, acc, fin, fin_src, fin_nw, fin_n, \
                 fin_xf, fin_xq, eps, counter, part, state, host_tokens, prep_src, prep_nw, pdl, \
-                ahead, ahead_bytes
+                ahead, ahead_bytes, trace, trace_slot
 // The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
 // (PREP: the block norms its own input). engine.rs finds them by these names.
 #define MV_EXPORT(NAME, TY, UN)                                                                   \

@@ -35,8 +35,12 @@ pub use prefill::PrefillBuffers;
 
 #[path = "cuda_launch.rs"]
 mod launch;
+
+#[path = "cuda_timeline.rs"]
+mod timeline;
 use launch::{mv_config, Finish, Input};
 pub use stream::{Prioritization, StreamedBoot};
+pub use timeline::{LaunchLabel, LaunchTimes};
 
 /// The `pdl` argument of decode.cu's kernels (PDL_OFF, PDL_ON, PDL_PREFETCH).
 fn pdl_kernel_mode(d: DependentLaunch) -> i32 {
@@ -204,6 +208,8 @@ pub struct CudaEngine<'a> {
     in_block_norm: bool,
     /// `CudaOptions::prefetch`.
     prefetch: bool,
+    /// The step's timeline's slots (`CudaOptions::timeline`); None: no kernel writes one.
+    timeline: Option<timeline::Timeline>,
     /// `CudaOptions::prefetch_ahead` as bytes (0: none; and where the GPU cannot, sm_90 having
     /// the bulk prefetch, or the weights are in host memory).
     prefetch_ahead: usize,

@@ -442,6 +442,10 @@ impl<'a> CudaEngine<'a> {
         let mut c = arenas.scratch.carver();
         let logits_host = c.take::<f32>(h.vocab_size)?;
         let sample_idx = Some(c.take::<u32>(h.vocab_size)?);
+        let timeline = match opts.timeline {
+            true => Some(timeline::Timeline::boot(&gpu, h.n_layers).map_err(cuda)?),
+            false => None,
+        };
         let mut e = CudaEngine {
             gpu,
             _module: module,
@@ -477,6 +481,7 @@ impl<'a> CudaEngine<'a> {
             },
             prefetch: opts.prefetch && streamed.is_none(),
             prefetch_ahead,
+            timeline,
             split,
             attention_slice: opts.attention_slice,
             pdl: pdl_kernel_mode(dependent_launch),

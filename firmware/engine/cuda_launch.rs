@@ -2,7 +2,7 @@
 //! top to bottom), and each product's launch (`matvec`, `mv_config`); boot captures the step
 //! into a CUDA graph, the streamed step (cuda_stream.rs) reuses its attention and head.
 
-use super::{type_slot, CudaEngine, GpuLayer, Mat};
+use super::{type_slot, CudaEngine, GpuLayer, LaunchLabel, Mat};
 use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, KernelArgs};
 use crate::backend::cuda::weights::GpuType;
 use crate::engine::cuda_options::ProductKernels;
@@ -96,6 +96,7 @@ impl CudaEngine<'_> {
     /// Every kernel of one decode step, in order. Reads the token and position from
     /// `state` and leaves the next greedy token and position there.
     pub(super) fn record_step(&self) -> CudaResult<()> {
+        self.timeline_restart();
         self.record_embed()?;
         for (l, w) in self.layers.iter().enumerate() {
             self.record_attention(l, w)?;
@@ -113,6 +114,7 @@ impl CudaEngine<'_> {
             .layers
             .first()
             .map_or(self.output_norm, |l| l.attn_norm);
+        let (trace, slot) = self.timeline_slot("embed", None);
         g.launch(
             k.embed,
             1,
@@ -130,7 +132,9 @@ impl CudaEngine<'_> {
                 .f32(h.norm_eps)
                 .ptr(a.xf)
                 .ptr(a.xq)
-                .i32(self.pdl),
+                .i32(self.pdl)
+                .ptr(trace)
+                .i32(slot),
         )
     }
 
@@ -171,7 +175,20 @@ impl CudaEngine<'_> {
             let out = a.qkv + off as u64 * 4;
             let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
             let normed = self.normed(w.attn_norm);
-            self.matvec(&m, normed, out, bias, false, Finish::None, Some(next))?;
+            let label = LaunchLabel {
+                kernel: "q/k/v",
+                layer: Some(l),
+            };
+            self.matvec(
+                &m,
+                normed,
+                out,
+                bias,
+                false,
+                Finish::None,
+                Some(next),
+                label,
+            )?;
         }
         // Each head rotates its q and k, attends over positions 0..=pos of its KV head
         // (storing k and v of pos; split over up to `max_slices` blocks once the context
@@ -209,6 +226,8 @@ impl CudaEngine<'_> {
             .i32(self.split.cluster_slice as i32)
             .i32(self.split.cluster_until as i32)
             .i32(self.pdl);
+        let (trace, slot) = self.timeline_slot("attention", Some(l));
+        args.ptr(trace).i32(slot);
         match self.split.cluster {
             0 => g.launch(k.attention, grid as u32, 1024, &mut args)?,
             c => g.launch_cluster(k.attention_cluster, grid as u32, 1024, c as u32, &mut args)?,
@@ -222,6 +241,10 @@ impl CudaEngine<'_> {
             true,
             self.norm_tail(w.ffn_norm),
             w.gate_up.first().map(|(m, _)| m),
+            LaunchLabel {
+                kernel: "wo",
+                layer: Some(l),
+            },
         )?;
         Ok(())
     }
@@ -243,7 +266,11 @@ impl CudaEngine<'_> {
                 Finish::None
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
-            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next)?;
+            let label = LaunchLabel {
+                kernel: "gate/up",
+                layer: Some(l),
+            };
+            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, label)?;
         }
         let next = self.layers.get(l + 1);
         let fin = self.norm_tail(next.map_or(self.output_norm, |n| n.attn_norm));
@@ -251,7 +278,20 @@ impl CudaEngine<'_> {
         let after = next
             .and_then(|n| n.qkv.first())
             .map_or(&self.output, |(m, _)| m);
-        self.matvec(down, Input::FfnHidden, a.x, 0, true, fin, Some(after))?;
+        let label = LaunchLabel {
+            kernel: "down",
+            layer: Some(l),
+        };
+        self.matvec(
+            down,
+            Input::FfnHidden,
+            a.x,
+            0,
+            true,
+            fin,
+            Some(after),
+            label,
+        )?;
         Ok(())
     }
 
@@ -273,6 +313,10 @@ impl CudaEngine<'_> {
             false,
             Finish::Argmax,
             next,
+            LaunchLabel {
+                kernel: "output",
+                layer: None,
+            },
         )
     }
 
@@ -322,6 +366,7 @@ impl CudaEngine<'_> {
         acc: bool,
         fin: Finish,
         next: Option<&Mat>,
+        label: LaunchLabel,
     ) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
@@ -383,6 +428,8 @@ impl CudaEngine<'_> {
             .i32(self.pdl);
         let (ahead, ahead_bytes) = next.map_or((0, 0), |n| prefetch_ahead(n, self.prefetch_ahead));
         args.ptr(ahead).i32(ahead_bytes);
+        let (trace, slot) = self.timeline_slot(label.kernel, label.layer);
+        args.ptr(trace).i32(slot);
         self.gpu.launch_shared(
             f,
             mv.grid as u32,

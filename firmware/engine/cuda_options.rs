@@ -43,6 +43,10 @@ pub struct CudaOptions {
     /// None: a twelfth of the L2 (`PREFETCH_AHEAD_L2_SHARE`); Some(0): none (`bench --ablate
     /// no-prefetch-ahead`; `prefetch-ahead=MIB` sets it).
     pub prefetch_ahead: Option<usize>,
+    /// Every kernel of the step writes its start, wait and end times to a slot of a device
+    /// buffer (`CudaEngine::timeline_step`, `leanstream gpu-timeline`): a diagnostic, off
+    /// for anything timed.
+    pub timeline: bool,
     /// A head's attention is split over one more block for every this many positions (up to
     /// `max_slices`), and the blocks' parts joined, so a long context's keys and values are
     /// read by the whole GPU rather than a block per head; 0 = one block per head
@@ -159,6 +163,7 @@ impl Default for CudaOptions {
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             prefetch_ahead: None,
+            timeline: false,
             attention_slice: ATTENTION_SLICE,
             grouped_attention: GroupedAttention::Auto,
             cluster_attention: true,

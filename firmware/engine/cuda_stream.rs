@@ -459,6 +459,7 @@ impl CudaEngine<'_> {
 
     fn streamed_layers(&self, s: &mut GpuStream<'_>, pos: usize) -> CudaResult<()> {
         let (g, a, h) = (&self.gpu, &self.a, &self.hyper);
+        self.timeline_restart();
         self.record_embed()?;
         for (l, w) in self.layers.iter().enumerate() {
             // 1. Attention; its last product leaves the FFN's normed input in xf.
@@ -482,6 +483,10 @@ impl CudaEngine<'_> {
                         false,
                         fin,
                         None,
+                        super::LaunchLabel {
+                            kernel: "gate/up",
+                            layer: Some(l),
+                        },
                     )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;

@@ -17,6 +17,7 @@ mod cmd_flash;
 mod cmd_generate;
 mod cmd_gpu_decode_bench;
 mod cmd_gpu_stream_bench;
+mod cmd_gpu_timeline;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_requant;
@@ -128,6 +129,9 @@ enum Command {
     /// sets recorded from a real decode, per memory model, sets, cache policy and budget,
     /// beside the same model with every weight in memory.
     GpuDecodeBench(cmd_gpu_decode_bench::GpuDecodeBenchArgs),
+    /// Where one decode step's time goes on the GPU, kernel by kernel inside the CUDA graph:
+    /// each kernel's start, wait and end read from the GPU's clock.
+    GpuTimeline(cmd_gpu_timeline::GpuTimelineArgs),
     /// The streaming controller (LeanStream 3.2.3): profile plans, solve the LUT, compare.
     #[command(subcommand)]
     Controller(cmd_controller::ControllerCommand),
@@ -241,6 +245,7 @@ fn main() -> ExitCode {
         Command::StreamBench(a) => cmd_stream_bench::cmd_stream_bench(a),
         Command::GpuStreamBench(a) => cmd_gpu_stream_bench::cmd_gpu_stream_bench(a),
         Command::GpuDecodeBench(a) => cmd_gpu_decode_bench::cmd_gpu_decode_bench(a),
+        Command::GpuTimeline(a) => cmd_gpu_timeline::cmd_gpu_timeline(a),
         Command::Controller(c) => cmd_controller::cmd_controller(c),
         Command::Ask(a) => cmd_client::cmd_ask(a),
         Command::Chat(a) => cmd_client::cmd_chat(a),

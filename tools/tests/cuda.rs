@@ -395,6 +395,9 @@ mod stream_layer;
 #[path = "cuda/stream_engine.rs"]
 mod stream_engine;
 
+#[path = "cuda/timeline.rs"]
+mod timeline;
+
 #[path = "common/tables.rs"]
 mod tables;
 
