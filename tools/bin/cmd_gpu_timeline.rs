@@ -41,6 +41,7 @@ pub fn cmd_gpu_timeline(_: GpuTimelineArgs) -> Result<(), String> {
 #[cfg(feature = "cuda")]
 pub fn cmd_gpu_timeline(a: GpuTimelineArgs) -> Result<(), String> {
     use leanstream::engine::cuda::{CudaEngine, LaunchTimes};
+    leanstream::engine::any::probe_cuda().map_err(|e| e.to_string())?;
     let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
     let mut opts = CudaOptions {
         precision: a.low.precision,

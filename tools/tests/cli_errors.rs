@@ -201,6 +201,8 @@ fn cuda_backend_without_a_gpu_is_one_clear_sentence() {
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     let bench = ["bench", "--model", m, "--tokenizer", t, "--backend", "cuda"];
     assert_refused(&bench, "the CUDA backend needs an NVIDIA GPU");
+    let timeline = ["gpu-timeline", "--model", m, "--tokenizer", t];
+    assert_refused(&timeline, "the CUDA backend needs an NVIDIA GPU");
     assert_refused(
         &[
             "generate",
