@@ -175,10 +175,7 @@ impl CudaEngine<'_> {
             let out = a.qkv + off as u64 * 4;
             let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
             let normed = self.normed(w.attn_norm);
-            let label = LaunchLabel {
-                kernel: "q/k/v",
-                layer: Some(l),
-            };
+            let label = LaunchLabel::of("q/k/v", Some(l));
             self.matvec(
                 &m,
                 normed,
@@ -241,10 +238,7 @@ impl CudaEngine<'_> {
             true,
             self.norm_tail(w.ffn_norm),
             w.gate_up.first().map(|(m, _)| m),
-            LaunchLabel {
-                kernel: "wo",
-                layer: Some(l),
-            },
+            LaunchLabel::of("wo", Some(l)),
         )?;
         Ok(())
     }
@@ -266,10 +260,7 @@ impl CudaEngine<'_> {
                 Finish::None
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
-            let label = LaunchLabel {
-                kernel: "gate/up",
-                layer: Some(l),
-            };
+            let label = LaunchLabel::of("gate/up", Some(l));
             self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, label)?;
         }
         let next = self.layers.get(l + 1);
@@ -278,10 +269,7 @@ impl CudaEngine<'_> {
         let after = next
             .and_then(|n| n.qkv.first())
             .map_or(&self.output, |(m, _)| m);
-        let label = LaunchLabel {
-            kernel: "down",
-            layer: Some(l),
-        };
+        let label = LaunchLabel::of("down", Some(l));
         self.matvec(
             down,
             Input::FfnHidden,
@@ -313,10 +301,7 @@ impl CudaEngine<'_> {
             false,
             Finish::Argmax,
             next,
-            LaunchLabel {
-                kernel: "output",
-                layer: None,
-            },
+            LaunchLabel::of("output", None),
         )
     }
 

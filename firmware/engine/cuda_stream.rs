@@ -483,10 +483,7 @@ impl CudaEngine<'_> {
                         false,
                         fin,
                         None,
-                        super::LaunchLabel {
-                            kernel: "gate/up",
-                            layer: Some(l),
-                        },
+                        super::LaunchLabel::of("gate/up", Some(l)),
                     )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;

@@ -20,6 +20,13 @@ pub struct LaunchLabel {
     pub layer: Option<usize>,
 }
 
+impl LaunchLabel {
+    /// `kernel` of `layer`.
+    pub const fn of(kernel: &'static str, layer: Option<usize>) -> LaunchLabel {
+        LaunchLabel { kernel, layer }
+    }
+}
+
 /// One launch as the GPU ran it, in ns of %globaltimer.
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchTimes {
@@ -75,7 +82,7 @@ impl CudaEngine<'_> {
             labels.len() < labels.capacity(),
             "more launches in a step than the timeline holds"
         );
-        labels.push(LaunchLabel { kernel, layer });
+        labels.push(LaunchLabel::of(kernel, layer));
         (t.buf.ptr, labels.len() as i32 - 1)
     }
 
