@@ -26,8 +26,13 @@ pub struct GpuTimelineArgs {
     /// Memory model: unified or discrete (default: the board's).
     #[arg(long)]
     memory: Option<String>,
-    #[command(flatten)]
-    low: LowBitArgs,
+    /// native (the file's own types), f16, w8a8 or w4a8, as `bench --precision`.
+    #[arg(long, default_value = "native", value_parser = Precision::parse)]
+    precision: Precision,
+    /// CUDA ablations, comma-separated (`leanstream bench --help` lists them): the step traced
+    /// with these fast paths off.
+    #[arg(long, value_delimiter = ',', value_parser = Ablation::parse)]
+    ablate: Vec<Ablation>,
     /// Where to write the Markdown tables (also printed).
     #[arg(long)]
     markdown: Option<PathBuf>,
@@ -41,17 +46,23 @@ pub fn cmd_gpu_timeline(_: GpuTimelineArgs) -> Result<(), String> {
 #[cfg(feature = "cuda")]
 pub fn cmd_gpu_timeline(a: GpuTimelineArgs) -> Result<(), String> {
     use leanstream::engine::cuda::{CudaEngine, LaunchTimes};
+    if let Some(cpu) = a.ablate.iter().find(|x| x.backend() != Backend::Cuda) {
+        return Err(format!(
+            "--ablate {}: a CPU ablation; gpu-timeline traces the GPU",
+            cpu.name()
+        ));
+    }
     leanstream::engine::any::probe_cuda().map_err(|e| e.to_string())?;
     let (file, tok) = open_model(&a.model, a.tokenizer.as_deref())?;
     let mut opts = CudaOptions {
-        precision: a.low.precision,
+        precision: a.precision,
         timeline: true,
         ..CudaOptions::default()
     };
     if let Some(m) = &a.memory {
         opts.memory = parse_memory(m)?;
     }
-    for ablation in a.low.ablate.iter().filter(|x| x.backend() == Backend::Cuda) {
+    for ablation in &a.ablate {
         ablation.apply_cuda(&mut opts);
     }
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
@@ -137,7 +148,7 @@ fn report(
     let mut md = format!(
         "{}, {gpu}, {:?}, after {context} tokens: one decode step {step_us:.1} us (median of {} traced steps)\n\n",
         a.model.display(),
-        a.low.precision,
+        a.precision,
         steps.len()
     );
     md += "| kernel | launches | share of the step, us | % | inputs ready to end, us (sum) | start to end, us (sum) |\n|---|---|---|---|---|---|\n";

@@ -180,6 +180,26 @@ fn model_that_does_not_fit_is_refused_with_bytes() {
     assert!(err.to_string().contains("budget.kv"), "{err}");
 }
 
+/// `gpu-timeline` takes only CUDA ablations: a CPU one is refused by name, before anything
+/// opens (so on any machine).
+#[test]
+fn gpu_timeline_refuses_a_cpu_ablation() {
+    if cfg!(not(feature = "cuda")) {
+        eprintln!("skipped: built without the cuda feature (gpu-timeline refuses every run)");
+        return;
+    }
+    assert_refused(
+        &[
+            "gpu-timeline",
+            "--model",
+            "/nonexistent.gguf",
+            "--ablate",
+            "no-vnni",
+        ],
+        "--ablate no-vnni: a CPU ablation",
+    );
+}
+
 /// `--backend cuda` where there is no GPU or driver: one clear sentence, exit 1, for the CLI
 /// and the daemon. (On the GPU machine this case cannot happen; the test says so.)
 #[test]
