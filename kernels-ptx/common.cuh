@@ -145,7 +145,7 @@ __device__ __forceinline__ void prefetch_line(const void* p) {
 // Pulls this block's share of `bytes` from `p` into L2 with one bulk prefetch of its first
 // thread (sm_90's TMA: one instruction however many lines, so the block's own loads lose no
 // issue slots to it): the weights of the product after this one, while this one's loads leave
-// the memory idle between rounds (engine/cuda_launch.rs `ahead_of`). `p` is 16-byte aligned
+// the memory idle between rounds (engine/cuda_launch.rs `prefetch_ahead`). `p` is 16-byte aligned
 // and `bytes` a multiple of 16 (the host's). Older architectures compile nothing.
 __device__ __forceinline__ void prefetch_ahead(const void* p, unsigned bytes) {
 #if __CUDA_ARCH__ >= 900

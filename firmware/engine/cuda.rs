@@ -210,8 +210,8 @@ pub struct CudaEngine<'a> {
     prefetch: bool,
     /// The step's timeline's slots (`CudaOptions::timeline`); None: no kernel writes one.
     timeline: Option<timeline::Timeline>,
-    /// `CudaOptions::prefetch_ahead` as bytes (0: none; and where the GPU cannot, sm_90 having
-    /// the bulk prefetch, or the weights are in host memory).
+    /// `CudaOptions::prefetch_ahead` in bytes; 0 below sm_90 (no bulk prefetch), for weights
+    /// in host memory and for a streamed FFN.
     prefetch_ahead: usize,
     /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
     pdl: i32,

@@ -114,7 +114,7 @@ impl CudaEngine<'_> {
             .layers
             .first()
             .map_or(self.output_norm, |l| l.attn_norm);
-        let (trace, slot) = self.timeline_slot("embed", None);
+        let (trace, slot) = self.timeline_slot(LaunchLabel::of("embed", None));
         g.launch(
             k.embed,
             1,
@@ -223,7 +223,7 @@ impl CudaEngine<'_> {
             .i32(self.split.cluster_slice as i32)
             .i32(self.split.cluster_until as i32)
             .i32(self.pdl);
-        let (trace, slot) = self.timeline_slot("attention", Some(l));
+        let (trace, slot) = self.timeline_slot(LaunchLabel::of("attention", Some(l)));
         args.ptr(trace).i32(slot);
         match self.split.cluster {
             0 => g.launch(k.attention, grid as u32, 1024, &mut args)?,
@@ -413,7 +413,7 @@ impl CudaEngine<'_> {
             .i32(self.pdl);
         let (ahead, ahead_bytes) = next.map_or((0, 0), |n| prefetch_ahead(n, self.prefetch_ahead));
         args.ptr(ahead).i32(ahead_bytes);
-        let (trace, slot) = self.timeline_slot(label.kernel, label.layer);
+        let (trace, slot) = self.timeline_slot(label);
         args.ptr(trace).i32(slot);
         self.gpu.launch_shared(
             f,

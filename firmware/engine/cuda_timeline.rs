@@ -47,7 +47,7 @@ pub(super) struct Timeline {
     labels: RefCell<Vec<LaunchLabel>>,
 }
 
-/// Launches a step can hold: embed, at most 7 a layer (three q/k/v, attention, wo, two
+/// Launches a step can hold: embed, at most 8 a layer (three q/k/v, attention, wo, two
 /// gate/up, down), the output.
 fn max_launches(layers: usize) -> usize {
     2 + 8 * layers
@@ -71,9 +71,9 @@ impl CudaEngine<'_> {
         }
     }
 
-    /// The `trace` and `trace_slot` arguments of the next launch, labelled `kernel` of
-    /// `layer`: the buffer and a new slot, or (0, 0) without a timeline.
-    pub(super) fn timeline_slot(&self, kernel: &'static str, layer: Option<usize>) -> (u64, i32) {
+    /// The `trace` and `trace_slot` arguments of the next launch, `label`: the buffer and a
+    /// new slot, or (0, 0) without a timeline.
+    pub(super) fn timeline_slot(&self, label: LaunchLabel) -> (u64, i32) {
         let Some(t) = &self.timeline else {
             return (0, 0);
         };
@@ -82,7 +82,7 @@ impl CudaEngine<'_> {
             labels.len() < labels.capacity(),
             "more launches in a step than the timeline holds"
         );
-        labels.push(LaunchLabel::of(kernel, layer));
+        labels.push(label);
         (t.buf.ptr, labels.len() as i32 - 1)
     }
 

@@ -140,7 +140,8 @@ const SEED_TEXT: &str = "The quick brown fox jumps over the lazy dog. Once upon 
 #[cfg(feature = "cuda")]
 const MAX_INT8_GATE: f64 = 0.25;
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (not empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

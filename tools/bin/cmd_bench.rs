@@ -213,11 +213,6 @@ fn cmd_bench_backends(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The one model of a CPU-only bench (sparse FFN configurations, `--configs`, long context) as
 /// the model options the other commands take.
 fn cpu_model_args(a: &BenchArgs) -> ModelArgs {
@@ -494,7 +489,7 @@ fn cmd_bench_configs(a: BenchArgs) -> Result<(), String> {
 
 /// A fixed, ordinary English prompt of `n` tokens, repeated to length (speed does not depend
 /// on it).
-fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
+pub(super) fn bench_prompt(tok: &leanstream::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
     let seed_text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small town by the sea, there lived a curious child who loved to read about the stars. ";
     let mut prompt = tok.encode(&seed_text.repeat(1 + n / 8), tok.add_bos_default());
     prompt.truncate(n.max(1));

@@ -67,11 +67,8 @@ pub fn cmd_gpu_timeline(a: GpuTimelineArgs) -> Result<(), String> {
     }
     let mut arenas = Arenas::from_board().map_err(|e| e.to_string())?;
     let mut engine = CudaEngine::boot(&mut arenas, &file, opts).map_err(|e| e.to_string())?;
-    let prompt = tok.encode(
-        &"The quick brown fox jumps over the lazy dog. ".repeat(1 + a.prompt_tokens / 8),
-        tok.add_bos_default(),
-    );
-    let n = a.prompt_tokens.clamp(1, prompt.len());
+    let prompt = super::cmd_bench::bench_prompt(&tok, a.prompt_tokens);
+    let n = prompt.len();
     const WARM: usize = 4;
     if n + WARM + a.steps.max(1) > engine.context() {
         return Err(format!(
@@ -192,13 +189,4 @@ fn report(
         );
     }
     md
-}
-
-#[cfg(feature = "cuda")]
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

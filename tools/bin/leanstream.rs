@@ -49,7 +49,7 @@ use leanstream::sparsity::thresholds::{default_path, find_default, ThresholdTabl
 use leanstream::sparsity::{FfnMode, FfnOptions, Score};
 use leanstream::tokenizer::chat::{ChatFormat, ChatMessage};
 use leanstream::tokenizer::Tokenizer;
-use leanstream_tools::bench::Ablation;
+use leanstream_tools::bench::{median, Ablation};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
