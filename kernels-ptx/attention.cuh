@@ -440,6 +440,8 @@ struct AttendShared {
     float qd[32], kd[8], vd[8];
     __align__(16) float warp_o[32][256];
     float warp_m[32], warp_l[32];
+    // Each head's max over its warps (the join's).
+    float head_mx[32];
     // A cluster's slice's part (max, sum, head_dim unscaled values; hb 1).
     float cpart[2 + 256];
     int last;
@@ -573,17 +575,28 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
         warp_l[warp] = l;
     }
     __syncthreads();
-    // Join each head's warps: each output element rescales the head's warps' parts to their max.
+    // Join each head's warps: each output element rescales the head's warps' parts to their
+    // max. Warp e first makes head e's max (a shuffle reduction, not a loop a thread) and each
+    // of its warps' factor, in place of the warp's max (0 for a warp that had no position, whose
+    // part is not written): the element loop below is then loads and multiply-adds, in the
+    // order and with the values the loop a thread made before.
+    if (warp < hb) {
+        int w = warp * wph + lane;
+        float mw = lane < wph ? warp_m[w] : NEG_INF;
+        float mx = warp_max(mw);
+        if (lane < wph) warp_m[w] = mw == NEG_INF ? 0.0f : expf(mw - mx);
+        if (lane == 0) sh.head_mx[warp] = mx;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < hb * head_dim; i += blockDim.x) {
         int e = i / head_dim, d = i % head_dim, w0 = e * wph;
-        float mx = NEG_INF;
-        for (int w = w0; w < w0 + wph; w++) mx = fmaxf(mx, warp_m[w]);
+        float mx = sh.head_mx[e];
         float sum = 0.0f, acc = 0.0f;
+#pragma unroll 4
         for (int w = w0; w < w0 + wph; w++) {
-            if (warp_m[w] == NEG_INF) continue;  // a warp that had no position
-            float f = expf(warp_m[w] - mx);
-            sum += warp_l[w] * f;
-            acc += warp_o[w][d] * f;
+            float f = warp_m[w], lw = warp_l[w], ow = warp_o[w][d];
+            sum = f != 0.0f ? fmaf(lw, f, sum) : sum;
+            acc = f != 0.0f ? fmaf(ow, f, acc) : acc;
         }
         if (slices == 1) {
             xf[(h0 + e) * head_dim + d] = acc / sum;

@@ -153,6 +153,14 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 #define MV_R 2
 // Units per round of a wide product (MV_WIDE in engine.rs).
 #define MV_WIDE 4
+// A product kernel's bounds. MV_BOUNDS_MIN(5) holds a kernel to 48 registers, so five blocks
+// of it fit a multiprocessor rather than four at the 50-56 the compiler otherwise takes: the
+// 1.5B shape's gate/up (560 blocks) is then one wave of an H100's 660 slots, not 528 and a
+// tail. Given to the types whose kernels keep every value in registers at 48 (ptxas -v): not
+// Q8_0 (its wide kernels spill there, and measured slower), nor the K-quants' (128-147
+// registers), nor f16/f32 (under 48 already; naming a minimum changes their code).
+#define MV_BOUNDS __launch_bounds__(MV_THREADS)
+#define MV_BOUNDS_MIN(n) __launch_bounds__(MV_THREADS, n)
 
 enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3, FIN_SWIGLU_TILES = 4 };
 
@@ -637,32 +645,32 @@ __device__ void matvec(MV_ARGS) {
                 ahead, ahead_bytes, trace, trace_slot
 // The exported product kernels: each type narrow and (but f32) wide, each also as `_prep`
 // (PREP: the block norms its own input). engine.rs finds them by these names.
-#define MV_EXPORT(NAME, TY, UN)                                                                   \
-    extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_##NAME(MV_ARGS) {             \
+#define MV_EXPORT(NAME, TY, UN, BOUNDS)                                                            \
+    extern "C" __global__ void BOUNDS matvec_##NAME(MV_ARGS) {                                       \
         matvec<TY, UN, false>(MV_PASS);                                                           \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_##NAME##_prep(MV_ARGS) {      \
+    extern "C" __global__ void BOUNDS matvec_##NAME##_prep(MV_ARGS) {                                 \
         matvec<TY, UN, true>(MV_PASS);                                                            \
     }
-MV_EXPORT(f32, T_F32, 1)
-MV_EXPORT(f16, T_F16, 1)
-MV_EXPORT(q8_0, T_Q8_0, 1)
-MV_EXPORT(q4_0, T_Q4_0, 1)
-MV_EXPORT(q4_1, T_Q4_1, 1)
-MV_EXPORT(q5_0, T_Q5_0, 1)
-MV_EXPORT(q5_1, T_Q5_1, 1)
-MV_EXPORT(q4_k, T_Q4_K, 1)
-MV_EXPORT(q5_k, T_Q5_K, 1)
-MV_EXPORT(q6_k, T_Q6_K, 1)
-MV_EXPORT(f16_wide, T_F16, MV_WIDE)
-MV_EXPORT(q8_0_wide, T_Q8_0, MV_WIDE)
-MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE)
-MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE)
-MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE)
-MV_EXPORT(q5_1_wide, T_Q5_1, MV_WIDE)
-MV_EXPORT(q4_k_wide, T_Q4_K, MV_WIDE)
-MV_EXPORT(q5_k_wide, T_Q5_K, MV_WIDE)
-MV_EXPORT(q6_k_wide, T_Q6_K, MV_WIDE)
+MV_EXPORT(f32, T_F32, 1, MV_BOUNDS)
+MV_EXPORT(f16, T_F16, 1, MV_BOUNDS)
+MV_EXPORT(q8_0, T_Q8_0, 1, MV_BOUNDS)
+MV_EXPORT(q4_0, T_Q4_0, 1, MV_BOUNDS_MIN(5))
+MV_EXPORT(q4_1, T_Q4_1, 1, MV_BOUNDS_MIN(5))
+MV_EXPORT(q5_0, T_Q5_0, 1, MV_BOUNDS_MIN(5))
+MV_EXPORT(q5_1, T_Q5_1, 1, MV_BOUNDS_MIN(5))
+MV_EXPORT(q4_k, T_Q4_K, 1, MV_BOUNDS)
+MV_EXPORT(q5_k, T_Q5_K, 1, MV_BOUNDS)
+MV_EXPORT(q6_k, T_Q6_K, 1, MV_BOUNDS)
+MV_EXPORT(f16_wide, T_F16, MV_WIDE, MV_BOUNDS)
+MV_EXPORT(q8_0_wide, T_Q8_0, MV_WIDE, MV_BOUNDS)
+MV_EXPORT(q4_0_wide, T_Q4_0, MV_WIDE, MV_BOUNDS_MIN(5))
+MV_EXPORT(q4_1_wide, T_Q4_1, MV_WIDE, MV_BOUNDS_MIN(5))
+MV_EXPORT(q5_0_wide, T_Q5_0, MV_WIDE, MV_BOUNDS_MIN(5))
+MV_EXPORT(q5_1_wide, T_Q5_1, MV_WIDE, MV_BOUNDS_MIN(5))
+MV_EXPORT(q4_k_wide, T_Q4_K, MV_WIDE, MV_BOUNDS)
+MV_EXPORT(q5_k_wide, T_Q5_K, MV_WIDE, MV_BOUNDS)
+MV_EXPORT(q6_k_wide, T_Q6_K, MV_WIDE, MV_BOUNDS_MIN(5))
 
 #include "attention.cuh"
 
