@@ -104,11 +104,11 @@ pub fn cmd_gpu_timeline(a: GpuTimelineArgs) -> Result<(), String> {
 }
 
 /// A step's launches as (kind, layer, the share of the step, inputs-ready-to-end, start to
-/// end, the wait), in us.
+/// end, the wait, the first to the last block past the wait), in us.
 #[cfg(feature = "cuda")]
 fn shares(
     step: &[leanstream::engine::cuda::LaunchTimes],
-) -> Vec<(&'static str, Option<usize>, [f64; 4])> {
+) -> Vec<(&'static str, Option<usize>, [f64; 5])> {
     let t0 = step.iter().map(|l| l.start).min().unwrap_or(0);
     let mut last_end = t0;
     step.iter()
@@ -118,7 +118,12 @@ fn shares(
             let busy = l.end.saturating_sub(l.first_waited) as f64 / 1e3;
             let span = l.end.saturating_sub(l.start) as f64 / 1e3;
             let wait = l.first_waited.saturating_sub(l.start) as f64 / 1e3;
-            (l.label.kernel, l.label.layer, [share, busy, span, wait])
+            let spread = l.last_waited.saturating_sub(l.first_waited) as f64 / 1e3;
+            (
+                l.label.kernel,
+                l.label.layer,
+                [share, busy, span, wait, spread],
+            )
         })
         .collect()
 }
@@ -171,7 +176,7 @@ fn report(
     let layers = per_step[0].iter().filter_map(|x| x.1).max().unwrap_or(0);
     let mid = layers / 2;
     md += &format!(
-        "\nLayer {mid}'s launches (medians): share of the step, inputs ready to end, start to end, start to inputs ready, us\n\n| kernel | share | ready to end | start to end | start to ready |\n|---|---|---|---|---|\n"
+        "\nLayer {mid}'s launches (medians): share of the step, inputs ready to end, start to end, start to inputs ready, first to last block past its wait, us\n\n| kernel | share | ready to end | start to end | start to ready | first to last ready |\n|---|---|---|---|---|---|\n"
     );
     let n = per_step[0].len();
     for i in 0..n {
@@ -181,11 +186,12 @@ fn report(
         }
         let m = |j: usize| median(per_step.iter().map(|s| s[i].2[j]).collect());
         md += &format!(
-            "| {k} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+            "| {k} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
             m(0),
             m(1),
             m(2),
-            m(3)
+            m(3),
+            m(4)
         );
     }
     md
