@@ -196,8 +196,8 @@ pub const ATTENTION_SLICE: usize = 256;
 /// (1536 floats: 6 KiB).
 pub const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
 
-/// The widest head the int8 cache's attention takes (attention.cuh's `attend_i8_loop`: 16 values
-/// a lane, at most 8 lanes a position). Wider heads keep the f16 cache.
+/// The widest head the int8 cache's attention takes (attention_loops.cuh's `attend_i8_loop`: 16
+/// values a lane, at most 8 lanes a position). Wider heads keep the f16 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
 /// What the GPU keeps its KV cache in: `kv::kv_precision`, the CPU's rule, with the GPU's
