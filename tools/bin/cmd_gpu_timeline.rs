@@ -196,3 +196,32 @@ fn report(
     }
     md
 }
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+    use leanstream::engine::cuda::{LaunchLabel, LaunchTimes};
+
+    #[test]
+    fn shares_charge_each_launch_with_how_far_it_moved_the_steps_end() {
+        let at = |kernel, start, first_waited, last_waited, end| LaunchTimes {
+            label: LaunchLabel::of(kernel, Some(0)),
+            start,
+            first_waited,
+            last_waited,
+            end,
+        };
+        // q/k/v from 1 to 6 us; attention starts inside it and ends at 9.
+        let step = [
+            at("q/k/v", 1_000, 2_000, 2_500, 6_000),
+            at("attention", 5_000, 6_500, 6_600, 9_000),
+        ];
+        let s = shares(&step);
+        // share, inputs ready to end, start to end, start to ready, first to last ready.
+        assert_eq!(s[0].2, [5.0, 4.0, 5.0, 1.0, 0.5]);
+        assert_eq!(s[1].2, [3.0, 2.5, 4.0, 1.5, 0.1]);
+        assert_eq!((s[1].0, s[1].1), ("attention", Some(0)));
+        // The shares add up to the step, first start to last end.
+        assert_eq!(s.iter().map(|x| x.2[0]).sum::<f64>(), 8.0);
+    }
+}
