@@ -10,6 +10,7 @@ done
 . "$(dirname "${BASH_SOURCE[0]}")/hil-cublas.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 gguf_py() {
+  # The wheel is in .whl/ beside the scripts' checkout, or in the staged folder's own copy.
   python3 -c 'import gguf' 2>/dev/null \
-    || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site; }
+    || { python3 -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/gguf-*.whl "$h"/.whl/gguf-*.whl 2>/dev/null | head -1) && export PYTHONPATH=/tmp/site; }
 }
