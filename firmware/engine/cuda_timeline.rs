@@ -44,6 +44,8 @@ pub struct LaunchTimes {
 /// The slots: a device buffer of four u64 a launch, and the labels, in launch order.
 pub(super) struct Timeline {
     buf: DeviceBuffer,
+    /// Slots in `buf` (`max_launches`).
+    slots: usize,
     labels: RefCell<Vec<LaunchLabel>>,
 }
 
@@ -58,6 +60,7 @@ impl Timeline {
         let n = max_launches(layers);
         Ok(Timeline {
             buf: gpu.alloc(n * 32)?,
+            slots: n,
             labels: RefCell::new(Vec::with_capacity(n)),
         })
     }
@@ -78,8 +81,9 @@ impl CudaEngine<'_> {
             return (0, 0);
         };
         let mut labels = t.labels.borrow_mut();
+        // (The buffer's size, not the Vec's capacity, which may be larger.)
         assert!(
-            labels.len() < labels.capacity(),
+            labels.len() < t.slots,
             "more launches in a step than the timeline holds"
         );
         labels.push(label);
@@ -99,7 +103,7 @@ impl CudaEngine<'_> {
                 "no timeline: boot with CudaOptions::timeline".into(),
             ));
         };
-        let n = max_launches(self.layers.len());
+        let n = t.slots;
         // Minima start at u64::MAX, maxima at 0.
         let init: Vec<u8> = (0..n)
             .flat_map(|_| [u64::MAX, u64::MAX, 0, 0])

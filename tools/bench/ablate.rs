@@ -92,7 +92,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("norm-in-block", "cuda", "every product that reads the normed residual norms it in each block, at any size"),
     ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
     ("no-prefetch-ahead", "cuda", "sm_90: no product kernel pulls the next product's weights into L2 as it starts"),
-    ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a quarter of the L2)"),
+    ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a twelfth of the L2)"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
