@@ -166,15 +166,15 @@ struct AttendShared {
     int last;
 };
 
-template <int KV, bool CLUSTER>
+template <int KV, bool CLUSTER, typename Wait>
 __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
                        const float* qkv, int n_heads, int n_kv_heads, int head_dim, float base,
                        int half_split, int pos, float* kcache, float* vcache, float* kscales,
                        float* vscales, bool key_scaled, float fk, float* xf, i8* xq,
-                       float* apart, unsigned* acount, bool cluster_join = CLUSTER) {
+                       float* apart, unsigned* acount, bool cluster_join, Wait wait) {
     // (KV: what the cache holds, KV_F32, KV_I8 or KV_F16; CLUSTER: compiled for the cluster
     // kernel; cluster_join: this call's slices are a cluster, joined in shared memory, else
-    // through L2.)
+    // through L2; wait: the wait for the kernel before, called once, before qkv is read.)
     constexpr bool I8 = KV == KV_I8, HALF = KV == KV_F16;
     float *qh = sh.qh, *kh = sh.kh, *vh = sh.vh, *qd = sh.qd, *kd = sh.kd, *vd = sh.vd;
     i8 *qq = sh.qq, *kq = sh.kq, *vq = sh.vq;
@@ -187,25 +187,33 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
     int t_begin = slice * chunk, t_end = min(pos + 1, t_begin + chunk);
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
-    // Pairs of the q heads, then of k, rotated as the CPU's rope. qkv was written by the kernel
-    // before, on other multiprocessors: read through L2 (__ldcg).
-    for (int t = threadIdx.x; t < (hb + 1) * half; t += blockDim.x) {
-        int which = t / half, i = t % half;
+    // Pairs of the q heads, then of k, rotated as the CPU's rope: thread t < n_rot rotates pair
+    // t % half of head t / half (head hb is k), the next head_dim threads copy v; one item a
+    // thread (hb * head_dim <= 1024 and head_dim <= 256: at most 896 items, 1024 threads). The
+    // angle needs only the position, so it is made before the wait; after it, the one round
+    // trip that loads q, k and v. qkv was written by the kernel before, on other
+    // multiprocessors: read through L2 (__ldcg).
+    int n_rot = (hb + 1) * half, t = threadIdx.x;
+    int which = t / half, i = t % half;
+    int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
+    float s = 0.0f, c = 1.0f;
+    if (t < n_rot) {
+        float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
+        sincosf((float)pos * freq, &s, &c);
+    }
+    wait();
+    if (t < n_rot) {
         const float* src = which < hb ? qkv + (h0 + which) * head_dim : ksrc;
         float* dst = which < hb ? qh + which * head_dim : kh;
-        float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
-        float s, c;
-        sincosf((float)pos * freq, &s, &c);
-        int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
         float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
         dst[a] = x0 * c - x1 * s;
         dst[b] = x0 * s + x1 * c;
         // The half cache's k (and v below) as stored: p attends over its cache values.
         if (HALF && which == hb) sh.kh16[a] = f2h(dst[a]), sh.kh16[b] = f2h(dst[b]);
-    }
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        vh[i] = __ldcg(vsrc + i);
-        if (HALF) sh.vh16[i] = f2h(vh[i]);
+    } else if (t < n_rot + head_dim) {
+        int j = t - n_rot;
+        vh[j] = __ldcg(vsrc + j);
+        if (HALF) sh.vh16[j] = f2h(vh[j]);
     }
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -467,19 +475,26 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     }
     __shared__ AttendShared sh;
     trace_mark(trace, trace_slot, TRACE_START);
-    pdl_start(pdl);
-    trace_mark(trace, trace_slot, TRACE_WAITED);
+    if (pdl != PDL_OFF) pdl_launch_next();
+    // The position is fixed for the step (common.cuh, programmatic dependent launch): the plan
+    // and the rotary embedding's angles are made before the wait, off the step's chain.
     int pos = state[1];
+    auto wait = [&]() {
+        pdl_wait();
+        trace_mark(trace, trace_slot, TRACE_WAITED);
+    };
     AttentionWork w = attention_work<CLUSTER>(pos, n_heads, n_kv_heads, max_slices, slice_positions,
                                               max_group_slices, group_from, cluster,
                                               cluster_slice, cluster_until);
     if (w.what == WORK_PREFETCH) {
+        wait();
         prefetch_l2(pf, pf_lines, (blockIdx.x - w.items) * blockDim.x + threadIdx.x,
                     (gridDim.x - w.items) * blockDim.x);
         trace_mark(trace, trace_slot, TRACE_END);
         return;
     }
     if (w.what == WORK_IDLE) {
+        wait();
         trace_mark(trace, trace_slot, TRACE_END);
         return;
     }
@@ -488,7 +503,8 @@ __device__ void attention_launch(const float* qkv, int n_heads, int n_kv_heads, 
     // as `cluster_join` says: a second would raise its registers into spills.)
     attend<KV, CLUSTER>(sh, w.h0, w.hb, w.slice, w.slices, qkv, n_heads, n_kv_heads, head_dim,
                         base, half_split, pos, kcache, vcache, kscales, vscales,
-                        key_scale != nullptr, fk, xf, xq, apart, acount + w.unit, w.cluster_join);
+                        key_scale != nullptr, fk, xf, xq, apart, acount + w.unit, w.cluster_join,
+                        wait);
     trace_mark(trace, trace_slot, TRACE_END);
 }
 

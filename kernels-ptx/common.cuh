@@ -110,9 +110,13 @@ __device__ __forceinline__ void quant_lane(float v, int blk, i8* qs, float* qd, 
 
 // Programmatic dependent launch (sm_90: H100/H200; engine.rs `DependentLaunch`). The host
 // may launch each kernel while the one before still runs; the kernel then reads and writes
-// nothing of the step (activations, counters, state, KV cache) before `pdl_wait`, which
-// returns once the kernel before has finished and its writes are visible. Only weights, which
-// never change, may be touched first. `pdl`: 0 = off (the launch did not ask; the wait
+// nothing of the step (activations, counters, KV cache) before `pdl_wait`, which returns once
+// the kernel before has finished and its writes are visible. Only weights, which never change,
+// and the step's state (token and position) may be read first: only the step's last kernel
+// writes the state, once every other kernel of the step has finished, and the step's first
+// kernel starts only once the step before has finished (engine/cuda_launch.rs `record_embed`:
+// an ordered launch), so it is fixed while the step's kernels run (attention reads the
+// position first, docs/HIL.md round 36). `pdl`: 0 = off (the launch did not ask; the wait
 // returns at once); 1 = on: the next kernel may launch as soon as all of this one's blocks
 // run; 2 = on, and each product block also pulls its first weights into L2 while it waits (an
 // ablation: it helped the smallest model and slowed the big products, docs/HIL.md round 10).

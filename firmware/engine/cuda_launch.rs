@@ -105,7 +105,9 @@ impl CudaEngine<'_> {
         self.record_head()
     }
 
-    /// Embedding of the token, and the first layer's normed input.
+    /// Embedding of the token, and the first layer's normed input. The step's first kernel is
+    /// an ordered launch (it starts once the step before has finished), so the step's state is
+    /// fixed while its kernels run and they may read it before their wait (common.cuh).
     pub(super) fn record_embed(&self) -> CudaResult<()> {
         let h = &self.hyper;
         let (g, k, a) = (&self.gpu, &self.k, &self.a);
@@ -115,10 +117,9 @@ impl CudaEngine<'_> {
             .first()
             .map_or(self.output_norm, |l| l.attn_norm);
         let (trace, slot) = self.timeline_slot(LaunchLabel::of("embed", None));
-        g.launch(
+        g.launch_ordered(
             k.embed,
-            1,
-            256,
+            (1, 256),
             KernelArgs::default()
                 .i32(e.ty as i32)
                 .ptr(e.q)

@@ -202,6 +202,11 @@ fn run_gpu(
             (_, MemoryModel::Unified) => DependentLaunch::Off,
             _ => DependentLaunch::Prefetch,
         },
+        // And the graph: each kernel launched in the narrow discrete runs (where dependent
+        // launch is on), so `greedy_run` below launches steps back to back without one, each
+        // step's first kernel ordered after the step before (attention reads the position
+        // before its wait).
+        graph: !(products == ProductKernels::Narrow && memory == MemoryModel::Discrete),
         ..CudaOptions::default()
     };
     let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
@@ -215,6 +220,16 @@ fn run_gpu(
         tokens.push(tok);
         tok = gpu.forward_greedy(tok, prompt.len() + i);
     }
+    // The same 64 positions again, steps launched back to back with one synchronization at
+    // the end (the device state carries each pick to the next step): the same tokens.
+    let mut back_to_back = [0u32; 64];
+    gpu.greedy_run(tokens[0], prompt.len(), &mut back_to_back)
+        .unwrap_or_else(|e| panic!("greedy_run: {e}"));
+    assert_eq!(
+        back_to_back[..63],
+        tokens[1..],
+        "steps launched back to back pick other tokens than one at a time"
+    );
     Ok((logits, tokens, gpu.int8_activations, gpu.kv_precision))
 }
 

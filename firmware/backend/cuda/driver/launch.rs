@@ -43,7 +43,14 @@ impl Gpu {
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
         if self.dependent_launch {
-            return self.launch_ex(f, grid, block, shared, 0, &mut ptrs);
+            return self.launch_ex(
+                f,
+                grid,
+                block,
+                shared,
+                launch_attributes(true, 0),
+                &mut ptrs,
+            );
         }
         // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
         // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
@@ -68,6 +75,23 @@ impl Gpu {
         }
     }
 
+    /// `launch`, but `f` (`dims`: grid and block) starts only once all work before it on the
+    /// stream has finished, even where dependent launch is on (a decode step's first kernel:
+    /// the kernels after it may then read the step's state before their wait, common.cuh's
+    /// `pdl_wait`).
+    pub fn launch_ordered(
+        &self,
+        f: Function,
+        (grid, block): (u32, u32),
+        args: &mut KernelArgs,
+    ) -> CudaResult<()> {
+        if !self.dependent_launch {
+            return self.launch(f, grid, block, args);
+        }
+        let mut ptrs = args.pointers();
+        self.launch_ex(f, grid, block, 0, launch_attributes(false, 0), &mut ptrs)
+    }
+
     /// `launch` as clusters of `cluster` consecutive blocks (sm_90: thread block clusters,
     /// whose blocks run at once and share their shared memory); `grid` is a multiple of it.
     pub fn launch_cluster(
@@ -79,7 +103,8 @@ impl Gpu {
         args: &mut KernelArgs,
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
-        self.launch_ex(f, grid, block, 0, cluster, &mut ptrs)
+        let attrs = launch_attributes(self.dependent_launch, cluster);
+        self.launch_ex(f, grid, block, 0, attrs, &mut ptrs)
     }
 
     /// Clusters of `cluster` blocks of `f` (`block` threads) the GPU runs at once.
@@ -119,8 +144,8 @@ impl Gpu {
         }
     }
 
-    /// `launch_shared` through `cuLaunchKernelEx`: with the programmatic-stream-serialization
-    /// attribute where `dependent_launch` is set, and as clusters of `cluster` blocks (0: none).
+    /// `launch_shared` through `cuLaunchKernelEx` with `attrs` (`launch_attributes`: dependent
+    /// launch, clusters).
     /// A path of its own: `cuLaunchKernelEx` came with CUDA 11.8, so the plain launch stays
     /// `cuLaunchKernel`, which older drivers have too (JetPack 5 ships CUDA 11.4).
     fn launch_ex(
@@ -129,10 +154,9 @@ impl Gpu {
         grid: u32,
         block: u32,
         shared: u32,
-        cluster: u32,
+        mut attrs: (usize, [sys::CUlaunchAttribute; 2]),
         ptrs: &mut [*mut c_void; 32],
     ) -> CudaResult<()> {
-        let mut attrs = launch_attributes(self.dependent_launch, cluster);
         let config = self.launch_config(grid, block, shared, &mut attrs);
         // SAFETY: as `launch_shared`'s parameters; `config` and the attributes it points at live
         // until the call returns (the driver copies them).
