@@ -43,14 +43,8 @@ impl Gpu {
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
         if self.dependent_launch {
-            return self.launch_ex(
-                f,
-                grid,
-                block,
-                shared,
-                launch_attributes(true, 0),
-                &mut ptrs,
-            );
+            let attrs = launch_attributes(true, 0);
+            return self.launch_ex(f, grid, block, shared, attrs, &mut ptrs);
         }
         // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
         // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
