@@ -46,6 +46,31 @@ impl Gpu {
             let attrs = launch_attributes(true, 0);
             return self.launch_ex(f, grid, block, shared, attrs, &mut ptrs);
         }
+        self.launch_plain(f, grid, block, shared, &mut ptrs)
+    }
+
+    /// `launch`, but `f` (`dims`: grid and block) starts only once all work before it on the
+    /// stream has finished, even where dependent launch is on (a decode step's first kernel:
+    /// the kernels after it may then read the step's state before their wait, common.cuh's
+    /// `pdl_wait`): the plain launch, which never asks for programmatic serialization.
+    pub fn launch_ordered(
+        &self,
+        f: Function,
+        (grid, block): (u32, u32),
+        args: &mut KernelArgs,
+    ) -> CudaResult<()> {
+        self.launch_plain(f, grid, block, 0, &mut args.pointers())
+    }
+
+    /// `cuLaunchKernel`: no launch attributes, so `f` starts after the work before it.
+    fn launch_plain(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        ptrs: &mut [*mut c_void; 32],
+    ) -> CudaResult<()> {
         // SAFETY: every pointer in `ptrs` points at a live 8-byte slot holding the parameter in
         // its first bytes (little-endian), which is how the driver reads parameters of 4 or 8
         // bytes; the kernel's signature is matched by the caller (firmware/backend/cuda/mod.rs).
@@ -67,23 +92,6 @@ impl Gpu {
                 ),
             )
         }
-    }
-
-    /// `launch`, but `f` (`dims`: grid and block) starts only once all work before it on the
-    /// stream has finished, even where dependent launch is on (a decode step's first kernel:
-    /// the kernels after it may then read the step's state before their wait, common.cuh's
-    /// `pdl_wait`).
-    pub fn launch_ordered(
-        &self,
-        f: Function,
-        (grid, block): (u32, u32),
-        args: &mut KernelArgs,
-    ) -> CudaResult<()> {
-        if !self.dependent_launch {
-            return self.launch(f, grid, block, args);
-        }
-        let mut ptrs = args.pointers();
-        self.launch_ex(f, grid, block, 0, launch_attributes(false, 0), &mut ptrs)
     }
 
     /// `launch` as clusters of `cluster` consecutive blocks (sm_90: thread block clusters,
