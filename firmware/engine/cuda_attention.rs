@@ -26,6 +26,8 @@ pub struct AttentionSplit {
     pub cluster_until: usize,
     /// Blocks the GPU runs at once as clusters: the cluster launch's grid, at most.
     pub cluster_wave: usize,
+    /// Threads of an attention block (`CudaOptions::attention_threads`).
+    pub threads: usize,
 }
 
 impl AttentionSplit {
@@ -56,6 +58,7 @@ impl AttentionSplit {
                     (h.n_heads, h.n_kv_heads, h.head_dim),
                     int8_kv,
                     slice,
+                    opts.attention_threads,
                 ),
                 match mode {
                     GroupedAttention::Always => slice,
@@ -71,6 +74,7 @@ impl AttentionSplit {
             cluster_slice: 0,
             cluster_until: 0,
             cluster_wave: 0,
+            threads: opts.attention_threads,
         }
     }
 
@@ -179,19 +183,23 @@ fn group_from(l2_bytes: usize, position_bytes: usize, attention_slice: usize) ->
 /// among them), on a GPU that runs `resident` attention blocks at once: one wave over the kv
 /// heads. 0 (grouped mode off) where splitting is off, the heads are not grouped, or a group
 /// does not fit a block: its queries and outputs (group x head_dim floats) in 1024 floats of
-/// shared memory, a warp a head at least, and with an int8 cache a warp for each group of 32 of
-/// k, v and every query.
+/// shared memory, a warp a head at least, with an int8 cache a warp for each group of 32 of
+/// k, v and every query, and a thread for each pair of q and k it rotates and each value of v
+/// (`threads` a block).
 fn max_group_slices(
     resident: usize,
     (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
     int8_kv: bool,
     attention_slice: usize,
+    threads: usize,
 ) -> usize {
     let group = n_heads / n_kv_heads.max(1);
+    let warps = threads / 32;
     let fits = group > 1
-        && group <= 32
+        && group <= warps
         && group * head_dim <= 1024
-        && (!int8_kv || (2 + group) * (head_dim / 32) <= 32);
+        && (group + 1) * head_dim / 2 + head_dim <= threads
+        && (!int8_kv || (2 + group) * (head_dim / 32) <= warps);
     if attention_slice == 0 || !fits {
         return 0;
     }
@@ -224,38 +232,52 @@ mod tests {
     #[test]
     fn grouped_attention_splits_kv_heads_into_one_wave_where_a_group_fits() {
         assert_eq!(
-            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE),
+            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE, 1024),
             66
         );
         assert_eq!(
-            max_group_slices(132, (12, 2, 128), true, ATTENTION_SLICE),
+            max_group_slices(132, (12, 2, 128), true, ATTENTION_SLICE, 1024),
             66
         );
-        assert_eq!(max_group_slices(132, (9, 3, 64), true, ATTENTION_SLICE), 44);
         assert_eq!(
-            max_group_slices(16, (12, 2, 128), false, ATTENTION_SLICE),
+            max_group_slices(132, (9, 3, 64), true, ATTENTION_SLICE, 1024),
+            44
+        );
+        assert_eq!(
+            max_group_slices(16, (12, 2, 128), false, ATTENTION_SLICE, 1024),
             8
         );
         assert_eq!(
-            max_group_slices(132, (32, 32, 128), false, ATTENTION_SLICE),
+            max_group_slices(132, (32, 32, 128), false, ATTENTION_SLICE, 1024),
             0
         );
         assert_eq!(
-            max_group_slices(132, (16, 2, 256), false, ATTENTION_SLICE),
+            max_group_slices(132, (16, 2, 256), false, ATTENTION_SLICE, 1024),
             0
         );
         assert_eq!(
-            max_group_slices(132, (16, 2, 128), false, ATTENTION_SLICE),
+            max_group_slices(132, (16, 2, 128), false, ATTENTION_SLICE, 1024),
             66
         );
         assert_eq!(
-            max_group_slices(132, (16, 2, 128), true, ATTENTION_SLICE),
+            max_group_slices(132, (16, 2, 128), true, ATTENTION_SLICE, 1024),
             0
         );
-        assert_eq!(max_group_slices(132, (12, 2, 128), false, 0), 0);
+        assert_eq!(max_group_slices(132, (12, 2, 128), false, 0, 1024), 0);
+        // Blocks of 512 threads: the 1.5B shape's group of 6 needs 576 to rotate its q and k
+        // and copy v; SmolLM2's group of 3 (heads of 64) fits, int8 cache too, over twice the
+        // blocks.
+        assert_eq!(
+            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE, 512),
+            0
+        );
+        assert_eq!(
+            max_group_slices(264, (9, 3, 64), true, ATTENTION_SLICE, 512),
+            88
+        );
         // The join's shared memory caps the parts: 4096 over a group of 8.
         assert_eq!(
-            max_group_slices(100_000, (16, 2, 64), false, ATTENTION_SLICE),
+            max_group_slices(100_000, (16, 2, 64), false, ATTENTION_SLICE, 1024),
             512
         );
     }
@@ -281,6 +303,7 @@ mod tests {
             cluster_slice: 0,
             cluster_until: 0,
             cluster_wave: 0,
+            threads: 1024,
         };
         // The 1.5B shape: clusters from 64 positions (a quarter of the split's 256) to 2,048,
         // where the split through L2 would take 9 slices a head; that one then up to 10: the

@@ -355,7 +355,30 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
-        let attention_per_sm = gpu.blocks_per_sm(k.attention, 1024, 0).map_err(cuda)?;
+        // An attention block rotates q and k and copies v one item a thread, and quantizes an
+        // int8 cache's k, v and q a warp a group of 32 (attention.cuh's `attend`).
+        let threads = opts.attention_threads;
+        let int8_warps = 3 * h.head_dim / 32;
+        if threads == 0
+            || threads > 1024
+            || !threads.is_multiple_of(32)
+            || threads < 2 * h.head_dim
+            || (kv_precision == crate::kv::KvPrecision::I8 && threads / 32 < int8_warps)
+        {
+            return Err(EngineError::Unsupported(format!(
+                "decode attention in blocks of {threads} threads: a multiple of 32 up to 1024 and at least {} for heads of {}{}",
+                2 * h.head_dim,
+                h.head_dim,
+                if kv_precision == crate::kv::KvPrecision::I8 {
+                    format!(" ({} with the int8 cache)", 32 * int8_warps)
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        let attention_per_sm = gpu
+            .blocks_per_sm(k.attention, threads as u32, 0)
+            .map_err(cuda)?;
         let split = AttentionSplit::plan(
             gpu.sm_count as usize * attention_per_sm as usize,
             gpu.l2_bytes.max(0) as usize,
@@ -367,7 +390,7 @@ impl<'a> CudaEngine<'a> {
         // decides their size (a failed query: none).
         let split = if opts.cluster_attention && gpu.compute_capability.0 >= 9 {
             let c = attention::cluster_size(split.max_slices, h.n_heads, |c| {
-                gpu.max_active_clusters(k.attention_cluster, 1024, c as u32)
+                gpu.max_active_clusters(k.attention_cluster, threads as u32, c as u32)
                     .map_or(0, |n| n as usize)
             });
             split.with_cluster(

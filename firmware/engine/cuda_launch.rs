@@ -227,8 +227,19 @@ impl CudaEngine<'_> {
         let (trace, slot) = self.timeline_slot(LaunchLabel::of("attention", Some(l)));
         args.ptr(trace).i32(slot);
         match self.split.cluster {
-            0 => g.launch(k.attention, grid as u32, 1024, &mut args)?,
-            c => g.launch_cluster(k.attention_cluster, grid as u32, 1024, c as u32, &mut args)?,
+            0 => g.launch(
+                k.attention,
+                grid as u32,
+                self.split.threads as u32,
+                &mut args,
+            )?,
+            c => g.launch_cluster(
+                k.attention_cluster,
+                grid as u32,
+                self.split.threads as u32,
+                c as u32,
+                &mut args,
+            )?,
         }
         // Added to the residual (whose norm is the FFN's input).
         self.matvec(
@@ -309,7 +320,8 @@ impl CudaEngine<'_> {
     /// What the attention launch pulls into L2 for the products after it: from wo's first
     /// array up to down's (wo, the FFN norm, gate/up: the image keeps a layer's arrays in this
     /// order), at most half of the L2, as 128-byte lines; and how many blocks do it (one per
-    /// multiprocessor, each of 1024 threads, so one line or a few each).
+    /// multiprocessor, each of `CudaOptions::attention_threads` threads, so one line or a few
+    /// each).
     fn prefetch_after_attention(&self, w: &GpuLayer) -> (u64, usize, usize) {
         if !self.prefetch {
             return (0, 0, 0);

@@ -52,6 +52,8 @@ pub enum Ablation {
     AttentionSlice(usize),
     /// CUDA (sm_90): clusters up to position N, the split through L2 from there.
     ClusterUntil(usize),
+    /// CUDA: decode's attention blocks of N threads (1024 otherwise).
+    AttentionThreads(usize),
 
     /// CUDA: a long context's attention split per query head, not per kv head.
     PerHeadAttention,
@@ -95,6 +97,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a twelfth of the L2)"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
+    ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than 1024: two or more a multiprocessor, beside other kernels' blocks"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
@@ -171,6 +174,16 @@ impl Ablation {
                 )),
             };
         }
+        if let Some(n) = s.strip_prefix("attention-threads=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n > 0 && n <= 1024 && n.is_multiple_of(32) => {
+                    Ok(Ablation::AttentionThreads(n))
+                }
+                _ => Err(format!(
+                    "attention-threads takes a multiple of 32 up to 1024, not '{n}'"
+                )),
+            };
+        }
         if let Some(n) = s.strip_prefix("prefetch-ahead=") {
             return match n.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Ablation::PrefetchAhead(n)),
@@ -222,6 +235,7 @@ impl Ablation {
             NoSplitAttention => "no-split-attention".into(),
             AttentionSlice(n) => format!("attention-slice={n}"),
             ClusterUntil(n) => format!("cluster-until={n}"),
+            AttentionThreads(n) => format!("attention-threads={n}"),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
             NoClusterAttention => "no-cluster-attention".into(),
@@ -279,6 +293,7 @@ impl Ablation {
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
             ClusterUntil(n) => o.cluster_until = n,
+            AttentionThreads(n) => o.attention_threads = n,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
             GroupedAttention => {
                 o.grouped_attention = GroupedAttentionMode::Always;
@@ -304,7 +319,7 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 4);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 5);
         for (name, backend, _) in ABLATIONS {
             let name = name.replace("=N", "=64");
             let a = Ablation::parse(&name).unwrap();
@@ -330,9 +345,11 @@ mod tests {
         Ablation::AttentionSlice(64).apply_cuda(&mut o);
         Ablation::ClusterUntil(4608).apply_cuda(&mut o);
         Ablation::PrefetchAhead(8).apply_cuda(&mut o);
+        Ablation::AttentionThreads(512).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
+            attention_threads: 512,
             cluster_until: 4608,
             prefetch_ahead: Some(8 << 20),
             ..CudaOptions::default()

@@ -22,6 +22,9 @@ use leanstream_tools::bench::rel_err;
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f16 cache (f16), the f32 one (f16, asked for) and the int8 one (w8a8, where the head
 /// allows).
+/// Attention blocks of 1,024 threads (the default).
+const WHOLE: usize = 1024;
+
 #[test]
 fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
     let Some(mut models) = parity_models() else {
@@ -56,7 +59,8 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
         ] {
             let run = |attention_slice: usize,
                        grouped_attention: GroupedAttention,
-                       cluster_attention: bool| {
+                       cluster_attention: bool,
+                       attention_threads: usize| {
                 let mut arenas = Arenas::from_board().unwrap();
                 let opts = CudaOptions {
                     context: n,
@@ -65,6 +69,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                     attention_slice,
                     grouped_attention,
                     cluster_attention,
+                    attention_threads,
                     ..CudaOptions::default()
                 };
                 let mut gpu = CudaEngine::boot(&mut arenas, file, opts)?;
@@ -80,7 +85,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split(), sm90))
             };
             let what = format!("{name} {precision} {kv:?} KV");
-            let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false) {
+            let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false, WHOLE) {
                 Ok(r) => r,
                 Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
                     eprintln!("skipped: long attention {what}: {why}");
@@ -90,17 +95,19 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
             };
             let tol = if int8 { 5e-2 } else { 1e-3 };
             let slice = leanstream::engine::cuda_options::ATTENTION_SLICE;
-            for (label, slice, grouped, cluster) in [
-                ("per head, joined through L2", slice, false, false),
-                ("per head, clusters", slice, false, true),
+            for (label, slice, grouped, cluster, blocks) in [
+                ("per head, joined through L2", slice, false, false, WHOLE),
+                ("per head, clusters", slice, false, true, WHOLE),
                 // Clusters from 8 positions, the split through L2 from max_slices x 32 on
                 // (at most 288 for these models): both paths of the cluster kernel.
-                ("clusters, then joined through L2", 32, false, true),
-                ("grouped", slice, true, false),
+                ("clusters, then joined through L2", 32, false, true, WHOLE),
+                ("grouped", slice, true, false, WHOLE),
                 // Clusters of a query head's slices to 256 positions, then grouped blocks
                 // joined through L2 in the cluster kernel (sm_90: what `Auto` runs past
                 // `group_from`; elsewhere the same as "grouped").
-                ("clusters, then grouped", 32, true, true),
+                ("clusters, then grouped", 32, true, true, WHOLE),
+                // Blocks of 512 threads (`attention-threads=512`), two a multiprocessor.
+                ("per head, 512 threads", slice, false, false, 512),
             ] {
                 let mode = if grouped {
                     GroupedAttention::Always
@@ -108,7 +115,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                     GroupedAttention::Never
                 };
                 let (logits, _, split, sm90) =
-                    run(slice, mode, cluster).expect("boots as the reference did");
+                    run(slice, mode, cluster, blocks).expect("boots as the reference did");
                 let (slices, group_slices) = (split.max_slices, split.max_group_slices);
                 if grouped && h.n_heads > h.n_kv_heads {
                     assert!(group_slices > 0, "{what}: grouped attention is off");
