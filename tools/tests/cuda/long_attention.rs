@@ -94,6 +94,18 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 Err(e) => panic!("{what}: boot failed: {e}"),
             };
             let tol = if int8 { 5e-2 } else { 1e-3 };
+            // Blocks too small for a head (a thread an item of its rotation: 2 x head_dim) are
+            // refused at boot, in a sentence.
+            if 2 * h.head_dim > 32 {
+                match run(0, GroupedAttention::Never, false, 2 * h.head_dim - 32) {
+                    Err(EngineError::Unsupported(why)) => assert!(
+                        why.contains("decode attention in blocks of"),
+                        "{what}: {why}"
+                    ),
+                    Err(e) => panic!("{what}: small attention blocks: another error: {e}"),
+                    Ok(_) => panic!("{what}: attention blocks too small for a head booted"),
+                }
+            }
             let slice = leanstream::engine::cuda_options::ATTENTION_SLICE;
             for (label, slice, grouped, cluster, blocks) in [
                 ("per head, joined through L2", slice, false, false, WHOLE),
