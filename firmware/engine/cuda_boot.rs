@@ -359,8 +359,7 @@ impl<'a> CudaEngine<'a> {
         // int8 cache's k, v and q a warp a group of 32 (attention.cuh's `attend`).
         let threads = opts.attention_threads;
         let int8_warps = 3 * h.head_dim / 32;
-        if threads == 0
-            || threads > 1024
+        if threads > 1024
             || !threads.is_multiple_of(32)
             || threads < 2 * h.head_dim
             || (kv_precision == crate::kv::KvPrecision::I8 && threads / 32 < int8_warps)

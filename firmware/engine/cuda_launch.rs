@@ -226,20 +226,10 @@ impl CudaEngine<'_> {
             .i32(self.pdl);
         let (trace, slot) = self.timeline_slot(LaunchLabel::of("attention", Some(l)));
         args.ptr(trace).i32(slot);
+        let (grid, threads) = (grid as u32, self.split.threads as u32);
         match self.split.cluster {
-            0 => g.launch(
-                k.attention,
-                grid as u32,
-                self.split.threads as u32,
-                &mut args,
-            )?,
-            c => g.launch_cluster(
-                k.attention_cluster,
-                grid as u32,
-                self.split.threads as u32,
-                c as u32,
-                &mut args,
-            )?,
+            0 => g.launch(k.attention, grid, threads, &mut args)?,
+            c => g.launch_cluster(k.attention_cluster, grid, threads, c as u32, &mut args)?,
         }
         // Added to the residual (whose norm is the FFN's input).
         self.matvec(
