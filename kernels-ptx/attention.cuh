@@ -187,33 +187,42 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
     int t_begin = slice * chunk, t_end = min(pos + 1, t_begin + chunk);
     const float* ksrc = qkv + q_dim + kvh * head_dim;
     const float* vsrc = qkv + q_dim + kv_dim + kvh * head_dim;
-    // Pairs of the q heads, then of k, rotated as the CPU's rope: thread t < n_rot rotates pair
-    // t % half of head t / half (head hb is k), the next head_dim threads copy v; one item a
-    // thread (hb * head_dim <= 1024 and head_dim <= 256: at most 896 items, 1024 threads). The
-    // angle needs only the position, so it is made before the wait; after it, the one round
-    // trip that loads q, k and v. qkv was written by the kernel before, on other
-    // multiprocessors: read through L2 (__ldcg).
-    int n_rot = (hb + 1) * half, t = threadIdx.x;
-    int which = t / half, i = t % half;
-    int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
-    float s = 0.0f, c = 1.0f;
-    if (t < n_rot) {
-        float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
-        sincosf((float)pos * freq, &s, &c);
+    // Pairs of the q heads, then of k, rotated as the CPU's rope: item t < n_rot rotates pair
+    // t % half of head t / half (head hb is k), the next head_dim items copy v. At most 896
+    // items (hb * head_dim <= 1024, head_dim <= 256), and a block has at least half as many
+    // threads (the host's `group_fits`, and 2 * head_dim for a head alone): a thread takes
+    // item threadIdx.x and item threadIdx.x + blockDim.x. The angle needs only the position, so
+    // it is made before the wait; after it, the one round trip that loads q, k and v. qkv was
+    // written by the kernel before, on other multiprocessors: read through L2 (__ldcg).
+    int n_rot = (hb + 1) * half;
+    float s[2] = {0.0f, 0.0f}, c[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int t = threadIdx.x + r * blockDim.x, i = t % half;
+        if (t < n_rot) {
+            float freq = powf(base, -((float)(2 * i)) / (float)head_dim);
+            sincosf((float)pos * freq, &s[r], &c[r]);
+        }
     }
     wait();
-    if (t < n_rot) {
-        const float* src = which < hb ? qkv + (h0 + which) * head_dim : ksrc;
-        float* dst = which < hb ? qh + which * head_dim : kh;
-        float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
-        dst[a] = x0 * c - x1 * s;
-        dst[b] = x0 * s + x1 * c;
-        // The half cache's k (and v below) as stored: p attends over its cache values.
-        if (HALF && which == hb) sh.kh16[a] = f2h(dst[a]), sh.kh16[b] = f2h(dst[b]);
-    } else if (t < n_rot + head_dim) {
-        int j = t - n_rot;
-        vh[j] = __ldcg(vsrc + j);
-        if (HALF) sh.vh16[j] = f2h(vh[j]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int t = threadIdx.x + r * blockDim.x;
+        int which = t / half, i = t % half;
+        int a = half_split ? i : 2 * i, b = half_split ? i + half : 2 * i + 1;
+        if (t < n_rot) {
+            const float* src = which < hb ? qkv + (h0 + which) * head_dim : ksrc;
+            float* dst = which < hb ? qh + which * head_dim : kh;
+            float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
+            dst[a] = x0 * c[r] - x1 * s[r];
+            dst[b] = x0 * s[r] + x1 * c[r];
+            // The half cache's k (and v below) as stored: p attends over its cache values.
+            if (HALF && which == hb) sh.kh16[a] = f2h(dst[a]), sh.kh16[b] = f2h(dst[b]);
+        } else if (t < n_rot + head_dim) {
+            int j = t - n_rot;
+            vh[j] = __ldcg(vsrc + j);
+            if (HALF) sh.vh16[j] = f2h(vh[j]);
+        }
     }
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -374,7 +383,8 @@ __device__ void attend(AttendShared& sh, int h0, int hb, int slice, int slices,
         float* xd = (float*)(xq + q_dim);
         int* xs = (int*)(xd + q_dim / 32);
         int blocks = head_dim / 32;
-        if (warp < hb * blocks) quant_lane(qh[warp * 32 + lane], h0 * blocks + warp, xq, xd, xs);
+        // A warp a block of 32 (two each where a grouped block of 16 warps has 24 or 32).
+        for (int g = warp; g < hb * blocks; g += nw) quant_lane(qh[g * 32 + lane], h0 * blocks + g, xq, xd, xs);
     }
 }
 

@@ -26,29 +26,24 @@ pub struct AttentionSplit {
     pub cluster_until: usize,
     /// Blocks the GPU runs at once as clusters: the cluster launch's grid, at most.
     pub cluster_wave: usize,
-    /// Threads of an attention block (`CudaOptions::attention_threads`).
+    /// Threads of an attention block (`attention_threads`).
     pub threads: usize,
 }
 
 impl AttentionSplit {
-    /// The split on a GPU that runs `resident` attention blocks at once and has `l2_bytes` of
-    /// L2, for a model of `h` whose cache holds `kv`. Split attention fills the GPU with one
-    /// wave of attention blocks at most: a second wave would cost a whole block's time at once
-    /// (a step in latency per token).
+    /// The split on a GPU that runs `resident` attention blocks of `threads` threads at once
+    /// and has `l2_bytes` of L2, for a model of `h` whose cache holds `kv`. Split attention
+    /// fills the GPU with one wave of attention blocks at most: a second wave would cost a
+    /// whole block's time at once (a step in latency per token).
     pub(super) fn plan(
-        resident: usize,
+        (resident, threads): (usize, usize),
         l2_bytes: usize,
         h: &Hyper,
         kv: KvPrecision,
         opts: &CudaOptions,
     ) -> AttentionSplit {
-        let kv_dim = h.n_kv_heads * h.head_dim;
         let int8_kv = kv == KvPrecision::I8;
-        let position_bytes = if int8_kv {
-            2 * (kv_dim + kv_dim / 32 * 4)
-        } else {
-            2 * kv_dim * kv.value_bytes()
-        };
+        let position_bytes = position_bytes(h, kv);
         let slice = opts.attention_slice;
         let (max_group_slices, group_from) = match opts.grouped_attention {
             GroupedAttention::Never => (0, 0),
@@ -58,7 +53,7 @@ impl AttentionSplit {
                     (h.n_heads, h.n_kv_heads, h.head_dim),
                     int8_kv,
                     slice,
-                    opts.attention_threads,
+                    threads,
                 ),
                 match mode {
                     GroupedAttention::Always => slice,
@@ -74,7 +69,7 @@ impl AttentionSplit {
             cluster_slice: 0,
             cluster_until: 0,
             cluster_wave: 0,
-            threads: opts.attention_threads,
+            threads,
         }
     }
 
@@ -179,31 +174,89 @@ fn group_from(l2_bytes: usize, position_bytes: usize, attention_slice: usize) ->
 }
 
 /// Most blocks a kv head's attention is split over in grouped mode (attention.cuh's
-/// `attention_launch`: a block takes the `group` query heads of a kv head, its 32 warps split
-/// among them), on a GPU that runs `resident` attention blocks at once: one wave over the kv
-/// heads. 0 (grouped mode off) where splitting is off, the heads are not grouped, or a group
-/// does not fit a block: its queries and outputs (group x head_dim floats) in 1024 floats of
-/// shared memory, a warp a head at least, with an int8 cache a warp for each group of 32 of
-/// k, v and every query, and a thread for each pair of q and k it rotates and each value of v
-/// (`threads` a block).
+/// `attention_launch`: a block takes the `group` query heads of a kv head, its warps split
+/// among them), on a GPU that runs `resident` attention blocks of `threads` at once: one wave
+/// over the kv heads. 0 (grouped mode off) where splitting is off or a group does not fit a
+/// block (`group_fits`).
 fn max_group_slices(
     resident: usize,
-    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    heads: (usize, usize, usize),
     int8_kv: bool,
     attention_slice: usize,
     threads: usize,
 ) -> usize {
-    let group = n_heads / n_kv_heads.max(1);
-    let warps = threads / 32;
-    let fits = group > 1
-        && group <= warps
-        && group * head_dim <= 1024
-        && (group + 1) * head_dim / 2 + head_dim <= threads
-        && (!int8_kv || (2 + group) * (head_dim / 32) <= warps);
-    if attention_slice == 0 || !fits {
+    let (n_heads, n_kv_heads, _) = heads;
+    if attention_slice == 0 || !group_fits(heads, int8_kv, threads) {
         return 0;
     }
-    (resident / n_kv_heads).clamp(1, ATTENTION_JOIN_PARTS / group)
+    (resident / n_kv_heads).clamp(1, ATTENTION_JOIN_PARTS / (n_heads / n_kv_heads))
+}
+
+/// Whether a block of `threads` can take a kv head's query heads (grouped mode): the heads
+/// are grouped; their queries and outputs (group x head_dim floats) fit 1024 floats of shared
+/// memory; a warp a head at least; a thread for every two items of the pairs of q and k it
+/// rotates and the values of v; and with an int8 cache a warp for each group of 32 of k, v
+/// and every query.
+fn group_fits(
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    int8_kv: bool,
+    threads: usize,
+) -> bool {
+    let group = n_heads / n_kv_heads.max(1);
+    let warps = threads / 32;
+    group > 1
+        && group <= warps
+        && group * head_dim <= 1024
+        && (group + 1) * head_dim / 2 + head_dim <= 2 * threads
+        && (!int8_kv || (2 + group) * (head_dim / 32) <= warps)
+}
+
+/// Bytes of one position of one layer's keys and values in a cache of `kv`.
+fn position_bytes(h: &Hyper, kv: KvPrecision) -> usize {
+    let kv_dim = h.n_kv_heads * h.head_dim;
+    if kv == KvPrecision::I8 {
+        2 * (kv_dim + kv_dim / 32 * 4)
+    } else {
+        2 * kv_dim * kv.value_bytes()
+    }
+}
+
+/// Threads of a decode attention block: `CudaOptions::attention_threads`, or where that is 0
+/// the choice here. 512 by default: 16 warps, half the registers of 1024, so the attention
+/// blocks become resident beside the q/k/v product's last blocks rather than after them
+/// (docs/HIL.md rounds 38-39, an H100 at the 1.5B shape: decode after one token +1.3-3.3%
+/// against 1024; at 4,096 level, q8_0 +1.7%). 1024 where a head needs more (a thread for
+/// every two pairs of q and k and values of v: heads over 256; an int8 cache's warp a group of
+/// 32 of q, k and v), or where 512 would give up grouped mode (`group_fits`) at a position this
+/// engine's `context` reaches on a GPU with `l2_bytes` of L2 (`group_from`).
+pub(super) fn attention_threads(
+    h: &Hyper,
+    kv: KvPrecision,
+    l2_bytes: usize,
+    context: usize,
+    opts: &CudaOptions,
+) -> usize {
+    const SMALL: usize = 512;
+    if opts.attention_threads != 0 {
+        return opts.attention_threads;
+    }
+    let heads = (h.n_heads, h.n_kv_heads, h.head_dim);
+    let int8_kv = kv == KvPrecision::I8;
+    let head_fits = 2 * h.head_dim <= SMALL && (!int8_kv || 3 * h.head_dim / 32 <= SMALL / 32);
+    let grouped_from = match opts.grouped_attention {
+        GroupedAttention::Never => usize::MAX,
+        GroupedAttention::Always => opts.attention_slice,
+        GroupedAttention::Auto => group_from(l2_bytes, position_bytes(h, kv), opts.attention_slice),
+    };
+    let loses_grouped = opts.attention_slice > 0
+        && grouped_from < context
+        && group_fits(heads, int8_kv, 1024)
+        && !group_fits(heads, int8_kv, SMALL);
+    if head_fits && !loses_grouped {
+        SMALL
+    } else {
+        1024
+    }
 }
 
 #[cfg(test)]
@@ -264,11 +317,15 @@ mod tests {
             0
         );
         assert_eq!(max_group_slices(132, (12, 2, 128), false, 0, 1024), 0);
-        // Blocks of 512 threads: the 1.5B shape's group of 6 needs 576 to rotate its q and k
-        // and copy v; SmolLM2's group of 3 (heads of 64) fits, int8 cache too, over twice the
-        // blocks.
+        // Blocks of 512 threads (two a multiprocessor): the 1.5B shape's group of 6 (576
+        // items to rotate and copy, two a thread) fits, but not its int8 cache (8 groups of 4
+        // warps to quantize); SmolLM2's group of 3 (heads of 64) fits, int8 cache too.
         assert_eq!(
-            max_group_slices(132, (12, 2, 128), false, ATTENTION_SLICE, 512),
+            max_group_slices(264, (12, 2, 128), false, ATTENTION_SLICE, 512),
+            132
+        );
+        assert_eq!(
+            max_group_slices(264, (12, 2, 128), true, ATTENTION_SLICE, 512),
             0
         );
         assert_eq!(
@@ -351,5 +408,38 @@ mod tests {
             group_from(64 * 1024, 2 * 256 * 4, ATTENTION_SLICE),
             ATTENTION_SLICE
         );
+    }
+
+    /// Blocks of 512 threads wherever they hold a head and, where grouped mode starts within
+    /// the context, the group: the 1.5B shape (heads of 128, 6 a kv head) with either float
+    /// cache; with the int8 cache only while grouped mode stays past the context (an H100's 50
+    /// MiB L2 holds 45,511 positions a layer) or is off, as for 1,024 at an Orin's 4 MiB. An
+    /// int8 cache's heads of 256 take 1024 (24 warps quantize k, v and q); an explicit count is
+    /// kept.
+    #[test]
+    fn attention_blocks_are_512_threads_where_a_head_and_its_group_fit() {
+        let mut h = Hyper::qwen2_1_5b();
+        let (h100, orin) = (50 << 20, 4 << 20);
+        let auto = CudaOptions::default();
+        let threads =
+            |h: &Hyper, kv, l2, ctx, o: &CudaOptions| attention_threads(h, kv, l2, ctx, o);
+        assert_eq!(threads(&h, KvPrecision::F16, h100, 32768, &auto), 512);
+        assert_eq!(threads(&h, KvPrecision::F32, orin, 32768, &auto), 512);
+        assert_eq!(threads(&h, KvPrecision::I8, h100, 32768, &auto), 512);
+        assert_eq!(threads(&h, KvPrecision::I8, orin, 32768, &auto), 1024);
+        assert_eq!(threads(&h, KvPrecision::I8, orin, 1024, &auto), 512);
+        let never = CudaOptions {
+            grouped_attention: GroupedAttention::Never,
+            ..auto
+        };
+        assert_eq!(threads(&h, KvPrecision::I8, orin, 32768, &never), 512);
+        let set = CudaOptions {
+            attention_threads: 256,
+            ..auto
+        };
+        assert_eq!(threads(&h, KvPrecision::F16, h100, 32768, &set), 256);
+        h.head_dim = 256;
+        assert_eq!(threads(&h, KvPrecision::F16, h100, 32768, &auto), 512);
+        assert_eq!(threads(&h, KvPrecision::I8, h100, 32768, &auto), 1024);
     }
 }

@@ -355,9 +355,15 @@ impl<'a> CudaEngine<'a> {
             )));
         }
 
-        // An attention block rotates q and k and copies v one item a thread, and quantizes an
-        // int8 cache's k, v and q a warp a group of 32 (attention.cuh's `attend`).
-        let threads = opts.attention_threads;
+        // An attention block rotates q and k and copies v one or two items a thread, and
+        // quantizes an int8 cache's k, v and q a warp a group of 32 (attention.cuh's `attend`).
+        let threads = attention::attention_threads(
+            &h,
+            kv_precision,
+            gpu.l2_bytes.max(0) as usize,
+            context,
+            &opts,
+        );
         let int8_warps = 3 * h.head_dim / 32;
         if threads > 1024
             || !threads.is_multiple_of(32)
@@ -379,7 +385,7 @@ impl<'a> CudaEngine<'a> {
             .blocks_per_sm(k.attention, threads as u32, 0)
             .map_err(cuda)?;
         let split = AttentionSplit::plan(
-            gpu.sm_count as usize * attention_per_sm as usize,
+            (gpu.sm_count as usize * attention_per_sm as usize, threads),
             gpu.l2_bytes.max(0) as usize,
             &h,
             kv_precision,

@@ -52,9 +52,10 @@ pub struct CudaOptions {
     /// read by the whole GPU rather than a block per head; 0 = one block per head
     /// (`bench --compare-no-split-attention`).
     pub attention_slice: usize,
-    /// Threads of a decode attention block (`ATTENTION_THREADS`; `bench --ablate
-    /// attention-threads=N`): a multiple of 32 up to 1024, at least two a value of a head
-    /// (attention.cuh's `attend` rotates q and k and copies v one item a thread).
+    /// Threads of a decode attention block: a multiple of 32 up to 1024, at least two a value
+    /// of a head (checked at boot, as the int8 cache's warps are); 0
+    /// (the default): `cuda_attention::attention_threads` picks 512 or 1024 for the model.
+    /// `bench --ablate attention-threads=N` sets it.
     pub attention_threads: usize,
     /// When a split attention block takes all the query heads of one kv head, so that each key
     /// and value row is read once rather than once per query head (where a group fits a block:
@@ -169,7 +170,7 @@ impl Default for CudaOptions {
             prefetch_ahead: None,
             timeline: false,
             attention_slice: ATTENTION_SLICE,
-            attention_threads: ATTENTION_THREADS,
+            attention_threads: 0,
             grouped_attention: GroupedAttention::Auto,
             cluster_attention: true,
             cluster_until: 0,
@@ -187,15 +188,6 @@ impl Default for CudaOptions {
 /// MiB (a quarter) loses 2-3% against none: a bigger pull competes with the product's own
 /// loads.
 pub const PREFETCH_AHEAD_L2_SHARE: usize = 12;
-
-/// Threads of a decode attention block (`CudaOptions::attention_threads`): 32 warps, one block
-/// a multiprocessor at 64 registers a thread. Blocks of 512 (two a multiprocessor, resident
-/// beside the q/k/v product's last blocks) decoded 1.4-3.3% faster after one token on an H100
-/// and level at 4,096 (docs/HIL.md round 38), but one item a thread of the rotation cannot
-/// hold the 1.5B shape's group of six query heads (576 items), so grouped mode (where a
-/// layer's cache outgrows half the L2: 2,048 positions on an Orin) would be lost there; 512
-/// stays an ablation until a block takes two items a thread and that is measured.
-pub const ATTENTION_THREADS: usize = 1024;
 
 /// Positions a slice of a head's attention starts at (`CudaOptions::attention_slice`): four
 /// rounds of the kernel's 32 warps, two positions each, so a slice's block is kept busy and

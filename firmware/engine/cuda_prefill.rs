@@ -607,23 +607,7 @@ mod tests {
 
     #[test]
     fn chunk_buffers_hold_the_widest_input() {
-        // Qwen2.5-1.5B's shape.
-        let h = Hyper {
-            arch: crate::model::Arch::Qwen2,
-            n_layers: 28,
-            dim: 1536,
-            hidden_dim: 8960,
-            n_heads: 12,
-            n_kv_heads: 2,
-            head_dim: 128,
-            vocab_size: 151936,
-            ctx_train: 32768,
-            rope_base: 1e6,
-            norm_eps: 1e-6,
-            rope_style: RopeStyle::HalfSplit,
-            tied_output: true,
-            qkv_bias: true,
-        };
+        let h = Hyper::qwen2_1_5b();
         let b = PrefillBuffers::of(&h, 256, [0, 0]);
         assert_eq!(b.ldx, 8960);
         let with_blas = PrefillBuffers::of(&h, 256, [32 << 20, 1 << 20]);

@@ -93,6 +93,30 @@ pub struct Hyper {
     pub qkv_bias: bool,
 }
 
+impl Hyper {
+    /// Qwen2.5-1.5B's shape (the GPU benchmarks' 1.5B shape), for tests of what the engines
+    /// derive from a shape (the CUDA backend's: its tests are its users).
+    #[cfg(all(test, feature = "cuda"))]
+    pub(crate) fn qwen2_1_5b() -> Hyper {
+        Hyper {
+            arch: Arch::Qwen2,
+            n_layers: 28,
+            dim: 1536,
+            hidden_dim: 8960,
+            n_heads: 12,
+            n_kv_heads: 2,
+            head_dim: 128,
+            vocab_size: 151936,
+            ctx_train: 32768,
+            rope_base: 1e6,
+            norm_eps: 1e-6,
+            rope_style: RopeStyle::HalfSplit,
+            tied_output: true,
+            qkv_bias: true,
+        }
+    }
+}
+
 /// A tensor's type, shape and bytes. Shapes are in ggml order: `cols` is the row length (ne0),
 /// `rows` the number of rows (product of the remaining dims; 1 for vectors).
 #[derive(Clone, Copy, Debug)]

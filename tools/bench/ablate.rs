@@ -52,7 +52,7 @@ pub enum Ablation {
     AttentionSlice(usize),
     /// CUDA (sm_90): clusters up to position N, the split through L2 from there.
     ClusterUntil(usize),
-    /// CUDA: decode's attention blocks of N threads (1024 otherwise).
+    /// CUDA: decode's attention blocks of N threads (rather than the engine's choice).
     AttentionThreads(usize),
 
     /// CUDA: a long context's attention split per query head, not per kv head.
@@ -97,7 +97,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a twelfth of the L2)"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
-    ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than 1024: two or more a multiprocessor, beside other kernels' blocks"),
+    ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),

@@ -21,9 +21,9 @@ use leanstream_tools::bench::rel_err;
 /// 699, or the model's context) agree within 1e-3 where every kernel is float (f16), else 5e-2
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f16 cache (f16), the f32 one (f16, asked for) and the int8 one (w8a8, where the head
-/// allows).
-/// Attention blocks of 1,024 threads (the default).
-const WHOLE: usize = 1024;
+/// allows). The reference and each mode run in blocks of the threads the engine picks (512
+/// for these models), and two modes in blocks of 1,024 (`attention-threads=1024`).
+const AUTO: usize = 0;
 
 #[test]
 fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
@@ -85,7 +85,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 Ok::<_, EngineError>((logits, gpu.int8_activations, gpu.attention_split(), sm90))
             };
             let what = format!("{name} {precision} {kv:?} KV");
-            let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false, WHOLE) {
+            let (reference, int8, _, _) = match run(0, GroupedAttention::Never, false, AUTO) {
                 Ok(r) => r,
                 Err(EngineError::Unsupported(why)) if precision.int8_kv() => {
                     eprintln!("skipped: long attention {what}: {why}");
@@ -107,19 +107,27 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 }
             }
             let slice = leanstream::engine::cuda_options::ATTENTION_SLICE;
-            for (label, slice, grouped, cluster, blocks) in [
-                ("per head, joined through L2", slice, false, false, WHOLE),
-                ("per head, clusters", slice, false, true, WHOLE),
+            for (label, slice, grouped, cluster, threads) in [
+                ("per head, joined through L2", slice, false, false, AUTO),
+                ("per head, clusters", slice, false, true, AUTO),
                 // Clusters from 8 positions, the split through L2 from max_slices x 32 on
                 // (at most 288 for these models): both paths of the cluster kernel.
-                ("clusters, then joined through L2", 32, false, true, WHOLE),
-                ("grouped", slice, true, false, WHOLE),
+                ("clusters, then joined through L2", 32, false, true, AUTO),
+                ("grouped", slice, true, false, AUTO),
                 // Clusters of a query head's slices to 256 positions, then grouped blocks
                 // joined through L2 in the cluster kernel (sm_90: what `Auto` runs past
                 // `group_from`; elsewhere the same as "grouped").
-                ("clusters, then grouped", 32, true, true, WHOLE),
-                // Blocks of 512 threads (`attention-threads=512`), two a multiprocessor.
-                ("per head, 512 threads", slice, false, false, 512),
+                ("clusters, then grouped", 32, true, true, AUTO),
+                // Blocks of 1,024 threads (`attention-threads=1024`), a thread an item of the
+                // rotation where 512 take two.
+                (
+                    "clusters, then joined through L2, 1024 threads",
+                    32,
+                    false,
+                    true,
+                    1024,
+                ),
+                ("grouped, 1024 threads", slice, true, false, 1024),
             ] {
                 let mode = if grouped {
                     GroupedAttention::Always
@@ -127,7 +135,7 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                     GroupedAttention::Never
                 };
                 let (logits, _, split, sm90) =
-                    run(slice, mode, cluster, blocks).expect("boots as the reference did");
+                    run(slice, mode, cluster, threads).expect("boots as the reference did");
                 let (slices, group_slices) = (split.max_slices, split.max_group_slices);
                 if grouped && h.n_heads > h.n_kv_heads {
                     assert!(group_slices > 0, "{what}: grouped attention is off");
