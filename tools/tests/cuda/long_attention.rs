@@ -143,14 +143,21 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 if cluster && sm90 {
                     assert!(split.cluster >= 2, "{what}: no clusters on sm_90");
                 }
+                if threads != AUTO {
+                    assert_eq!(
+                        split.threads, threads,
+                        "{what} {label}: the option's threads"
+                    );
+                }
                 let errs: Vec<f64> = logits
                     .iter()
                     .zip(&reference)
                     .map(|(a, b)| rel_err(a, b))
                     .collect();
                 eprintln!(
-                    "long attention {what}{} {label}: up to {slices} slices a head, {group_slices} a kv head, clusters of {}; logits rel err at positions {checked:?}: {}",
+                    "long attention {what}{} {label}: blocks of {} threads, up to {slices} slices a head, {group_slices} a kv head, clusters of {}; logits rel err at positions {checked:?}: {}",
                     if int8 { " (int8 activations)" } else { "" },
+                    split.threads,
                     split.cluster,
                     errs.iter()
                         .map(|e| format!("{e:.2e}"))
