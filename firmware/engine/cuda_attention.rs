@@ -211,6 +211,23 @@ fn group_fits(
         && (!int8_kv || (2 + group) * (head_dim / 32) <= warps)
 }
 
+/// Whether a decode attention block of `threads` can run a head of `head_dim` alone (what
+/// boot checks an asked-for count against): a multiple of 32 up to 1024, a thread for every
+/// two of the head's rotated pairs of q and k and values of v (2 x head_dim), and with an
+/// int8 cache a warp for each group of 32 of q, k and v (`int8_warps`).
+pub(super) fn block_holds_head(head_dim: usize, int8_kv: bool, threads: usize) -> bool {
+    threads <= 1024
+        && threads.is_multiple_of(32)
+        && threads >= 2 * head_dim
+        && (!int8_kv || threads / 32 >= int8_warps(head_dim))
+}
+
+/// Warps an int8 cache's attention block needs for a head of `head_dim`: one for each group of
+/// 32 of q, k and v that it quantizes.
+pub(super) fn int8_warps(head_dim: usize) -> usize {
+    3 * head_dim / 32
+}
+
 /// Bytes of one position of one layer's keys and values in a cache of `kv`.
 fn position_bytes(h: &Hyper, kv: KvPrecision) -> usize {
     let kv_dim = h.n_kv_heads * h.head_dim;
@@ -242,7 +259,6 @@ pub(super) fn attention_threads(
     }
     let heads = (h.n_heads, h.n_kv_heads, h.head_dim);
     let int8_kv = kv == KvPrecision::I8;
-    let head_fits = 2 * h.head_dim <= SMALL && (!int8_kv || 3 * h.head_dim / 32 <= SMALL / 32);
     let grouped_from = match opts.grouped_attention {
         GroupedAttention::Never => usize::MAX,
         GroupedAttention::Always => opts.attention_slice,
@@ -252,7 +268,7 @@ pub(super) fn attention_threads(
         && grouped_from < context
         && group_fits(heads, int8_kv, 1024)
         && !group_fits(heads, int8_kv, SMALL);
-    if head_fits && !loses_grouped {
+    if block_holds_head(h.head_dim, int8_kv, SMALL) && !loses_grouped {
         SMALL
     } else {
         1024

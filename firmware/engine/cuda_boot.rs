@@ -357,25 +357,15 @@ impl<'a> CudaEngine<'a> {
 
         // An attention block rotates q and k and copies v one or two items a thread, and
         // quantizes an int8 cache's k, v and q a warp a group of 32 (attention.cuh's `attend`).
-        let threads = attention::attention_threads(
-            &h,
-            kv_precision,
-            gpu.l2_bytes.max(0) as usize,
-            context,
-            &opts,
-        );
-        let int8_warps = 3 * h.head_dim / 32;
-        if threads > 1024
-            || !threads.is_multiple_of(32)
-            || threads < 2 * h.head_dim
-            || (kv_precision == crate::kv::KvPrecision::I8 && threads / 32 < int8_warps)
-        {
+        let l2_bytes = gpu.l2_bytes.max(0) as usize;
+        let threads = attention::attention_threads(&h, kv_precision, l2_bytes, context, &opts);
+        if !attention::block_holds_head(h.head_dim, int8_kv, threads) {
             return Err(EngineError::Unsupported(format!(
                 "decode attention in blocks of {threads} threads: a multiple of 32 up to 1024 and at least {} for heads of {}{}",
                 2 * h.head_dim,
                 h.head_dim,
-                if kv_precision == crate::kv::KvPrecision::I8 {
-                    format!(" ({} with the int8 cache)", 32 * int8_warps)
+                if int8_kv {
+                    format!(" ({} with the int8 cache)", 32 * attention::int8_warps(h.head_dim))
                 } else {
                     String::new()
                 }
@@ -386,7 +376,7 @@ impl<'a> CudaEngine<'a> {
             .map_err(cuda)?;
         let split = AttentionSplit::plan(
             (gpu.sm_count as usize * attention_per_sm as usize, threads),
-            gpu.l2_bytes.max(0) as usize,
+            l2_bytes,
             &h,
             kv_precision,
             &opts,

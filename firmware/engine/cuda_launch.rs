@@ -310,8 +310,7 @@ impl CudaEngine<'_> {
     /// What the attention launch pulls into L2 for the products after it: from wo's first
     /// array up to down's (wo, the FFN norm, gate/up: the image keeps a layer's arrays in this
     /// order), at most half of the L2, as 128-byte lines; and how many blocks do it (one per
-    /// multiprocessor, each of `CudaOptions::attention_threads` threads, so one line or a few
-    /// each).
+    /// multiprocessor, each of the split's `threads`, so one line or a few each).
     fn prefetch_after_attention(&self, w: &GpuLayer) -> (u64, usize, usize) {
         if !self.prefetch {
             return (0, 0, 0);

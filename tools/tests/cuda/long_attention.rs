@@ -22,7 +22,8 @@ use leanstream_tools::bench::rel_err;
 /// (int8 activations: another float order can move a value over an int8 rounding step), with
 /// the f16 cache (f16), the f32 one (f16, asked for) and the int8 one (w8a8, where the head
 /// allows). The reference and each mode run in blocks of the threads the engine picks (512
-/// for these models), and two modes in blocks of 1,024 (`attention-threads=1024`).
+/// for these models but the 1.5B shape's grouped int8 cache), and two modes in blocks of
+/// 1,024 (`attention-threads=1024`).
 const AUTO: usize = 0;
 
 #[test]
@@ -94,8 +95,8 @@ fn split_and_grouped_attention_match_one_block_a_head_at_long_context() {
                 Err(e) => panic!("{what}: boot failed: {e}"),
             };
             let tol = if int8 { 5e-2 } else { 1e-3 };
-            // Blocks too small for a head (a thread an item of its rotation: 2 x head_dim) are
-            // refused at boot, in a sentence.
+            // Blocks too small for a head (under 2 x head_dim threads: a thread for every two
+            // items of its rotation) are refused at boot, in a sentence.
             if 2 * h.head_dim > 32 {
                 match run(0, GroupedAttention::Never, false, 2 * h.head_dim - 32) {
                     Err(EngineError::Unsupported(why)) => assert!(
