@@ -202,6 +202,8 @@ pub struct CudaEngine<'a> {
     graph: Option<Graph>,
     /// `CudaOptions::products`.
     products: ProductKernels,
+    /// `CudaOptions::product_tpr`.
+    product_tpr: usize,
     /// The products that read a normed residual (q/k/v, gate/up, the logits) make it in every
     /// block (`_prep` kernels) instead of the last block of the product before doing it once
     /// while the whole GPU waits (the "tail"); for models up to IN_BLOCK_NORM_MAX_DIM.

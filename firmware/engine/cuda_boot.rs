@@ -346,6 +346,15 @@ impl<'a> CudaEngine<'a> {
             ],
         };
 
+        // A product's groups of threads split its block of MV_THREADS evenly, and a block's
+        // rows lie in one SwiGLU tile (decode.cu's `finish`).
+        let tpr = opts.product_tpr;
+        if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
+            return Err(EngineError::Unsupported(format!(
+                "decode products at {tpr} threads a row: a power of two from 8 to 256"
+            )));
+        }
+
         // The attention kernel quantizes its output per head, in blocks of 32 that must not
         // cross heads.
         if layers.iter().any(|l| l.wo.ty.int8_activations()) && h.head_dim % 32 != 0 {
@@ -401,7 +410,13 @@ impl<'a> CudaEngine<'a> {
         // Activations: one device buffer carved into aligned slices (zeroed: the counters).
         // xf/xq hold the inputs of q/k/v, wo and the logits; hf/hq down's.
         let widest = h.dim.max(q_dim);
-        let out_grid = mv_config(&mat(&output_l), gpu.sm_count as usize, opts.products).grid;
+        let out_grid = mv_config(
+            &mat(&output_l),
+            gpu.sm_count as usize,
+            opts.products,
+            opts.product_tpr,
+        )
+        .grid;
         let sizes = [
             h.dim * 4,                                    // x
             (q_dim + 2 * kv_dim) * 4,                     // qkv
@@ -489,6 +504,7 @@ impl<'a> CudaEngine<'a> {
             sample_idx,
             graph: None,
             products: opts.products,
+            product_tpr: opts.product_tpr,
             // A streamed FFN hands its output back through `add_norm`, which prepares the
             // next product's input: the products read it prepared.
             in_block_norm: match opts.in_block_norm {

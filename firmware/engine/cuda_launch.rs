@@ -56,8 +56,9 @@ pub(super) struct MvConfig {
 /// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
 /// products (most of a small model's step) stay narrow: there a step is a chain of short
 /// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
-/// layers, any model's logits) go wide, where bandwidth decides.
-pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> MvConfig {
+/// layers, any model's logits) go wide, where bandwidth decides. A `tpr` other than 0 names the
+/// threads a row (`CudaOptions::product_tpr`, checked at boot) in place of the rule's.
+pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels, tpr: usize) -> MvConfig {
     let units = match m.ty {
         GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
         GpuType::F32 if m.cols.is_multiple_of(4) => m.cols / 4,
@@ -66,10 +67,13 @@ pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels) -> Mv
     };
     let config = |wide: bool| {
         let per_thread = if wide { MV_WIDE } else { 1 };
-        let tpr = units
-            .div_ceil(per_thread)
-            .next_power_of_two()
-            .clamp(8, MV_THREADS);
+        let tpr = match tpr {
+            0 => units
+                .div_ceil(per_thread)
+                .next_power_of_two()
+                .clamp(8, MV_THREADS),
+            named => named,
+        };
         let grid = m.rows.div_ceil(MV_THREADS / tpr * MV_R);
         MvConfig { wide, tpr, grid }
     };
@@ -357,7 +361,12 @@ impl CudaEngine<'_> {
     ) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
-        let mv = mv_config(m, self.gpu.sm_count as usize, self.products);
+        let mv = mv_config(
+            m,
+            self.gpu.sm_count as usize,
+            self.products,
+            self.product_tpr,
+        );
         let (in_xf, in_xq, norm) = match input {
             Input::Prepared => (a.xf, a.xq, None),
             Input::NormedInBlock(nw) => (a.xf, a.xq, Some(nw)),
@@ -513,16 +522,32 @@ mod tests {
         let sms = 132;
         // Llama-2-7B's [gate | up] at q4_0: 128 units a row, 32 threads x 4 units.
         let gate_up = mat(GpuType::Q4_0, 2 * 11008, 4096);
-        let c = mv_config(&gate_up, sms, ProductKernels::Auto);
+        let c = mv_config(&gate_up, sms, ProductKernels::Auto, 0);
         assert_eq!((c.wide, c.tpr, c.grid), (true, 32, 22016 / 16));
         // SmolLM2's [q | k | v]: 18 units a row; wide would give 15 blocks.
         let qkv = mat(GpuType::Q4_0, 960, 576);
-        let c = mv_config(&qkv, sms, ProductKernels::Auto);
+        let c = mv_config(&qkv, sms, ProductKernels::Auto, 0);
         assert_eq!((c.wide, c.tpr, c.grid), (false, 32, 960 / 16));
-        assert!(mv_config(&qkv, sms, ProductKernels::Wide).wide);
-        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow).wide);
+        assert!(mv_config(&qkv, sms, ProductKernels::Wide, 0).wide);
+        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow, 0).wide);
+        // A named tpr replaces the rule's, with blocks for every row: the 1.5B shape's q4_0
+        // [gate | up] (48 units a row) goes wide at 16 threads a row, a fourth of its last
+        // loads repeating the row's last unit; at 8 a row it takes two rounds of four units.
+        let gate_up_15b = mat(GpuType::Q4_0, 2 * 8960, 1536);
+        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, 0);
+        assert_eq!((c.wide, c.tpr, c.grid), (true, 16, 17920 / 32));
+        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, 8);
+        assert_eq!((c.wide, c.tpr, c.grid), (true, 8, 17920 / 64));
         // f32 rows have no wide kernel, whatever is asked.
-        assert!(!mv_config(&mat(GpuType::F32, 32000, 4096), sms, ProductKernels::Wide).wide);
+        assert!(
+            !mv_config(
+                &mat(GpuType::F32, 32000, 4096),
+                sms,
+                ProductKernels::Wide,
+                0
+            )
+            .wide
+        );
         for ty in [GpuType::F16, GpuType::Q8_0, GpuType::Q4_1, GpuType::F32] {
             for (rows, cols) in [(49152, 576), (4096, 11008), (151936, 896), (64, 64)] {
                 for k in [
@@ -531,7 +556,7 @@ mod tests {
                     ProductKernels::Wide,
                 ] {
                     let m = mat(ty, rows, cols);
-                    let c = mv_config(&m, sms, k);
+                    let c = mv_config(&m, sms, k, 0);
                     let units = if ty == GpuType::F16 {
                         cols / 8
                     } else if ty == GpuType::F32 {

@@ -31,6 +31,9 @@ pub struct CudaOptions {
     pub kv: KvChoice,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
+    /// Threads a row of every decode product: a power of two from 8 to 256 (checked at boot);
+    /// 0 (the default): `mv_config`'s rule. `bench --ablate product-tpr=N` sets it.
+    pub product_tpr: usize,
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
     pub in_block_norm: InBlockNorm,
     /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
@@ -165,6 +168,7 @@ impl Default for CudaOptions {
             precision: Precision::Native,
             kv: KvChoice::Auto,
             products: ProductKernels::Auto,
+            product_tpr: 0,
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             prefetch_ahead: None,

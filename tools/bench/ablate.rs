@@ -54,6 +54,8 @@ pub enum Ablation {
     ClusterUntil(usize),
     /// CUDA: decode's attention blocks of N threads (rather than the engine's choice).
     AttentionThreads(usize),
+    /// CUDA: every decode product at N threads a row (rather than `mv_config`'s rule).
+    ProductTpr(usize),
 
     /// CUDA: a long context's attention split per query head, not per kv head.
     PerHeadAttention,
@@ -98,6 +100,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
+    ("product-tpr=N", "cuda", "every decode product at N threads a row (a power of two from 8 to 256) rather than the rule's (enough for a row's units, one or four a thread)"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
@@ -184,6 +187,16 @@ impl Ablation {
                 )),
             };
         }
+        if let Some(n) = s.strip_prefix("product-tpr=") {
+            return match n.parse::<usize>() {
+                Ok(n) if n.is_power_of_two() && (8..=256).contains(&n) => {
+                    Ok(Ablation::ProductTpr(n))
+                }
+                _ => Err(format!(
+                    "product-tpr takes a power of two from 8 to 256, not '{n}'"
+                )),
+            };
+        }
         if let Some(n) = s.strip_prefix("prefetch-ahead=") {
             return match n.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Ablation::PrefetchAhead(n)),
@@ -236,6 +249,7 @@ impl Ablation {
             AttentionSlice(n) => format!("attention-slice={n}"),
             ClusterUntil(n) => format!("cluster-until={n}"),
             AttentionThreads(n) => format!("attention-threads={n}"),
+            ProductTpr(n) => format!("product-tpr={n}"),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
             NoClusterAttention => "no-cluster-attention".into(),
@@ -294,6 +308,7 @@ impl Ablation {
             AttentionSlice(n) => o.attention_slice = n,
             ClusterUntil(n) => o.cluster_until = n,
             AttentionThreads(n) => o.attention_threads = n,
+            ProductTpr(n) => o.product_tpr = n,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
             GroupedAttention => {
                 o.grouped_attention = GroupedAttentionMode::Always;
@@ -319,7 +334,7 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 5);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 6);
         for (name, backend, _) in ABLATIONS {
             let name = name.replace("=N", "=64");
             let a = Ablation::parse(&name).unwrap();
@@ -346,10 +361,12 @@ mod tests {
         Ablation::ClusterUntil(4608).apply_cuda(&mut o);
         Ablation::PrefetchAhead(8).apply_cuda(&mut o);
         Ablation::AttentionThreads(512).apply_cuda(&mut o);
+        Ablation::ProductTpr(8).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
             attention_threads: 512,
+            product_tpr: 8,
             cluster_until: 4608,
             prefetch_ahead: Some(8 << 20),
             ..CudaOptions::default()
@@ -368,6 +385,10 @@ mod tests {
         assert!(Ablation::parse("prefill-batch=0").is_err());
         assert!(Ablation::parse("cluster-until=0").is_err());
         assert!(Ablation::parse("prefetch-ahead=0").is_err());
+        for bad in ["4", "24", "512", "x"] {
+            let e = Ablation::parse(&format!("product-tpr={bad}")).unwrap_err();
+            assert!(e.contains("power of two from 8 to 256"), "{e}");
+        }
         assert_eq!(
             Ablation::parse("cluster-until=4608"),
             Ok(Ablation::ClusterUntil(4608))
