@@ -5,7 +5,7 @@
 //! small models, is paid once per token instead of once per kernel.
 
 use super::cuda_options::{
-    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels, ProductRole,
     INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM, PREFETCH_AHEAD_L2_SHARE,
 };
 use super::{Arenas, Decoder, EngineError};
@@ -203,7 +203,7 @@ pub struct CudaEngine<'a> {
     /// `CudaOptions::products`.
     products: ProductKernels,
     /// `CudaOptions::product_tpr`.
-    product_tpr: usize,
+    product_tpr: [usize; ProductRole::ALL.len()],
     /// The products that read a normed residual (q/k/v, gate/up, the logits) make it in every
     /// block (`_prep` kernels) instead of the last block of the product before doing it once
     /// while the whole GPU waits (the "tail"); for models up to IN_BLOCK_NORM_MAX_DIM.

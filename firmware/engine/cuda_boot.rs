@@ -348,11 +348,14 @@ impl<'a> CudaEngine<'a> {
 
         // A product's groups of threads split its block of MV_THREADS evenly, and a block's
         // rows lie in one SwiGLU tile (decode.cu's `finish`).
-        let tpr = opts.product_tpr;
-        if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
-            return Err(EngineError::Unsupported(format!(
-                "decode products at {tpr} threads a row: a power of two from 8 to 256"
-            )));
+        for role in ProductRole::ALL {
+            let tpr = opts.product_tpr[role as usize];
+            if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
+                return Err(EngineError::Unsupported(format!(
+                    "decode products ({}) at {tpr} threads a row: a power of two from 8 to 256",
+                    role.name()
+                )));
+            }
         }
 
         // The attention kernel quantizes its output per head, in blocks of 32 that must not
@@ -414,7 +417,7 @@ impl<'a> CudaEngine<'a> {
             &mat(&output_l),
             gpu.sm_count as usize,
             opts.products,
-            opts.product_tpr,
+            opts.product_tpr[ProductRole::Output as usize],
         )
         .grid;
         let sizes = [

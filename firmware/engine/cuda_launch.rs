@@ -5,7 +5,7 @@
 use super::{type_slot, CudaEngine, GpuLayer, LaunchLabel, Mat};
 use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, KernelArgs};
 use crate::backend::cuda::weights::GpuType;
-use crate::engine::cuda_options::ProductKernels;
+use crate::engine::cuda_options::{ProductKernels, ProductRole};
 use crate::model::RopeStyle;
 
 /// What the last block of a product prepares for the next kernel (kernels-ptx/decode.cu).
@@ -180,7 +180,7 @@ impl CudaEngine<'_> {
             let out = a.qkv + off as u64 * 4;
             let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
             let normed = self.normed(w.attn_norm);
-            let label = LaunchLabel::of("q/k/v", Some(l));
+            let label = LaunchLabel::of(ProductRole::Qkv.label(), Some(l));
             self.matvec(
                 &m,
                 normed,
@@ -244,7 +244,7 @@ impl CudaEngine<'_> {
             true,
             self.norm_tail(w.ffn_norm),
             w.gate_up.first().map(|(m, _)| m),
-            LaunchLabel::of("wo", Some(l)),
+            LaunchLabel::of(ProductRole::Wo.label(), Some(l)),
         )?;
         Ok(())
     }
@@ -266,7 +266,7 @@ impl CudaEngine<'_> {
                 Finish::None
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
-            let label = LaunchLabel::of("gate/up", Some(l));
+            let label = LaunchLabel::of(ProductRole::GateUp.label(), Some(l));
             self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, label)?;
         }
         let next = self.layers.get(l + 1);
@@ -275,7 +275,7 @@ impl CudaEngine<'_> {
         let after = next
             .and_then(|n| n.qkv.first())
             .map_or(&self.output, |(m, _)| m);
-        let label = LaunchLabel::of("down", Some(l));
+        let label = LaunchLabel::of(ProductRole::Down.label(), Some(l));
         self.matvec(
             down,
             Input::FfnHidden,
@@ -307,7 +307,7 @@ impl CudaEngine<'_> {
             false,
             Finish::Argmax,
             next,
-            LaunchLabel::of("output", None),
+            LaunchLabel::of(ProductRole::Output.label(), None),
         )
     }
 
@@ -365,7 +365,7 @@ impl CudaEngine<'_> {
             m,
             self.gpu.sm_count as usize,
             self.products,
-            self.product_tpr,
+            named_tpr(&self.product_tpr, label),
         );
         let (in_xf, in_xq, norm) = match input {
             Input::Prepared => (a.xf, a.xq, None),
@@ -434,6 +434,15 @@ impl CudaEngine<'_> {
             &mut args,
         )
     }
+}
+
+/// The threads a row `CudaOptions::product_tpr` names for the product of this launch (0: the
+/// rule's).
+fn named_tpr(product_tpr: &[usize; ProductRole::ALL.len()], label: LaunchLabel) -> usize {
+    ProductRole::ALL
+        .iter()
+        .find(|r| r.label() == label.kernel)
+        .map_or(0, |&r| product_tpr[r as usize])
 }
 
 /// What a product pulls into L2 of `next`, the product after it: its first `cap` bytes at
@@ -513,6 +522,19 @@ mod tests {
         assert_eq!(prefetch_span(0, 64, 4 * mib, 16), (0, 0, 0));
         assert_eq!(prefetch_span(5000, 4096, 50 * mib, 132), (0, 0, 0));
         assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
+    }
+
+    /// A role's named threads a row reach its launches only: the labels the step's launches
+    /// carry (`ProductRole::label`) pick its entry, and attention's none.
+    #[test]
+    fn named_tpr_goes_to_its_role_only() {
+        let tprs = [8, 16, 32, 64, 128];
+        for (i, role) in ProductRole::ALL.into_iter().enumerate() {
+            let label = LaunchLabel::of(role.label(), Some(3));
+            assert_eq!(named_tpr(&tprs, label), tprs[i], "{role:?}");
+        }
+        assert_eq!(named_tpr(&tprs, LaunchLabel::of("attention", Some(0))), 0);
+        assert_eq!(named_tpr(&[0; 5], LaunchLabel::of("down", Some(0))), 0);
     }
 
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow

@@ -31,9 +31,10 @@ pub struct CudaOptions {
     pub kv: KvChoice,
     /// Which product kernels run (`mv_config`).
     pub products: ProductKernels,
-    /// Threads a row of every decode product: a power of two from 8 to 256 (checked at boot);
-    /// 0 (the default): `mv_config`'s rule. `bench --ablate product-tpr=N` sets it.
-    pub product_tpr: usize,
+    /// Threads a row of each decode product, by [`ProductRole`]: a power of two from 8 to 256
+    /// (checked at boot); 0 (the default): `mv_config`'s rule. `bench --ablate product-tpr=N`
+    /// sets all, `product-tpr=ROLE:N` one.
+    pub product_tpr: [usize; ProductRole::ALL.len()],
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
     pub in_block_norm: InBlockNorm,
     /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
@@ -144,6 +145,48 @@ pub enum InBlockNorm {
     Never,
 }
 
+/// A decode product's place in the step: indexes `CudaOptions::product_tpr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductRole {
+    Qkv,
+    Wo,
+    GateUp,
+    Down,
+    Output,
+}
+
+impl ProductRole {
+    pub const ALL: [ProductRole; 5] = [
+        ProductRole::Qkv,
+        ProductRole::Wo,
+        ProductRole::GateUp,
+        ProductRole::Down,
+        ProductRole::Output,
+    ];
+
+    /// Its name in `--ablate product-tpr=ROLE:N`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProductRole::Qkv => "qkv",
+            ProductRole::Wo => "wo",
+            ProductRole::GateUp => "gate-up",
+            ProductRole::Down => "down",
+            ProductRole::Output => "output",
+        }
+    }
+
+    /// Its launches' label in the step's timeline (`LaunchLabel::kernel`).
+    pub const fn label(self) -> &'static str {
+        match self {
+            ProductRole::Qkv => "q/k/v",
+            ProductRole::Wo => "wo",
+            ProductRole::GateUp => "gate/up",
+            ProductRole::Down => "down",
+            ProductRole::Output => "output",
+        }
+    }
+}
+
 /// Which product kernels a step runs (decode.cu's narrow and `_wide` kernels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProductKernels {
@@ -168,7 +211,7 @@ impl Default for CudaOptions {
             precision: Precision::Native,
             kv: KvChoice::Auto,
             products: ProductKernels::Auto,
-            product_tpr: 0,
+            product_tpr: [0; ProductRole::ALL.len()],
             in_block_norm: InBlockNorm::Auto,
             prefetch: true,
             prefetch_ahead: None,

@@ -483,7 +483,10 @@ impl CudaEngine<'_> {
                         false,
                         fin,
                         None,
-                        super::LaunchLabel::of("gate/up", Some(l)),
+                        super::LaunchLabel::of(
+                            crate::engine::cuda_options::ProductRole::GateUp.label(),
+                            Some(l),
+                        ),
                     )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;

@@ -8,7 +8,7 @@ use leanstream::backend::cpu::KernelSet;
 use leanstream::engine::any::Backend;
 use leanstream::engine::cuda_options::{
     CudaOptions, DependentLaunch, GroupedAttention as GroupedAttentionMode, InBlockNorm,
-    PrefillProducts, ProductKernels,
+    PrefillProducts, ProductKernels, ProductRole,
 };
 use leanstream::kv::KvChoice;
 
@@ -54,8 +54,9 @@ pub enum Ablation {
     ClusterUntil(usize),
     /// CUDA: decode's attention blocks of N threads (rather than the engine's choice).
     AttentionThreads(usize),
-    /// CUDA: every decode product at N threads a row (rather than `mv_config`'s rule).
-    ProductTpr(usize),
+    /// CUDA: the decode products of a role (None: every one) at N threads a row (rather than
+    /// `mv_config`'s rule).
+    ProductTpr(Option<ProductRole>, usize),
 
     /// CUDA: a long context's attention split per query head, not per kv head.
     PerHeadAttention,
@@ -100,7 +101,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
-    ("product-tpr=N", "cuda", "every decode product at N threads a row (a power of two from 8 to 256) rather than the rule's (enough for a row's units, one or four a thread)"),
+    ("product-tpr=N", "cuda", "every decode product at N threads a row (a power of two from 8 to 256) rather than the rule's (enough for a row's units, one or four a thread); product-tpr=ROLE:N only the products of ROLE (qkv, wo, gate-up, down or output)"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
@@ -187,10 +188,23 @@ impl Ablation {
                 )),
             };
         }
-        if let Some(n) = s.strip_prefix("product-tpr=") {
+        if let Some(v) = s.strip_prefix("product-tpr=") {
+            let (role, n) = match v.split_once(':') {
+                None => (None, v),
+                Some((r, n)) => match ProductRole::ALL.iter().find(|x| x.name() == r) {
+                    Some(&role) => (Some(role), n),
+                    None => {
+                        let roles: Vec<&str> = ProductRole::ALL.iter().map(|r| r.name()).collect();
+                        return Err(format!(
+                            "product-tpr's role is one of {}, not '{r}'",
+                            roles.join(", ")
+                        ));
+                    }
+                },
+            };
             return match n.parse::<usize>() {
                 Ok(n) if n.is_power_of_two() && (8..=256).contains(&n) => {
-                    Ok(Ablation::ProductTpr(n))
+                    Ok(Ablation::ProductTpr(role, n))
                 }
                 _ => Err(format!(
                     "product-tpr takes a power of two from 8 to 256, not '{n}'"
@@ -249,7 +263,8 @@ impl Ablation {
             AttentionSlice(n) => format!("attention-slice={n}"),
             ClusterUntil(n) => format!("cluster-until={n}"),
             AttentionThreads(n) => format!("attention-threads={n}"),
-            ProductTpr(n) => format!("product-tpr={n}"),
+            ProductTpr(None, n) => format!("product-tpr={n}"),
+            ProductTpr(Some(r), n) => format!("product-tpr={}:{n}", r.name()),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
             NoClusterAttention => "no-cluster-attention".into(),
@@ -308,7 +323,8 @@ impl Ablation {
             AttentionSlice(n) => o.attention_slice = n,
             ClusterUntil(n) => o.cluster_until = n,
             AttentionThreads(n) => o.attention_threads = n,
-            ProductTpr(n) => o.product_tpr = n,
+            ProductTpr(None, n) => o.product_tpr = [n; ProductRole::ALL.len()],
+            ProductTpr(Some(r), n) => o.product_tpr[r as usize] = n,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
             GroupedAttention => {
                 o.grouped_attention = GroupedAttentionMode::Always;
@@ -361,12 +377,12 @@ mod tests {
         Ablation::ClusterUntil(4608).apply_cuda(&mut o);
         Ablation::PrefetchAhead(8).apply_cuda(&mut o);
         Ablation::AttentionThreads(512).apply_cuda(&mut o);
-        Ablation::ProductTpr(8).apply_cuda(&mut o);
+        Ablation::ProductTpr(Some(ProductRole::Down), 8).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
             attention_threads: 512,
-            product_tpr: 8,
+            product_tpr: [0, 0, 0, 8, 0],
             cluster_until: 4608,
             prefetch_ahead: Some(8 << 20),
             ..CudaOptions::default()
@@ -385,10 +401,31 @@ mod tests {
         assert!(Ablation::parse("prefill-batch=0").is_err());
         assert!(Ablation::parse("cluster-until=0").is_err());
         assert!(Ablation::parse("prefetch-ahead=0").is_err());
-        for bad in ["4", "24", "512", "x"] {
+        for bad in ["4", "24", "512", "x", "down:4", "wo:"] {
             let e = Ablation::parse(&format!("product-tpr={bad}")).unwrap_err();
             assert!(e.contains("power of two from 8 to 256"), "{e}");
         }
+        let e = Ablation::parse("product-tpr=ffn:16").unwrap_err();
+        assert!(e.contains("gate-up") && e.contains("'ffn'"), "{e}");
+        // Every role's name parses back to itself and sets only its own entry.
+        for role in ProductRole::ALL {
+            let name = format!("product-tpr={}:32", role.name());
+            let a = Ablation::parse(&name).unwrap();
+            assert_eq!((a, a.name()), (Ablation::ProductTpr(Some(role), 32), name));
+            let mut o = CudaOptions::default();
+            a.apply_cuda(&mut o);
+            let set: Vec<usize> = ProductRole::ALL
+                .iter()
+                .map(|&r| o.product_tpr[r as usize])
+                .collect();
+            assert_eq!(set.iter().sum::<usize>(), 32);
+            assert_eq!(o.product_tpr[role as usize], 32);
+        }
+        let mut o = CudaOptions::default();
+        Ablation::parse("product-tpr=16")
+            .unwrap()
+            .apply_cuda(&mut o);
+        assert_eq!(o.product_tpr, [16; 5]);
         assert_eq!(
             Ablation::parse("cluster-until=4608"),
             Ok(Ablation::ClusterUntil(4608))
