@@ -5,8 +5,8 @@
 //! small models, is paid once per token instead of once per kernel.
 
 use super::cuda_options::{
-    CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels, ProductRole,
-    INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM, PREFETCH_AHEAD_L2_SHARE,
+    check_product_tpr, CudaOptions, DependentLaunch, InBlockNorm, PrefillProducts, ProductKernels,
+    ProductRole, INT8_KV_MAX_HEAD_DIM, IN_BLOCK_NORM_MAX_DIM, PREFETCH_AHEAD_L2_SHARE,
 };
 use super::{Arenas, Decoder, EngineError};
 use crate::backend::cuda::driver::{

@@ -346,17 +346,7 @@ impl<'a> CudaEngine<'a> {
             ],
         };
 
-        // A product's groups of threads split its block of MV_THREADS evenly, and a block's
-        // rows lie in one SwiGLU tile (decode.cu's `finish`).
-        for role in ProductRole::ALL {
-            let tpr = opts.product_tpr[role as usize];
-            if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
-                return Err(EngineError::Unsupported(format!(
-                    "decode products ({}) at {tpr} threads a row: a power of two from 8 to 256",
-                    role.name()
-                )));
-            }
-        }
+        check_product_tpr(&opts.product_tpr).map_err(EngineError::Unsupported)?;
 
         // The attention kernel quantizes its output per head, in blocks of 32 that must not
         // cross heads.

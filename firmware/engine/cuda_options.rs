@@ -253,8 +253,49 @@ pub const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
 /// values a lane, at most 8 lanes a position). Wider heads keep the f16 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
+/// Boot's check of `CudaOptions::product_tpr`: a product's groups of threads split its block of
+/// 256 evenly, and a block's rows (512 / tpr) lie in one SwiGLU tile of 64 (decode.cu's
+/// `finish`), so each named value is a power of two from 8 to 256.
+pub fn check_product_tpr(product_tpr: &[usize; ProductRole::ALL.len()]) -> Result<(), String> {
+    for role in ProductRole::ALL {
+        let tpr = product_tpr[role as usize];
+        if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
+            return Err(format!(
+                "decode products ({}) at {tpr} threads a row: a power of two from 8 to 256",
+                role.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What the GPU keeps its KV cache in: `kv::kv_precision`, the CPU's rule, with the GPU's
 /// widest int8 head.
 pub fn kv_precision(precision: Precision, choice: KvChoice, head_dim: usize) -> KvPrecision {
     crate::kv::kv_precision(precision, choice, head_dim, INT8_KV_MAX_HEAD_DIM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Boot refuses a named threads a row the kernels cannot split a block into, naming the
+    /// role; 0 (the rule) and every power of two from 8 to 256 pass.
+    #[test]
+    fn boot_refuses_threads_a_row_the_kernels_cannot_take() {
+        assert_eq!(
+            check_product_tpr(&CudaOptions::default().product_tpr),
+            Ok(())
+        );
+        for tpr in [8, 16, 32, 64, 128, 256] {
+            assert_eq!(check_product_tpr(&[tpr; 5]), Ok(()));
+        }
+        for (bad, at) in [(4, 0), (24, 3), (512, 4), (1, 1)] {
+            let mut tprs = [0; 5];
+            tprs[at] = bad;
+            let e = check_product_tpr(&tprs).unwrap_err();
+            let role = ProductRole::ALL[at].name();
+            assert!(e.contains(&format!("({role}) at {bad} threads")), "{e}");
+        }
+    }
 }
