@@ -253,13 +253,18 @@ pub const IN_BLOCK_NORM_MAX_DIM: usize = 1536;
 /// values a lane, at most 8 lanes a position). Wider heads keep the f16 cache.
 pub const INT8_KV_MAX_HEAD_DIM: usize = 128;
 
-/// Boot's check of `CudaOptions::product_tpr`: a product's groups of threads split its block of
-/// 256 evenly, and a block's rows (512 / tpr) lie in one SwiGLU tile of 64 (decode.cu's
-/// `finish`), so each named value is a power of two from 8 to 256.
+/// Whether the product kernels take `tpr` threads a row: a product's groups of threads split
+/// its block of 256 evenly, and a block's rows (512 / tpr) lie in one SwiGLU tile of 64
+/// (decode.cu's `finish`), so a power of two from 8 to 256.
+pub fn product_tpr_fits(tpr: usize) -> bool {
+    tpr.is_power_of_two() && (8..=256).contains(&tpr)
+}
+
+/// Boot's check of `CudaOptions::product_tpr`: each named value fits (`product_tpr_fits`).
 pub fn check_product_tpr(product_tpr: &[usize; ProductRole::ALL.len()]) -> Result<(), String> {
     for role in ProductRole::ALL {
         let tpr = product_tpr[role as usize];
-        if tpr != 0 && !(tpr.is_power_of_two() && (8..=256).contains(&tpr)) {
+        if tpr != 0 && !product_tpr_fits(tpr) {
             return Err(format!(
                 "decode products ({}) at {tpr} threads a row: a power of two from 8 to 256",
                 role.name()

@@ -34,6 +34,7 @@ use crate::backend::cuda::stream_layer::{
 };
 use crate::boot::Carver;
 use crate::control::{LayerSample, Lut, LutError};
+use crate::engine::cuda_options::ProductRole;
 use crate::engine::stream_ffn::{
     refine_stages, remaining_bytes, resident_rows, Control, ReadAhead, StreamParts, StreamedFfn,
 };
@@ -483,10 +484,7 @@ impl CudaEngine<'_> {
                         false,
                         fin,
                         None,
-                        super::LaunchLabel::of(
-                            crate::engine::cuda_options::ProductRole::GateUp.label(),
-                            Some(l),
-                        ),
+                        super::LaunchLabel::of(ProductRole::GateUp.label(), Some(l)),
                     )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;

@@ -7,8 +7,8 @@
 use leanstream::backend::cpu::KernelSet;
 use leanstream::engine::any::Backend;
 use leanstream::engine::cuda_options::{
-    CudaOptions, DependentLaunch, GroupedAttention as GroupedAttentionMode, InBlockNorm,
-    PrefillProducts, ProductKernels, ProductRole,
+    product_tpr_fits, CudaOptions, DependentLaunch, GroupedAttention as GroupedAttentionMode,
+    InBlockNorm, PrefillProducts, ProductKernels, ProductRole,
 };
 use leanstream::kv::KvChoice;
 
@@ -203,9 +203,7 @@ impl Ablation {
                 },
             };
             return match n.parse::<usize>() {
-                Ok(n) if n.is_power_of_two() && (8..=256).contains(&n) => {
-                    Ok(Ablation::ProductTpr(role, n))
-                }
+                Ok(n) if product_tpr_fits(n) => Ok(Ablation::ProductTpr(role, n)),
                 _ => Err(format!(
                     "product-tpr takes a power of two from 8 to 256, not '{n}'"
                 )),
