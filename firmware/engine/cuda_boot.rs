@@ -407,6 +407,7 @@ impl<'a> CudaEngine<'a> {
             &mat(&output_l),
             gpu.sm_count as usize,
             opts.products,
+            ProductRole::Output,
             opts.product_tpr[ProductRole::Output as usize],
         )
         .grid;

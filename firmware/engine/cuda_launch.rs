@@ -56,9 +56,16 @@ pub(super) struct MvConfig {
 /// fewer, longer blocks; it is taken when it still gives every multiprocessor a block. Small
 /// products (most of a small model's step) stay narrow: there a step is a chain of short
 /// kernels, and fewer blocks made them slower (docs/hil/round2.md); big ones (a large model's
-/// layers, any model's logits) go wide, where bandwidth decides. A `tpr` other than 0 names the
-/// threads a row (`CudaOptions::product_tpr`, checked at boot) in place of the rule's.
-pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels, tpr: usize) -> MvConfig {
+/// layers, any model's logits) go wide, where bandwidth decides. `role` adjusts the threads a
+/// row where measured (`rule_tpr`). A `tpr` other than 0 names the threads a row
+/// (`CudaOptions::product_tpr`, checked at boot) in place of the rule's.
+pub(super) fn mv_config(
+    m: &Mat,
+    sm_count: usize,
+    kernels: ProductKernels,
+    role: ProductRole,
+    tpr: usize,
+) -> MvConfig {
     let units = match m.ty {
         GpuType::F16 if m.cols.is_multiple_of(8) => m.cols / 8,
         GpuType::F32 if m.cols.is_multiple_of(4) => m.cols / 4,
@@ -66,12 +73,8 @@ pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels, tpr: 
         _ => m.cols / 32,
     };
     let config = |wide: bool| {
-        let per_thread = if wide { MV_WIDE } else { 1 };
         let tpr = match tpr {
-            0 => units
-                .div_ceil(per_thread)
-                .next_power_of_two()
-                .clamp(8, MV_THREADS),
+            0 => rule_tpr(m.ty, units, wide, role),
             named => named,
         };
         let grid = m.rows.div_ceil(MV_THREADS / tpr * MV_R);
@@ -93,6 +96,30 @@ pub(super) fn mv_config(m: &Mat, sm_count: usize, kernels: ProductKernels, tpr: 
         wide
     } else {
         config(false)
+    }
+}
+
+/// The rule's threads a row for a row of `units` units: enough threads for the row in one
+/// round (a unit each narrow, MV_WIDE each wide), a power of two in 8..=256. Two roles differ,
+/// as measured on an H100 (docs/HIL.md round 42): narrow q/k/v takes two units a thread or
+/// more, at least 16 threads a row (fewer, longer blocks, each of which norms its input:
+/// +4.3 to +6% a step at the 1.5B q4_0 and q8_0 and SmolLM2 q4_0 shapes, level at 0.5B and
+/// Q4_K_M); the logits wide round down, not up, so no thread loads a unit only to count it
+/// zero (+0.7 to +2.3% at the 1.5B shape), but for the K-quants, where it lost 1.5-3% (Q6_K
+/// logits of Q4_K_M, whose kernels hold three times the registers).
+fn rule_tpr(ty: GpuType, units: usize, wide: bool, role: ProductRole) -> usize {
+    let floor_pow2 = |n: usize| if n == 0 { 1 } else { 1 << n.ilog2() };
+    let k_quant = matches!(ty, GpuType::Q4_K | GpuType::Q5_K | GpuType::Q6_K);
+    match (role, wide) {
+        (ProductRole::Qkv, false) => floor_pow2(units / 2).clamp(16, MV_THREADS),
+        (ProductRole::Output, true) if !k_quant => floor_pow2(units / MV_WIDE).clamp(8, MV_THREADS),
+        _ => {
+            let per_thread = if wide { MV_WIDE } else { 1 };
+            units
+                .div_ceil(per_thread)
+                .next_power_of_two()
+                .clamp(8, MV_THREADS)
+        }
     }
 }
 
@@ -180,7 +207,6 @@ impl CudaEngine<'_> {
             let out = a.qkv + off as u64 * 4;
             let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
             let normed = self.normed(w.attn_norm);
-            let label = LaunchLabel::of(ProductRole::Qkv.label(), Some(l));
             self.matvec(
                 &m,
                 normed,
@@ -189,7 +215,7 @@ impl CudaEngine<'_> {
                 false,
                 Finish::None,
                 Some(next),
-                label,
+                (ProductRole::Qkv, Some(l)),
             )?;
         }
         // Each head rotates its q and k, attends over positions 0..=pos of its KV head
@@ -244,7 +270,7 @@ impl CudaEngine<'_> {
             true,
             self.norm_tail(w.ffn_norm),
             w.gate_up.first().map(|(m, _)| m),
-            LaunchLabel::of(ProductRole::Wo.label(), Some(l)),
+            (ProductRole::Wo, Some(l)),
         )?;
         Ok(())
     }
@@ -266,8 +292,8 @@ impl CudaEngine<'_> {
                 Finish::None
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
-            let label = LaunchLabel::of(ProductRole::GateUp.label(), Some(l));
-            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, label)?;
+            let role = (ProductRole::GateUp, Some(l));
+            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, role)?;
         }
         let next = self.layers.get(l + 1);
         let fin = self.norm_tail(next.map_or(self.output_norm, |n| n.attn_norm));
@@ -275,7 +301,6 @@ impl CudaEngine<'_> {
         let after = next
             .and_then(|n| n.qkv.first())
             .map_or(&self.output, |(m, _)| m);
-        let label = LaunchLabel::of(ProductRole::Down.label(), Some(l));
         self.matvec(
             down,
             Input::FfnHidden,
@@ -284,7 +309,7 @@ impl CudaEngine<'_> {
             true,
             fin,
             Some(after),
-            label,
+            (ProductRole::Down, Some(l)),
         )?;
         Ok(())
     }
@@ -307,7 +332,7 @@ impl CudaEngine<'_> {
             false,
             Finish::Argmax,
             next,
-            LaunchLabel::of(ProductRole::Output.label(), None),
+            (ProductRole::Output, None),
         )
     }
 
@@ -346,7 +371,8 @@ impl CudaEngine<'_> {
     }
 
     /// `out = (acc ? out : 0) + W in + bias`, then `fin`; `in` as `input` says. Its blocks
-    /// pull the start of `next` (the product after it) into L2 as they start.
+    /// pull the start of `next` (the product after it) into L2 as they start. `role` is the
+    /// product's place in the step and its layer (its launch config and timeline label).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec(
         &self,
@@ -357,7 +383,7 @@ impl CudaEngine<'_> {
         acc: bool,
         fin: Finish,
         next: Option<&Mat>,
-        label: LaunchLabel,
+        (role, layer): (ProductRole, Option<usize>),
     ) -> CudaResult<()> {
         let h = &self.hyper;
         let a = &self.a;
@@ -365,7 +391,8 @@ impl CudaEngine<'_> {
             m,
             self.gpu.sm_count as usize,
             self.products,
-            named_tpr(&self.product_tpr, label),
+            role,
+            self.product_tpr[role as usize],
         );
         let (in_xf, in_xq, norm) = match input {
             Input::Prepared => (a.xf, a.xq, None),
@@ -424,7 +451,7 @@ impl CudaEngine<'_> {
             .i32(self.pdl);
         let (ahead, ahead_bytes) = next.map_or((0, 0), |n| prefetch_ahead(n, self.prefetch_ahead));
         args.ptr(ahead).i32(ahead_bytes);
-        let (trace, slot) = self.timeline_slot(label);
+        let (trace, slot) = self.timeline_slot(LaunchLabel::of(role.label(), layer));
         args.ptr(trace).i32(slot);
         self.gpu.launch_shared(
             f,
@@ -434,15 +461,6 @@ impl CudaEngine<'_> {
             &mut args,
         )
     }
-}
-
-/// The threads a row `CudaOptions::product_tpr` names for the product of this launch (0: the
-/// rule's).
-fn named_tpr(product_tpr: &[usize; ProductRole::ALL.len()], label: LaunchLabel) -> usize {
-    ProductRole::ALL
-        .iter()
-        .find(|r| r.label() == label.kernel)
-        .map_or(0, |&r| product_tpr[r as usize])
 }
 
 /// What a product pulls into L2 of `next`, the product after it: its first `cap` bytes at
@@ -524,19 +542,6 @@ mod tests {
         assert_eq!(prefetch_span(0, 4096, 0, 132), (0, 0, 0));
     }
 
-    /// A role's named threads a row reach its launches only: the labels the step's launches
-    /// carry (`ProductRole::label`) pick its entry, and attention's none.
-    #[test]
-    fn named_tpr_goes_to_its_role_only() {
-        let tprs = [8, 16, 32, 64, 128];
-        for (i, role) in ProductRole::ALL.into_iter().enumerate() {
-            let label = LaunchLabel::of(role.label(), Some(3));
-            assert_eq!(named_tpr(&tprs, label), tprs[i], "{role:?}");
-        }
-        assert_eq!(named_tpr(&tprs, LaunchLabel::of("attention", Some(0))), 0);
-        assert_eq!(named_tpr(&[0; 5], LaunchLabel::of("down", Some(0))), 0);
-    }
-
     /// Wide where it still gives each of an H200's 132 multiprocessors a block, narrow
     /// otherwise; every launch covers each row in whole rounds and every row of the matrix.
     #[test]
@@ -544,21 +549,23 @@ mod tests {
         let sms = 132;
         // Llama-2-7B's [gate | up] at q4_0: 128 units a row, 32 threads x 4 units.
         let gate_up = mat(GpuType::Q4_0, 2 * 11008, 4096);
-        let c = mv_config(&gate_up, sms, ProductKernels::Auto, 0);
+        let gu = ProductRole::GateUp;
+        let c = mv_config(&gate_up, sms, ProductKernels::Auto, gu, 0);
         assert_eq!((c.wide, c.tpr, c.grid), (true, 32, 22016 / 16));
-        // SmolLM2's [q | k | v]: 18 units a row; wide would give 15 blocks.
+        // SmolLM2's [q | k | v]: 18 units a row; wide would give 15 blocks. As wo (the rule's
+        // common case) a row is one round, 32 threads of one unit.
         let qkv = mat(GpuType::Q4_0, 960, 576);
-        let c = mv_config(&qkv, sms, ProductKernels::Auto, 0);
+        let c = mv_config(&qkv, sms, ProductKernels::Auto, ProductRole::Wo, 0);
         assert_eq!((c.wide, c.tpr, c.grid), (false, 32, 960 / 16));
-        assert!(mv_config(&qkv, sms, ProductKernels::Wide, 0).wide);
-        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow, 0).wide);
+        assert!(mv_config(&qkv, sms, ProductKernels::Wide, ProductRole::Qkv, 0).wide);
+        assert!(!mv_config(&gate_up, sms, ProductKernels::Narrow, gu, 0).wide);
         // A named tpr replaces the rule's, with blocks for every row: the 1.5B shape's q4_0
         // [gate | up] (48 units a row) goes wide at 16 threads a row, a fourth of its last
         // loads repeating the row's last unit; at 8 a row it takes two rounds of four units.
         let gate_up_15b = mat(GpuType::Q4_0, 2 * 8960, 1536);
-        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, 0);
+        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, gu, 0);
         assert_eq!((c.wide, c.tpr, c.grid), (true, 16, 17920 / 32));
-        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, 8);
+        let c = mv_config(&gate_up_15b, sms, ProductKernels::Auto, gu, 8);
         assert_eq!((c.wide, c.tpr, c.grid), (true, 8, 17920 / 64));
         // f32 rows have no wide kernel, whatever is asked.
         assert!(
@@ -566,6 +573,7 @@ mod tests {
                 &mat(GpuType::F32, 32000, 4096),
                 sms,
                 ProductKernels::Wide,
+                ProductRole::Output,
                 0
             )
             .wide
@@ -578,7 +586,7 @@ mod tests {
                     ProductKernels::Wide,
                 ] {
                     let m = mat(ty, rows, cols);
-                    let c = mv_config(&m, sms, k, 0);
+                    let c = mv_config(&m, sms, k, ProductRole::Down, 0);
                     let units = if ty == GpuType::F16 {
                         cols / 8
                     } else if ty == GpuType::F32 {
@@ -595,6 +603,55 @@ mod tests {
                     assert!(
                         c.grid * (MV_THREADS / c.tpr) * MV_R >= rows,
                         "{ty:?} {rows}x{cols} {c:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// q/k/v narrow at two units a thread or more (at least 16 threads a row) and the logits
+    /// wide rounded down, at the shapes round 42 measured; the products of a 7B layer, which
+    /// already go wide, keep the common rule; every row is still covered.
+    #[test]
+    fn qkv_and_logits_take_their_measured_threads_a_row() {
+        let sms = 132;
+        let auto = ProductKernels::Auto;
+        let qkv = |ty, rows, cols| mv_config(&mat(ty, rows, cols), sms, auto, ProductRole::Qkv, 0);
+        // 1.5B [q | k | v], 2048 x 1536: q4_0's 48 units at 16 threads (3 rounds, was 64
+        // threads in 1); f16's 192 units fill the GPU wide, at the common rule's 64.
+        let c = qkv(GpuType::Q4_0, 2048, 1536);
+        assert_eq!((c.wide, c.tpr, c.grid), (false, 16, 2048 / 32));
+        let c = qkv(GpuType::F16, 2048, 1536);
+        assert_eq!((c.wide, c.tpr, c.grid), (true, 64, 2048 / 8));
+        // 0.5B (28 units) and SmolLM2 (18 units): 16 threads, not 8.
+        assert_eq!(qkv(GpuType::Q4_0, 1152, 896).tpr, 16);
+        assert_eq!(qkv(GpuType::Q8_0, 960, 576).tpr, 16);
+        // 7B [q | k | v] fills the GPU wide: the common rule's 32 threads a row.
+        let c = qkv(GpuType::Q4_0, 3 * 4096, 4096);
+        assert_eq!((c.wide, c.tpr), (true, 32));
+        let out =
+            |ty, rows, cols| mv_config(&mat(ty, rows, cols), sms, auto, ProductRole::Output, 0);
+        // 1.5B logits: q4_0's 48 units at 8 threads (12 would round up to 16), f16 at 32.
+        let c = out(GpuType::Q4_0, 151936, 1536);
+        assert_eq!((c.wide, c.tpr, c.grid), (true, 8, 151936 / 64));
+        assert_eq!(out(GpuType::F16, 151936, 1536).tpr, 32);
+        // Q4_K_M's Q6_K logits keep the common rule's 16 (rounding down lost there).
+        assert_eq!(out(GpuType::Q6_K, 151936, 1536).tpr, 16);
+        // 7B logits (128 units, a power of two already) and 0.5B's (7 units: at least 8): as
+        // the common rule.
+        assert_eq!(out(GpuType::Q4_0, 32000, 4096).tpr, 32);
+        assert_eq!(out(GpuType::Q4_0, 151936, 896).tpr, 8);
+        // A named value still wins.
+        let m = mat(GpuType::Q4_0, 2048, 1536);
+        assert_eq!(mv_config(&m, sms, auto, ProductRole::Qkv, 64).tpr, 64);
+        for role in ProductRole::ALL {
+            for (rows, cols) in [(2048, 1536), (151936, 896), (64, 64), (960, 576)] {
+                for ty in [GpuType::Q4_0, GpuType::F16, GpuType::F32] {
+                    let c = mv_config(&mat(ty, rows, cols), sms, auto, role, 0);
+                    assert!(c.tpr.is_power_of_two() && (8..=MV_THREADS).contains(&c.tpr));
+                    assert!(
+                        c.grid * (MV_THREADS / c.tpr) * MV_R >= rows,
+                        "{role:?} {c:?}"
                     );
                 }
             }

@@ -484,7 +484,7 @@ impl CudaEngine<'_> {
                         false,
                         fin,
                         None,
-                        super::LaunchLabel::of(ProductRole::GateUp.label(), Some(l)),
+                        (ProductRole::GateUp, Some(l)),
                     )?;
                 }
                 g.download_async(f32_bytes(&mut s.act), a.hf)?;
