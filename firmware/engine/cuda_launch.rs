@@ -104,9 +104,10 @@ pub(super) fn mv_config(
 /// as measured on an H100 (docs/HIL.md round 42): narrow q/k/v takes two units a thread or
 /// more, at least 16 threads a row (fewer, longer blocks, each of which norms its input:
 /// +4.3 to +6% a step at the 1.5B q4_0 and q8_0 and SmolLM2 q4_0 shapes, level at 0.5B and
-/// Q4_K_M); the logits wide round down, not up, so no thread loads a unit only to count it
-/// zero (+0.7 to +2.3% at the 1.5B shape), but for the K-quants, where it lost 1.5-3% (Q6_K
-/// logits of Q4_K_M, whose kernels hold three times the registers).
+/// Q4_K_M); the logits wide round down, not up: half the blocks, each row in two rounds
+/// (+0.7 to +2.3% at the 1.5B shape, where both leave a quarter of the last round's loads
+/// repeating the row's last unit; level at 0.5B f16), but for the K-quants, where it lost
+/// 1.5-3% (Q6_K logits of Q4_K_M, whose kernels hold three times the registers).
 fn rule_tpr(ty: GpuType, units: usize, wide: bool, role: ProductRole) -> usize {
     let floor_pow2 = |n: usize| if n == 0 { 1 } else { 1 << n.ilog2() };
     let k_quant = matches!(ty, GpuType::Q4_K | GpuType::Q5_K | GpuType::Q6_K);
