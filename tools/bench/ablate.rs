@@ -101,7 +101,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
-    ("product-tpr=N", "cuda", "every decode product at N threads a row (a power of two from 8 to 256) rather than the rule's (enough for a row's units, one or four a thread); product-tpr=ROLE:N only the products of ROLE (qkv, wo, gate-up, down or output)"),
+    ("product-tpr=N", "cuda", "every decode product at N threads a row (a power of two from 8 to 256) rather than the rule's (mv_config: by a row's units, one or four a thread, and the product's role); product-tpr=ROLE:N only the products of ROLE (qkv, wo, gate-up, down or output)"),
     ("cluster-until=N", "cuda", "sm_90: a split head runs as a thread block cluster up to position N, the split through L2 from there (rather than where the rule puts it)"),
     ("per-head-attention", "cuda", "a long context's attention split per query head (each reading its kv head's rows) at any length, never per kv head"),
     ("grouped-attention", "cuda", "a split attention per kv head for all its query heads from the first split on, not only once a layer's cache outgrows half the L2 (clusters off)"),
