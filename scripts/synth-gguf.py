@@ -41,8 +41,15 @@ def matrix(rng, rows, cols, ty):
     blocks = rows * nb
     if ty == "q8_0":
         d = np.full(blocks, 0.02 / 64, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
-        qs = rng.integers(-127, 128, size=(blocks, 32), dtype=np.int8).view(np.uint8)
-        out = np.concatenate([d, qs], axis=1)
+        qs = rng.integers(-127, 128, size=(blocks, 32), dtype=np.int8)
+        # As llama.cpp's quantize writes them (d = amax / 127): each block holds a +-127. Without
+        # it a block's largest |q| is often even, 2k, and an embedding row's value k then
+        # requantizes to an exact tie (k * 127 / 2k = 63.5): its int8 activation turns on the
+        # last bit of the RMSNorm, so a GPU's and the CPU's sum orders pick different bytes in
+        # layer 0 (docs/HIL.md round 43).
+        qs[np.arange(blocks), rng.integers(0, 32, size=blocks)] = rng.choice(
+            np.array([-127, 127], dtype=np.int8), size=blocks)
+        out = np.concatenate([d, qs.view(np.uint8)], axis=1)
     elif ty == "q4_0":
         d = np.full(blocks, 0.02 / 4, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
         qs = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
