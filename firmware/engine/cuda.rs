@@ -208,6 +208,8 @@ pub struct CudaEngine<'a> {
     /// block (`_prep` kernels) instead of the last block of the product before doing it once
     /// while the whole GPU waits (the "tail"); for models up to IN_BLOCK_NORM_MAX_DIM.
     in_block_norm: bool,
+    /// `CudaOptions::norm_tail_for`.
+    norm_tail_for: [bool; ProductRole::ALL.len()],
     /// `CudaOptions::prefetch`.
     prefetch: bool,
     /// The step's timeline's slots (`CudaOptions::timeline`); None: no kernel writes one.

@@ -473,6 +473,16 @@ impl<'a> CudaEngine<'a> {
             true => Some(timeline::Timeline::boot(&gpu, h.n_layers).map_err(cuda)?),
             false => None,
         };
+        // Every layer's gate/up has the same shape: the first one's launch stands for all.
+        let gate_up_blocks = layers
+            .first()
+            .and_then(|l| l.gate_up.first())
+            .map(|(m, _)| {
+                let role = ProductRole::GateUp;
+                let tpr = opts.product_tpr[role as usize];
+                mv_config(m, gpu.sm_count as usize, opts.products, role, tpr).grid
+            });
+        let norm_tail_for = norm_tail_for(&opts, gate_up_blocks);
         let mut e = CudaEngine {
             gpu,
             _module: module,
@@ -507,6 +517,7 @@ impl<'a> CudaEngine<'a> {
                 InBlockNorm::Always => true,
                 InBlockNorm::Never => false,
             },
+            norm_tail_for,
             prefetch: opts.prefetch && streamed.is_none(),
             prefetch_ahead,
             timeline,
@@ -546,6 +557,32 @@ impl<'a> CudaEngine<'a> {
 
 /// The int8 cache's key channel scales of a model with a K bias, n_layers x kv_dim, made as
 /// the CPU boot makes them (`kv::key_scales_from_bias`), so both divide the same keys.
+/// Gate/up launches of more blocks than this read the residual normed by the tail of the
+/// product before even where the other products norm it in each block: every block of an
+/// in-block norm reads and norms the whole residual before its first weight. Measured on an
+/// H100 (docs/HIL.md round 43, and round 4 for the 7B shape): the tail gains at the 1.5B
+/// shape's F16 gate/up (2,240 blocks, +3.5%, alternated) and the 7B shape's (1,376 blocks, all
+/// three types); in-block gains at 560 (1.5B Q4_0 and Q8_0, 2-4%), 608 (0.5B F16) and 192
+/// (SmolLM2 F16, 9%).
+const GATE_UP_NORM_TAIL_BLOCKS: usize = 1024;
+
+/// The roles whose products read the residual normed once by the tail of the product before,
+/// where the others norm it in each block (`CudaEngine::normed`): the ones asked for
+/// (`CudaOptions::norm_tail_for`), and by the engine's choice (`InBlockNorm::Auto`) a gate/up
+/// of more than `GATE_UP_NORM_TAIL_BLOCKS` blocks. (A Q4_0 head of 2,374 blocks was level
+/// either way, round 43.)
+fn norm_tail_for(
+    opts: &CudaOptions,
+    gate_up_blocks: Option<usize>,
+) -> [bool; ProductRole::ALL.len()] {
+    let mut tail = opts.norm_tail_for;
+    if opts.in_block_norm == InBlockNorm::Auto {
+        tail[ProductRole::GateUp as usize] |=
+            gate_up_blocks.is_some_and(|b| b > GATE_UP_NORM_TAIL_BLOCKS);
+    }
+    tail
+}
+
 fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
     let kv_dim = h.n_kv_heads * h.head_dim;
     let half = h.head_dim / 2;
@@ -580,4 +617,35 @@ fn group(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_up_of_many_blocks_reads_the_tails_norm_by_default() {
+        let auto = CudaOptions::default();
+        let tail = |o: &CudaOptions, blocks| {
+            let t = norm_tail_for(o, blocks);
+            ProductRole::ALL.map(|r| t[r as usize])
+        };
+        // Qkv, Wo, GateUp, Down, Output.
+        assert_eq!(tail(&auto, Some(2240)), [false, false, true, false, false]);
+        for blocks in [Some(GATE_UP_NORM_TAIL_BLOCKS), Some(560), Some(192), None] {
+            assert_eq!(tail(&auto, blocks), [false; 5], "{blocks:?}");
+        }
+        // Where the options place the norm themselves the rule stays out; a role asked for
+        // (`--ablate norm-tail=ROLE`) is kept either way.
+        for in_block_norm in [InBlockNorm::Always, InBlockNorm::Never] {
+            let o = CudaOptions {
+                in_block_norm,
+                ..CudaOptions::default()
+            };
+            assert_eq!(tail(&o, Some(4096)), [false; 5]);
+        }
+        let mut asked = CudaOptions::default();
+        asked.norm_tail_for[ProductRole::Output as usize] = true;
+        assert_eq!(tail(&asked, Some(2240)), [false, false, true, false, true]);
+    }
 }

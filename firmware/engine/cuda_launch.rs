@@ -207,7 +207,7 @@ impl CudaEngine<'_> {
             };
             let out = a.qkv + off as u64 * 4;
             let next = w.qkv.get(i + 1).map_or(&w.wo, |(n, _)| n);
-            let normed = self.normed(w.attn_norm);
+            let normed = self.normed(w.attn_norm, ProductRole::Qkv);
             self.matvec(
                 &m,
                 normed,
@@ -269,7 +269,7 @@ impl CudaEngine<'_> {
             a.x,
             0,
             true,
-            self.norm_tail(w.ffn_norm),
+            self.norm_tail(w.ffn_norm, ProductRole::GateUp),
             w.gate_up.first().map(|(m, _)| m),
             (ProductRole::Wo, Some(l)),
         )?;
@@ -294,10 +294,22 @@ impl CudaEngine<'_> {
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
             let role = (ProductRole::GateUp, Some(l));
-            self.matvec(&m, self.normed(w.ffn_norm), out, 0, false, fin, next, role)?;
+            self.matvec(
+                &m,
+                self.normed(w.ffn_norm, ProductRole::GateUp),
+                out,
+                0,
+                false,
+                fin,
+                next,
+                role,
+            )?;
         }
         let next = self.layers.get(l + 1);
-        let fin = self.norm_tail(next.map_or(self.output_norm, |n| n.attn_norm));
+        let fin = match next {
+            Some(n) => self.norm_tail(n.attn_norm, ProductRole::Qkv),
+            None => self.norm_tail(self.output_norm, ProductRole::Output),
+        };
         let down = w.down.as_ref().expect("an FFN in memory");
         let after = next
             .and_then(|n| n.qkv.first())
@@ -318,7 +330,7 @@ impl CudaEngine<'_> {
     pub(super) fn record_head(&self) -> CudaResult<()> {
         let a = &self.a;
         // Logits, and the greedy pick that advances the state.
-        let normed = self.normed(self.output_norm);
+        let normed = self.normed(self.output_norm, ProductRole::Output);
         // Meanwhile the next step's first product comes into L2.
         let next = self
             .layers
@@ -353,8 +365,8 @@ impl CudaEngine<'_> {
 
     /// The input of a product that reads the residual normed with `nw`: made in each of its
     /// blocks, or already prepared by the tail of the product before.
-    fn normed(&self, nw: u64) -> Input {
-        if self.in_block_norm {
+    fn normed(&self, nw: u64, role: ProductRole) -> Input {
+        if self.in_block_norm && !self.norm_tail_for[role as usize] {
             Input::NormedInBlock(nw)
         } else {
             Input::Prepared
@@ -363,8 +375,8 @@ impl CudaEngine<'_> {
 
     /// What a product that adds to the residual leaves for the next one, which reads it normed
     /// with `nw`: nothing when that one norms it itself, else the tail.
-    fn norm_tail(&self, nw: u64) -> Finish {
-        if self.in_block_norm {
+    fn norm_tail(&self, nw: u64, next: ProductRole) -> Finish {
+        if self.in_block_norm && !self.norm_tail_for[next as usize] {
             Finish::None
         } else {
             Finish::Norm(nw)

@@ -37,6 +37,10 @@ pub struct CudaOptions {
     pub product_tpr: [usize; ProductRole::ALL.len()],
     /// Where the products that read the normed residual get it (`CudaEngine::in_block_norm`).
     pub in_block_norm: InBlockNorm,
+    /// Products of these roles (q/k/v, gate/up, the logits) read the residual normed by the
+    /// tail of the product before even where the others norm it in each block (`bench
+    /// --ablate norm-tail=ROLE`).
+    pub norm_tail_for: [bool; ProductRole::ALL.len()],
     /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
     /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
     /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
@@ -156,6 +160,15 @@ pub enum ProductRole {
 }
 
 impl ProductRole {
+    /// Whether products of this role read the residual normed (q/k/v, gate/up, the logits):
+    /// the ones `CudaOptions::norm_tail_for` applies to.
+    pub fn reads_normed_residual(self) -> bool {
+        matches!(
+            self,
+            ProductRole::Qkv | ProductRole::GateUp | ProductRole::Output
+        )
+    }
+
     pub const ALL: [ProductRole; 5] = [
         ProductRole::Qkv,
         ProductRole::Wo,
@@ -213,6 +226,7 @@ impl Default for CudaOptions {
             products: ProductKernels::Auto,
             product_tpr: [0; ProductRole::ALL.len()],
             in_block_norm: InBlockNorm::Auto,
+            norm_tail_for: [false; ProductRole::ALL.len()],
             prefetch: true,
             prefetch_ahead: None,
             timeline: false,

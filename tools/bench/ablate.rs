@@ -57,6 +57,9 @@ pub enum Ablation {
     /// CUDA: the decode products of a role (None: every one) at N threads a row (rather than
     /// `mv_config`'s rule).
     ProductTpr(Option<ProductRole>, usize),
+    /// CUDA: the products of one role read the residual normed by the tail of the product
+    /// before, the others as the engine chooses.
+    NormTailFor(ProductRole),
 
     /// CUDA: a long context's attention split per query head, not per kv head.
     PerHeadAttention,
@@ -94,6 +97,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("narrow", "cuda", "every product kernel narrow (the wide ones off)"),
     ("wide", "cuda", "every product kernel wide (small products too)"),
     ("norm-tail", "cuda", "the residual's norm made once by the last block of the product before"),
+    ("norm-tail=ROLE", "cuda", "the products of ROLE (qkv, gate-up or output) read the residual normed once by the last block of the product before, the others as the engine chooses"),
     ("norm-in-block", "cuda", "every product that reads the normed residual norms it in each block, at any size"),
     ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
     ("no-prefetch-ahead", "cuda", "sm_90: no product kernel pulls the next product's weights into L2 as it starts"),
@@ -188,6 +192,14 @@ impl Ablation {
                 )),
             };
         }
+        if let Some(r) = s.strip_prefix("norm-tail=") {
+            return match ProductRole::ALL.iter().find(|x| x.name() == r) {
+                Some(&role) if role.reads_normed_residual() => Ok(Ablation::NormTailFor(role)),
+                _ => Err(format!(
+                    "norm-tail's role is one of qkv, gate-up or output, not '{r}'"
+                )),
+            };
+        }
         if let Some(v) = s.strip_prefix("product-tpr=") {
             let (role, n) = match v.split_once(':') {
                 None => (None, v),
@@ -263,6 +275,7 @@ impl Ablation {
             AttentionThreads(n) => format!("attention-threads={n}"),
             ProductTpr(None, n) => format!("product-tpr={n}"),
             ProductTpr(Some(r), n) => format!("product-tpr={}:{n}", r.name()),
+            NormTailFor(r) => format!("norm-tail={}", r.name()),
             PerHeadAttention => "per-head-attention".into(),
             GroupedAttention => "grouped-attention".into(),
             NoClusterAttention => "no-cluster-attention".into(),
@@ -323,6 +336,7 @@ impl Ablation {
             AttentionThreads(n) => o.attention_threads = n,
             ProductTpr(None, n) => o.product_tpr = [n; ProductRole::ALL.len()],
             ProductTpr(Some(r), n) => o.product_tpr[r as usize] = n,
+            NormTailFor(r) => o.norm_tail_for[r as usize] = true,
             PerHeadAttention => o.grouped_attention = GroupedAttentionMode::Never,
             GroupedAttention => {
                 o.grouped_attention = GroupedAttentionMode::Always;
@@ -348,9 +362,9 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 6);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 7);
         for (name, backend, _) in ABLATIONS {
-            let name = name.replace("=N", "=64");
+            let name = name.replace("=N", "=64").replace("=ROLE", "=output");
             let a = Ablation::parse(&name).unwrap();
             assert_eq!(a.name(), name);
             assert_eq!(a.backend().name(), *backend, "{name}");
@@ -376,11 +390,13 @@ mod tests {
         Ablation::PrefetchAhead(8).apply_cuda(&mut o);
         Ablation::AttentionThreads(512).apply_cuda(&mut o);
         Ablation::ProductTpr(Some(ProductRole::Down), 8).apply_cuda(&mut o);
+        Ablation::NormTailFor(ProductRole::GateUp).apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
             attention_threads: 512,
             product_tpr: [0, 0, 0, 8, 0],
+            norm_tail_for: [false, false, true, false, false],
             cluster_until: 4608,
             prefetch_ahead: Some(8 << 20),
             ..CudaOptions::default()
@@ -405,6 +421,19 @@ mod tests {
         }
         let e = Ablation::parse("product-tpr=ffn:16").unwrap_err();
         assert!(e.contains("gate-up") && e.contains("'ffn'"), "{e}");
+        // norm-tail takes only the roles that read the normed residual.
+        for bad in ["wo", "down", "ffn", ""] {
+            let e = Ablation::parse(&format!("norm-tail={bad}")).unwrap_err();
+            assert!(
+                e.contains("qkv, gate-up or output") && e.contains(&format!("'{bad}'")),
+                "{e}"
+            );
+        }
+        for role in [ProductRole::Qkv, ProductRole::GateUp, ProductRole::Output] {
+            let name = format!("norm-tail={}", role.name());
+            let a = Ablation::parse(&name).unwrap();
+            assert_eq!((a, a.name()), (Ablation::NormTailFor(role), name));
+        }
         // Every role's name parses back to itself and sets only its own entry.
         for role in ProductRole::ALL {
             let name = format!("product-tpr={}:32", role.name());
