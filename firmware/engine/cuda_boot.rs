@@ -555,15 +555,13 @@ impl<'a> CudaEngine<'a> {
     }
 }
 
-/// The int8 cache's key channel scales of a model with a K bias, n_layers x kv_dim, made as
-/// the CPU boot makes them (`kv::key_scales_from_bias`), so both divide the same keys.
 /// Gate/up launches of more blocks than this read the residual normed by the tail of the
 /// product before even where the other products norm it in each block: every block of an
 /// in-block norm reads and norms the whole residual before its first weight. Measured on an
 /// H100 (docs/HIL.md round 43, and round 4 for the 7B shape): the tail gains at the 1.5B
 /// shape's F16 gate/up (2,240 blocks, +3.5%, alternated) and the 7B shape's (1,376 blocks, all
-/// three types); in-block gains at 560 (1.5B Q4_0 and Q8_0, 2-4%), 608 (0.5B F16) and 192
-/// (SmolLM2 F16, 9%).
+/// three types); in-block gains at 560 (1.5B Q4_0 and Q8_0, 2-4%) and 192 (SmolLM2 F16, 9%),
+/// and is level or ahead at 608 (0.5B F16).
 const GATE_UP_NORM_TAIL_BLOCKS: usize = 1024;
 
 /// The roles whose products read the residual normed once by the tail of the product before,
@@ -583,6 +581,8 @@ fn norm_tail_for(
     tail
 }
 
+/// The int8 cache's key channel scales of a model with a K bias, n_layers x kv_dim, made as
+/// the CPU boot makes them (`kv::key_scales_from_bias`), so both divide the same keys.
 fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
     let kv_dim = h.n_kv_heads * h.head_dim;
     let half = h.head_dim / 2;
