@@ -140,8 +140,8 @@ pub enum DependentLaunch {
 /// Where the residual's norm is made for the products that read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InBlockNorm {
-    /// In each block of those products up to `IN_BLOCK_NORM_MAX_DIM`, by the tail above (the
-    /// default).
+    /// In each block of those products up to `IN_BLOCK_NORM_MAX_DIM` (but for a gate/up of
+    /// many blocks: `norm_tail_for` in engine/cuda_boot.rs), by the tail above (the default).
     Auto,
     /// In each block at any size (`bench --compare-norm-in-block`).
     Always,
