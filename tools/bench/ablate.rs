@@ -75,6 +75,9 @@ pub enum Ablation {
     F32Kv,
     /// CUDA: the prompt run token by token, as decode (no batched prefill).
     TokenPrefill,
+    /// CUDA: nothing changed, the configuration timed again: a bench's first row runs slow
+    /// (docs/HIL.md round 43), so comparisons alternate after it.
+    Default,
     /// CUDA: the prompt batched N tokens a chunk (the board's `gpu_prefill_batch` otherwise).
     PrefillBatch(usize),
     /// CUDA: the batched prompt's products on the project's PTX kernel rather than cuBLAS.
@@ -113,6 +116,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-pdl", "cuda", "sm_90: every kernel launched after the one before has finished"),
     ("pdl-prefetch", "cuda", "sm_90: each product block pulls its first weights into L2 while it waits"),
     ("f32-kv", "cuda", "the KV cache in f32 rather than f16 (or int8 at w8a8/w4a8)"),
+    ("default", "cuda", "nothing changed: the configuration timed again, to alternate with other rows after the first (which runs about 2% slow on an H100)"),
     ("token-prefill", "cuda", "the prompt run token by token, as decode, rather than batched"),
     ("prefill-batch=N", "cuda", "the prompt batched N tokens a chunk rather than the board's gpu_prefill_batch"),
     ("ptx-products", "cuda", "the batched prompt's products on the project's PTX kernel rather than cuBLAS"),
@@ -129,7 +133,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 25] = {
+const PLAIN: [Ablation; 26] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -155,6 +159,7 @@ const PLAIN: [Ablation; 25] = {
         PdlPrefetch,
         F32Kv,
         TokenPrefill,
+        Default,
         PtxProducts,
         ScalarAttention,
     ]
@@ -283,6 +288,7 @@ impl Ablation {
             PdlPrefetch => "pdl-prefetch".into(),
             F32Kv => "f32-kv".into(),
             TokenPrefill => "token-prefill".into(),
+            Default => "default".into(),
             PrefillBatch(n) => format!("prefill-batch={n}"),
             PtxProducts => "ptx-products".into(),
             ScalarAttention => "scalar-attention".into(),
@@ -347,6 +353,7 @@ impl Ablation {
             PdlPrefetch => o.dependent_launch = DependentLaunch::Prefetch,
             F32Kv => o.kv = KvChoice::F32,
             TokenPrefill => o.prefill_batch = 1,
+            Default => {}
             PrefillBatch(n) => o.prefill_batch = n,
             PtxProducts => o.prefill_products = PrefillProducts::Ptx,
             ScalarAttention => o.prefill_tensor_attention = false,
@@ -391,6 +398,7 @@ mod tests {
         Ablation::AttentionThreads(512).apply_cuda(&mut o);
         Ablation::ProductTpr(Some(ProductRole::Down), 8).apply_cuda(&mut o);
         Ablation::NormTailFor(ProductRole::GateUp).apply_cuda(&mut o);
+        Ablation::Default.apply_cuda(&mut o);
         Ablation::NoVnni.apply_cuda(&mut o);
         let want = CudaOptions {
             attention_slice: 64,
