@@ -283,6 +283,7 @@ impl CudaEngine<'_> {
         // the last block of the last launch; down is added to the residual and norms it
         // for the next layer (or the output).
         let n_gu = w.gate_up.len();
+        let input = self.normed(w.ffn_norm, ProductRole::GateUp);
         for (i, &(m, off)) in w.gate_up.iter().enumerate() {
             let out = a.gu + off as u64 * 4;
             let fin = if w.gate_up_tiled {
@@ -294,16 +295,7 @@ impl CudaEngine<'_> {
             };
             let next = w.gate_up.get(i + 1).map(|(n, _)| n).or(w.down.as_ref());
             let role = (ProductRole::GateUp, Some(l));
-            self.matvec(
-                &m,
-                self.normed(w.ffn_norm, ProductRole::GateUp),
-                out,
-                0,
-                false,
-                fin,
-                next,
-                role,
-            )?;
+            self.matvec(&m, input, out, 0, false, fin, next, role)?;
         }
         let next = self.layers.get(l + 1);
         let fin = match next {
@@ -363,10 +355,16 @@ impl CudaEngine<'_> {
         }
     }
 
+    /// Whether products of `role` norm the residual in each block (else the tail of the
+    /// product before does): the one answer both `normed` and `norm_tail` read.
+    fn norms_in_block(&self, role: ProductRole) -> bool {
+        self.in_block_norm && !self.norm_tail_for[role as usize]
+    }
+
     /// The input of a product that reads the residual normed with `nw`: made in each of its
     /// blocks, or already prepared by the tail of the product before.
     fn normed(&self, nw: u64, role: ProductRole) -> Input {
-        if self.in_block_norm && !self.norm_tail_for[role as usize] {
+        if self.norms_in_block(role) {
             Input::NormedInBlock(nw)
         } else {
             Input::Prepared
@@ -376,7 +374,7 @@ impl CudaEngine<'_> {
     /// What a product that adds to the residual leaves for the next one, which reads it normed
     /// with `nw`: nothing when that one norms it itself, else the tail.
     fn norm_tail(&self, nw: u64, next: ProductRole) -> Finish {
-        if self.in_block_norm && !self.norm_tail_for[next as usize] {
+        if self.norms_in_block(next) {
             Finish::None
         } else {
             Finish::Norm(nw)

@@ -188,6 +188,11 @@ impl ProductRole {
         }
     }
 
+    /// The role whose `name` is `name`.
+    pub fn named(name: &str) -> Option<ProductRole> {
+        ProductRole::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// Its launches' label in the step's timeline (`LaunchLabel::kernel`).
     pub const fn label(self) -> &'static str {
         match self {

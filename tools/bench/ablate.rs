@@ -198,8 +198,8 @@ impl Ablation {
             };
         }
         if let Some(r) = s.strip_prefix("norm-tail=") {
-            return match ProductRole::ALL.iter().find(|x| x.name() == r) {
-                Some(&role) if role.reads_normed_residual() => Ok(Ablation::NormTailFor(role)),
+            return match ProductRole::named(r) {
+                Some(role) if role.reads_normed_residual() => Ok(Ablation::NormTailFor(role)),
                 _ => Err(format!(
                     "norm-tail's role is one of qkv, gate-up or output, not '{r}'"
                 )),
@@ -208,8 +208,8 @@ impl Ablation {
         if let Some(v) = s.strip_prefix("product-tpr=") {
             let (role, n) = match v.split_once(':') {
                 None => (None, v),
-                Some((r, n)) => match ProductRole::ALL.iter().find(|x| x.name() == r) {
-                    Some(&role) => (Some(role), n),
+                Some((r, n)) => match ProductRole::named(r) {
+                    Some(role) => (Some(role), n),
                     None => {
                         let roles: Vec<&str> = ProductRole::ALL.iter().map(|r| r.name()).collect();
                         return Err(format!(
