@@ -217,6 +217,8 @@ pub struct CudaEngine<'a> {
     /// `CudaOptions::prefetch_ahead` in bytes; 0 below sm_90 (no bulk prefetch), for weights
     /// in host memory and for a streamed FFN.
     prefetch_ahead: usize,
+    /// `CudaOptions::repeat_product`.
+    repeat_product: Option<ProductRole>,
     /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
     pdl: i32,
     /// How attention splits over blocks, and `CudaOptions::attention_slice`.

@@ -60,77 +60,7 @@ impl<'a> CudaEngine<'a> {
         };
 
         // Plan the weight image (same code as the write pass, without writing).
-        let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
-        // A layer matrix's role (`quant::Role::of`: w4a8's policy, the CPU boot's too).
-        let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
-        let build = |w: &mut ImageWriter| -> Result<_, EngineError> {
-            let embd = w.matrix(&[model.tensor("token_embd.weight")?], Role::EmbedOrOutput);
-            let output = if h.tied_output {
-                embd
-            } else {
-                w.matrix(&[model.tensor("output.weight")?], Role::EmbedOrOutput)
-            };
-            let output_norm = w.vector(&[model.tensor("output_norm.weight")?]);
-            let mut layers = Vec::with_capacity(h.n_layers);
-            for i in 0..h.n_layers {
-                let qkv = [
-                    layer(i, "attn_q.weight")?,
-                    layer(i, "attn_k.weight")?,
-                    layer(i, "attn_v.weight")?,
-                ];
-                // Gate and up: the file's, or with a streamed FFN the oracle's resident rows
-                // (none for a learned predictor); down only in memory.
-                let gate_up_rows = match &streamed {
-                    Some(p) => p.resident_gate_up(i),
-                    None => Some([layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?]),
-                };
-                let gate_role = role(i, "ffn_gate.weight");
-                let (gate_up, tiled) = match gate_up_rows {
-                    None => (heapless::Vec::new(), false),
-                    Some([gate, up]) => {
-                        let tiled = gate.ty == up.ty
-                            && gate.cols == up.cols
-                            && gate.rows == up.rows
-                            && gate.rows.is_multiple_of(SWIGLU_TILE);
-                        if tiled {
-                            let mut g = heapless::Vec::new();
-                            let _ = g.push((w.gate_up_tiled(gate, up, gate_role), 0));
-                            (g, true)
-                        } else {
-                            (group(w, &[gate, up], gate_role), false)
-                        }
-                    }
-                };
-                let down = match &streamed {
-                    Some(_) => None,
-                    None => {
-                        Some(w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight")))
-                    }
-                };
-                let bias = if h.qkv_bias {
-                    Some(w.vector(&[
-                        layer(i, "attn_q.bias")?,
-                        layer(i, "attn_k.bias")?,
-                        layer(i, "attn_v.bias")?,
-                    ]))
-                } else {
-                    None
-                };
-                layers.push((
-                    w.vector(&[layer(i, "attn_norm.weight")?]),
-                    group(w, &qkv, role(i, "attn_q.weight")),
-                    bias,
-                    w.matrix(
-                        &[layer(i, "attn_output.weight")?],
-                        role(i, "attn_output.weight"),
-                    ),
-                    w.vector(&[layer(i, "ffn_norm.weight")?]),
-                    (gate_up, tiled),
-                    down,
-                ));
-            }
-            Ok((embd, output, output_norm, layers))
-        };
+        let build = |w: &mut ImageWriter| write_image(w, model, &h, streamed.as_ref());
         let mut plan = ImageWriter::plan();
         plan.precision = opts.precision;
         let (_, _, _, planned_layers) = build(&mut plan)?;
@@ -520,6 +450,7 @@ impl<'a> CudaEngine<'a> {
             norm_tail_for,
             prefetch: opts.prefetch && streamed.is_none(),
             prefetch_ahead,
+            repeat_product: opts.repeat_product,
             timeline,
             split,
             attention_slice: opts.attention_slice,
@@ -596,6 +527,95 @@ fn key_scales(model: &ModelFile, h: &Hyper) -> Result<Vec<f32>, EngineError> {
     Ok(out)
 }
 
+/// A layer's place in the image: attention norm, q/k/v, their bias, wo, FFN norm, gate/up
+/// (and whether stacked tile by tile), down (None when the FFN streams).
+type LayerLayout = (
+    usize,
+    heapless::Vec<(MatLayout, usize), 3>,
+    Option<usize>,
+    MatLayout,
+    usize,
+    (heapless::Vec<(MatLayout, usize), 3>, bool),
+    Option<MatLayout>,
+);
+
+/// Writes (or plans, with `ImageWriter::plan`) the weight image: the embedding, the output
+/// matrix when not tied, the output norm, then the layers, each in the order the step reads
+/// it. Returns the embedding's, the output's and the output norm's places and the layers'.
+fn write_image(
+    w: &mut ImageWriter,
+    model: &ModelFile,
+    h: &Hyper,
+    streamed: Option<&stream::Prepared>,
+) -> Result<(MatLayout, MatLayout, usize, Vec<LayerLayout>), EngineError> {
+    let layer = |i: usize, n: &str| model.tensor(&format!("blk.{i}.{n}"));
+    // A layer matrix's role (`quant::Role::of`: w4a8's policy, the CPU boot's too).
+    let role = |i: usize, n: &str| Role::of(&format!("blk.{i}.{n}"), h.n_layers);
+    let embd = w.matrix(&[model.tensor("token_embd.weight")?], Role::EmbedOrOutput);
+    let output = if h.tied_output {
+        embd
+    } else {
+        w.matrix(&[model.tensor("output.weight")?], Role::EmbedOrOutput)
+    };
+    let output_norm = w.vector(&[model.tensor("output_norm.weight")?]);
+    let mut layers = Vec::with_capacity(h.n_layers);
+    for i in 0..h.n_layers {
+        // Written in the order the step reads them (attention norm, q/k/v and their bias,
+        // wo, FFN norm, gate/up, down), so a layer's reads run up one span of addresses:
+        // the attention launch's pull into L2 (`prefetch_after_attention`) takes one.
+        let attn_norm = w.vector(&[layer(i, "attn_norm.weight")?]);
+        let qkv = [
+            layer(i, "attn_q.weight")?,
+            layer(i, "attn_k.weight")?,
+            layer(i, "attn_v.weight")?,
+        ];
+        let qkv = group(w, &qkv, role(i, "attn_q.weight"));
+        let bias = if h.qkv_bias {
+            Some(w.vector(&[
+                layer(i, "attn_q.bias")?,
+                layer(i, "attn_k.bias")?,
+                layer(i, "attn_v.bias")?,
+            ]))
+        } else {
+            None
+        };
+        let wo = w.matrix(
+            &[layer(i, "attn_output.weight")?],
+            role(i, "attn_output.weight"),
+        );
+        let ffn_norm = w.vector(&[layer(i, "ffn_norm.weight")?]);
+        // Gate and up: the file's, or with a streamed FFN the oracle's resident rows
+        // (none for a learned predictor); down only in memory.
+        let gate_up_rows = match &streamed {
+            Some(p) => p.resident_gate_up(i),
+            None => Some([layer(i, "ffn_gate.weight")?, layer(i, "ffn_up.weight")?]),
+        };
+        let gate_role = role(i, "ffn_gate.weight");
+        let (gate_up, tiled) = match gate_up_rows {
+            None => (heapless::Vec::new(), false),
+            Some([gate, up]) => {
+                let tiled = gate.ty == up.ty
+                    && gate.cols == up.cols
+                    && gate.rows == up.rows
+                    && gate.rows.is_multiple_of(SWIGLU_TILE);
+                if tiled {
+                    let mut g = heapless::Vec::new();
+                    let _ = g.push((w.gate_up_tiled(gate, up, gate_role), 0));
+                    (g, true)
+                } else {
+                    (group(w, &[gate, up], gate_role), false)
+                }
+            }
+        };
+        let down = match &streamed {
+            Some(_) => None,
+            None => Some(w.matrix(&[layer(i, "ffn_down.weight")?], role(i, "ffn_down.weight"))),
+        };
+        layers.push((attn_norm, qkv, bias, wo, ffn_norm, (gate_up, tiled), down));
+    }
+    Ok((embd, output, output_norm, layers))
+}
+
 /// Stacks matrices of one type into a single launch, or keeps them apart when types differ.
 /// `role`: theirs (one for the group; `quant::Role`).
 fn group(
@@ -622,6 +642,40 @@ fn group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layer's arrays lie in the order the step reads them, after the embedding, output and
+    /// output norm, and the last one ends the image: the pulls into L2 take spans of it (the
+    /// attention launch's from wo to down, the sliding window's of the layers).
+    #[test]
+    fn the_image_keeps_a_layers_arrays_in_the_steps_order() {
+        use crate::model::tests::tiny;
+        for tied in [true, false] {
+            let model = ModelFile::from_bytes(tiny("qwen2", true, tied).build()).unwrap();
+            let h = model.hyper().unwrap();
+            let mut plan = ImageWriter::plan();
+            let (embd, output, output_norm, layers) =
+                write_image(&mut plan, &model, &h, None).unwrap();
+            let [(norm, qkv, bias, wo, ffn_norm, (gate_up, _), down)] = &layers[..] else {
+                panic!("one layer");
+            };
+            let down = down.as_ref().unwrap();
+            let order = [
+                embd.q,
+                output.q.max(embd.q),
+                output_norm,
+                *norm,
+                qkv[0].0.q,
+                bias.unwrap(),
+                wo.q,
+                *ffn_norm,
+                gate_up[0].0.q,
+                down.q,
+            ];
+            assert!(order.windows(2).all(|p| p[0] <= p[1]), "{tied}: {order:?}");
+            assert!(output_norm > output.q && *norm > output_norm);
+            assert!(plan.len >= down.q + down.bytes && plan.len < down.q + down.bytes + 256);
+        }
+    }
 
     #[test]
     fn a_gate_up_of_many_blocks_reads_the_tails_norm_by_default() {

@@ -462,15 +462,24 @@ impl CudaEngine<'_> {
             .i32(self.pdl);
         let (ahead, ahead_bytes) = next.map_or((0, 0), |n| prefetch_ahead(n, self.prefetch_ahead));
         args.ptr(ahead).i32(ahead_bytes);
-        let (trace, slot) = self.timeline_slot(LaunchLabel::of(role.label(), layer));
-        args.ptr(trace).i32(slot);
-        self.gpu.launch_shared(
-            f,
-            mv.grid as u32,
-            MV_THREADS as u32,
-            shared as u32,
-            &mut args,
-        )
+        // The diagnostic repeat (`CudaOptions::repeat_product`) of a product that overwrites
+        // its output, so the step's result is the same: launched twice, a timeline slot each.
+        let repeat = self.repeat_product == Some(role)
+            && matches!(role, ProductRole::Qkv | ProductRole::GateUp)
+            && !acc;
+        for _ in 0..1 + repeat as usize {
+            let mut args = args.clone();
+            let (trace, slot) = self.timeline_slot(LaunchLabel::of(role.label(), layer));
+            args.ptr(trace).i32(slot);
+            self.gpu.launch_shared(
+                f,
+                mv.grid as u32,
+                MV_THREADS as u32,
+                shared as u32,
+                &mut args,
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -41,9 +41,11 @@ pub struct CudaOptions {
     /// tail of the product before even where the others norm it in each block (`bench
     /// --ablate norm-tail=ROLE`).
     pub norm_tail_for: [bool; ProductRole::ALL.len()],
-    /// While attention runs (a few blocks; the rest of the GPU and its memory idle), extra
-    /// blocks of that launch pull the start of the layer's next weights (wo, then gate/up) into
-    /// L2, up to half of it (`bench --compare-no-prefetch` is the ablation).
+    /// While attention runs, extra blocks of that launch pull the layer's next weights (wo,
+    /// then gate/up) into L2, up to half of it. Off by default: it pulled nothing from
+    /// 2026-12-03 to 2026-12-07 (the image then kept a layer's FFN before its attention, so
+    /// the span was empty), and once it did it cost 6% a step on an H100 at the 1.5B shape
+    /// (docs/HIL.md round 47). `bench --ablate attention-prefetch` turns it on.
     pub prefetch: bool,
     /// Bytes of the next product's weights each product kernel pulls into L2 as it starts
     /// (sm_90, weights in device memory): the memory idles between a product's rounds of
@@ -51,6 +53,10 @@ pub struct CudaOptions {
     /// None: a twelfth of the L2 (`PREFETCH_AHEAD_L2_SHARE`); Some(0): none (`bench --ablate
     /// no-prefetch-ahead`; `prefetch-ahead=MIB` sets it).
     pub prefetch_ahead: Option<usize>,
+    /// A diagnostic: each product of this role (q/k/v or gate/up, which overwrite their
+    /// output) launched a second time right after the first, which finds its weights in L2
+    /// (`bench --ablate repeat-product=ROLE`). None: off.
+    pub repeat_product: Option<ProductRole>,
     /// Every kernel of the step writes its start, wait and end times to a slot of a device
     /// buffer (`CudaEngine::timeline_step`, `leanstream gpu-timeline`): a diagnostic, off
     /// for anything timed.
@@ -232,8 +238,9 @@ impl Default for CudaOptions {
             product_tpr: [0; ProductRole::ALL.len()],
             in_block_norm: InBlockNorm::Auto,
             norm_tail_for: [false; ProductRole::ALL.len()],
-            prefetch: true,
+            prefetch: false,
             prefetch_ahead: None,
+            repeat_product: None,
             timeline: false,
             attention_slice: ATTENTION_SLICE,
             attention_threads: 0,

@@ -49,10 +49,10 @@ pub(super) struct Timeline {
     labels: RefCell<Vec<LaunchLabel>>,
 }
 
-/// Launches a step can hold: embed, at most 8 a layer (three q/k/v, attention, wo, two
-/// gate/up, down), the output.
+/// Launches a step can hold: embed, at most 13 a layer (three q/k/v, attention, wo, two
+/// gate/up, down; q/k/v and gate/up twice with `CudaOptions::repeat_product`), the output.
 fn max_launches(layers: usize) -> usize {
-    2 + 8 * layers
+    2 + 13 * layers
 }
 
 impl Timeline {
@@ -137,9 +137,9 @@ mod tests {
     use super::*;
 
     /// The most launches a step makes: embed, q, k, v, attention, wo, gate, up, down a layer
-    /// (none stacked), the output.
+    /// (none stacked), q/k/v or gate/up again (a repeat), the output.
     #[test]
     fn slots_cover_the_most_launches_a_step_makes() {
-        assert_eq!(max_launches(28), 1 + 28 * (3 + 1 + 1 + 2 + 1) + 1);
+        assert_eq!(max_launches(28), 1 + 28 * (3 + 1 + 1 + 2 + 1 + 3 + 2) + 1);
     }
 }

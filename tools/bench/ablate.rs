@@ -40,12 +40,14 @@ pub enum Ablation {
     NormTail,
     /// CUDA: every product that reads the normed residual norms it in each block.
     NormInBlock,
-    /// CUDA: no weights pulled into L2 during attention.
-    NoPrefetch,
+    /// CUDA: weights pulled into L2 during attention (off by default).
+    AttentionPrefetch,
     /// CUDA (sm_90): no product pulls the next product's weights into L2.
     NoPrefetchAhead,
     /// CUDA (sm_90): each product pulls at most N MiB of the next product's weights into L2.
     PrefetchAhead(usize),
+    /// CUDA: a diagnostic: each product of a role (q/k/v or gate/up) launched twice.
+    RepeatProduct(ProductRole),
     /// CUDA: each head's attention in one block at any context length.
     NoSplitAttention,
     /// CUDA: each head's attention split over one more block every N positions.
@@ -102,9 +104,10 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("norm-tail", "cuda", "the residual's norm made once by the last block of the product before"),
     ("norm-tail=ROLE", "cuda", "the products of ROLE (qkv, gate-up or output) read the residual normed once by the last block of the product before, the others as the engine chooses"),
     ("norm-in-block", "cuda", "every product that reads the normed residual norms it in each block, at any size"),
-    ("no-prefetch", "cuda", "no weights pulled into L2 during attention"),
+    ("attention-prefetch", "cuda", "extra blocks of the attention launch pull wo and gate/up into L2 while it runs (off by default: it cost 6% a step on an H100, docs/HIL.md round 47)"),
     ("no-prefetch-ahead", "cuda", "sm_90: no product kernel pulls the next product's weights into L2 as it starts"),
     ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a twelfth of the L2)"),
+    ("repeat-product=ROLE", "cuda", "a diagnostic, not a speed-up: each product of ROLE (qkv or gate-up) launched a second time right after the first, which finds its weights in L2 (what the product costs from L2)"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
@@ -149,7 +152,7 @@ const PLAIN: [Ablation; 26] = {
         Wide,
         NormTail,
         NormInBlock,
-        NoPrefetch,
+        AttentionPrefetch,
         NoPrefetchAhead,
         NoSplitAttention,
         PerHeadAttention,
@@ -234,6 +237,16 @@ impl Ablation {
                 )),
             };
         }
+        if let Some(r) = s.strip_prefix("repeat-product=") {
+            return match ProductRole::named(r) {
+                Some(role @ (ProductRole::Qkv | ProductRole::GateUp)) => {
+                    Ok(Ablation::RepeatProduct(role))
+                }
+                _ => Err(format!(
+                    "repeat-product's role is qkv or gate-up, not '{r}'"
+                )),
+            };
+        }
         if let Some(n) = s.strip_prefix("prefill-batch=") {
             return match n.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Ablation::PrefillBatch(n)),
@@ -271,9 +284,10 @@ impl Ablation {
             Wide => "wide".into(),
             NormTail => "norm-tail".into(),
             NormInBlock => "norm-in-block".into(),
-            NoPrefetch => "no-prefetch".into(),
+            AttentionPrefetch => "attention-prefetch".into(),
             NoPrefetchAhead => "no-prefetch-ahead".into(),
             PrefetchAhead(n) => format!("prefetch-ahead={n}"),
+            RepeatProduct(r) => format!("repeat-product={}", r.name()),
             NoSplitAttention => "no-split-attention".into(),
             AttentionSlice(n) => format!("attention-slice={n}"),
             ClusterUntil(n) => format!("cluster-until={n}"),
@@ -333,9 +347,10 @@ impl Ablation {
             Wide => o.products = ProductKernels::Wide,
             NormTail => o.in_block_norm = InBlockNorm::Never,
             NormInBlock => o.in_block_norm = InBlockNorm::Always,
-            NoPrefetch => o.prefetch = false,
+            AttentionPrefetch => o.prefetch = true,
             NoPrefetchAhead => o.prefetch_ahead = Some(0),
             PrefetchAhead(n) => o.prefetch_ahead = Some(n << 20),
+            RepeatProduct(r) => o.repeat_product = Some(r),
             NoSplitAttention => o.attention_slice = 0,
             AttentionSlice(n) => o.attention_slice = n,
             ClusterUntil(n) => o.cluster_until = n,
@@ -369,9 +384,12 @@ mod tests {
 
     #[test]
     fn every_listed_name_parses_back_to_itself() {
-        assert_eq!(ABLATIONS.len(), PLAIN.len() + 7);
+        assert_eq!(ABLATIONS.len(), PLAIN.len() + 8);
         for (name, backend, _) in ABLATIONS {
-            let name = name.replace("=N", "=64").replace("=ROLE", "=output");
+            let name = name
+                .replace("=N", "=64")
+                .replace("repeat-product=ROLE", "repeat-product=gate-up")
+                .replace("=ROLE", "=output");
             let a = Ablation::parse(&name).unwrap();
             assert_eq!(a.name(), name);
             assert_eq!(a.backend().name(), *backend, "{name}");
@@ -423,6 +441,13 @@ mod tests {
         assert!(Ablation::parse("prefill-batch=0").is_err());
         assert!(Ablation::parse("cluster-until=0").is_err());
         assert!(Ablation::parse("prefetch-ahead=0").is_err());
+        for bad in ["wo", "down", "output", ""] {
+            let e = Ablation::parse(&format!("repeat-product={bad}")).unwrap_err();
+            assert!(
+                e.contains("qkv or gate-up") && e.contains(&format!("'{bad}'")),
+                "{e}"
+            );
+        }
         for bad in ["4", "24", "512", "x", "down:4", "wo:"] {
             let e = Ablation::parse(&format!("product-tpr={bad}")).unwrap_err();
             assert!(e.contains("power of two from 8 to 256"), "{e}");

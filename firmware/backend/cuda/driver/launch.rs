@@ -335,7 +335,7 @@ impl Drop for Graph {
 }
 
 /// Kernel parameters, each in an 8-byte slot (pointers, u64, and i32/f32 in the low bytes).
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct KernelArgs {
     slots: [u64; 32],
     n: usize,
