@@ -644,8 +644,8 @@ mod tests {
     use super::*;
 
     /// A layer's arrays lie in the order the step reads them, after the embedding, output and
-    /// output norm, and the last one ends the image: the pulls into L2 take spans of it (the
-    /// attention launch's from wo to down, the sliding window's of the layers).
+    /// output norm, and the last one ends the image: a pull into L2 over a span of it (the
+    /// attention launch's, from wo to down) takes what the step reads next.
     #[test]
     fn the_image_keeps_a_layers_arrays_in_the_steps_order() {
         use crate::model::tests::tiny;
