@@ -9,25 +9,6 @@
 #pragma once
 #include "attention_loops.cuh"
 
-// Thread block clusters (sm_90): the blocks of a cluster run at once on one GPC and read each
-// other's shared memory. A split attention whose slices are a cluster joins them there, after
-// a hardware barrier, instead of through L2 (a fence, a counter, the last block's loads).
-// Older architectures compile none of it; their host never launches clusters.
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// The float at `p` (this block's shared memory) in the shared memory of the cluster's block `rank`.
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-#endif
-    return v;
-}
 // Most blocks a cluster of split attention has (the portable cluster size).
 #define ATTENTION_CLUSTER_MAX 8
 

@@ -141,6 +141,45 @@ __device__ __forceinline__ void pdl_start(int pdl) {
     pdl_wait();
 }
 
+// Thread block clusters (sm_90): the blocks of a cluster run at once on one GPC and read and
+// write each other's shared memory. A split attention whose slices are a cluster joins them
+// there, and a gate/up tile's blocks hand their rows to the tile's first block
+// (FIN_SWIGLU_CLUSTER), after a hardware barrier, instead of through L2 (a fence, a counter,
+// the last block's loads). Older architectures compile none of it; their host never launches
+// clusters.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The float at `p` (this block's shared memory) in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+    return v;
+}
+// Stores v at `p` (this block's shared memory) in the shared memory of the cluster's block
+// `rank`; visible there after the next `cluster_sync`.
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
+#if __CUDA_ARCH__ >= 900
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" : : "r"(r), "f"(v) : "memory");
+#endif
+}
+// This block's rank in its cluster (0 outside a cluster).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+
 // Pulls the 128-byte line holding `p` into L2.
 __device__ __forceinline__ void prefetch_line(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" : : "l"(p));

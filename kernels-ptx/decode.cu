@@ -162,7 +162,7 @@ extern "C" __global__ void embed(int type, const u8* q, const f16* d, const f16*
 #define MV_BOUNDS __launch_bounds__(MV_THREADS)
 #define MV_BOUNDS_MIN(n) __launch_bounds__(MV_THREADS, n)
 
-enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3, FIN_SWIGLU_TILES = 4 };
+enum { FIN_NONE = 0, FIN_NORM = 1, FIN_SWIGLU = 2, FIN_ARGMAX = 3, FIN_SWIGLU_TILES = 4, FIN_SWIGLU_CLUSTER = 5 };
 
 // Rows of one tile of a gate/up matrix stacked tile by tile (weights.rs, `gate_up_tiled`): 32
 // of gate, then the same 32 of up.
@@ -283,6 +283,23 @@ __device__ void finish(int fin, int tpr, float best_v, int best_i, const float* 
         if (host_tokens) host_tokens[state[1]] = bi[0];
         state[0] = bi[0];
         state[1] += 1;
+    }
+}
+
+// FIN_SWIGLU_CLUSTER (gate/up stacked tile by tile, launched as clusters of the blocks of one
+// tile: 64 / (2 * 256 / tpr) of them, sm_90): each block's rows were pushed into `tile_rows` of
+// the tile's first block (cluster rank 0) as they were written; after the cluster's barrier
+// that block's first warp makes the tile's 32 SwiGLU outputs and their int8 block, with
+// FIN_SWIGLU_TILES' arithmetic. No fence, no count, no read back from L2.
+__device__ void swiglu_cluster_tail(const float* tile_rows, int tpr, int n, float* xf, i8* xq) {
+    cluster_sync();
+    if (cluster_rank() != 0 || threadIdx.x >= 32) return;
+    int tile = blockIdx.x * (MV_THREADS / tpr * MV_R) / (2 * SWIGLU_TILE);
+    float v = silu_mul(tile_rows[threadIdx.x], tile_rows[SWIGLU_TILE + threadIdx.x]);
+    if (xf) xf[tile * SWIGLU_TILE + threadIdx.x] = v;
+    if (xq) {
+        float* xd = (float*)(xq + n);
+        quant_lane(v, tile, xq, xd, (int*)(xd + n / 32));
     }
 }
 
@@ -621,6 +638,9 @@ __device__ void matvec(MV_ARGS) {
     }
 
     group_sums(s, tpr, red);
+    // The tile's rows (FIN_SWIGLU_CLUSTER, `_prep` kernels only: gate/up norms in each block
+    // wherever it runs as clusters), in the shared memory of its first block.
+    __shared__ __align__(16) float tile_rows[2 * SWIGLU_TILE];
     float best_v = NEG_INF;
     int best_i = 0x7fffffff;
     if (t == 0) {
@@ -631,12 +651,16 @@ __device__ void matvec(MV_ARGS) {
                 float v = s[k] + (bias ? bias[r] : 0.0f);
                 if (acc) v += out[r];
                 out[r] = v;
+                if (PREP && fin == FIN_SWIGLU_CLUSTER) st_cluster(&tile_rows[r % (2 * SWIGLU_TILE)], 0, v);
                 if (better(v, r, best_v, best_i)) { best_v = v; best_i = r; }
             }
         }
     }
-    finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, fin_xf, fin_xq, counter, part, state,
-           host_tokens);
+    if (PREP && fin == FIN_SWIGLU_CLUSTER)
+        swiglu_cluster_tail(tile_rows, tpr, fin_n, fin_xf, fin_xq);
+    else
+        finish(fin, tpr, best_v, best_i, fin_src, fin_nw, fin_n, eps, fin_xf, fin_xq, counter, part,
+               state, host_tokens);
     trace_mark(trace, trace_slot, TRACE_END);
 }
 

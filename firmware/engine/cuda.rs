@@ -219,6 +219,8 @@ pub struct CudaEngine<'a> {
     prefetch_ahead: usize,
     /// `CudaOptions::repeat_product`.
     repeat_product: Option<ProductRole>,
+    /// `CudaOptions::swiglu_cluster`, on a GPU with clusters (sm_90).
+    swiglu_cluster: bool,
     /// decode.cu's `pdl` argument: how this GPU runs `CudaOptions::dependent_launch`.
     pdl: i32,
     /// How attention splits over blocks, and `CudaOptions::attention_slice`.

@@ -413,6 +413,7 @@ impl<'a> CudaEngine<'a> {
                 mv_config(m, gpu.sm_count as usize, opts.products, role, tpr).grid
             });
         let norm_tail_for = norm_tail_for(&opts, gate_up_blocks);
+        let swiglu_cluster = opts.swiglu_cluster && gpu.compute_capability.0 >= 9;
         let mut e = CudaEngine {
             gpu,
             _module: module,
@@ -451,6 +452,7 @@ impl<'a> CudaEngine<'a> {
             prefetch: opts.prefetch && streamed.is_none(),
             prefetch_ahead,
             repeat_product: opts.repeat_product,
+            swiglu_cluster,
             timeline,
             split,
             attention_slice: opts.attention_slice,

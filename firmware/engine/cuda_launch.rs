@@ -4,7 +4,7 @@
 
 use super::{type_slot, CudaEngine, GpuLayer, LaunchLabel, Mat};
 use crate::backend::cuda::driver::{CudaResult, DeviceBuffer, KernelArgs};
-use crate::backend::cuda::weights::GpuType;
+use crate::backend::cuda::weights::{GpuType, SWIGLU_TILE};
 use crate::engine::cuda_options::{ProductKernels, ProductRole};
 use crate::model::RopeStyle;
 
@@ -260,7 +260,7 @@ impl CudaEngine<'_> {
         let (grid, threads) = (grid as u32, self.split.threads as u32);
         match self.split.cluster {
             0 => g.launch(k.attention, grid, threads, &mut args)?,
-            c => g.launch_cluster(k.attention_cluster, grid, threads, c as u32, &mut args)?,
+            c => g.launch_cluster(k.attention_cluster, (grid, threads, c as u32), 0, &mut args)?,
         }
         // Added to the residual (whose norm is the FFN's input).
         self.matvec(
@@ -422,11 +422,19 @@ impl CudaEngine<'_> {
             (Some(_), false) => m.cols * 4,
             (Some(_), true) => m.cols + m.cols / 32 * 8,
         };
+        // Tiles made in a cluster of the tile's blocks (`CudaOptions::swiglu_cluster`): 0, none.
+        let cluster = match fin {
+            Finish::SwiGluTiles if self.swiglu_cluster && norm.is_some() => {
+                swiglu_cluster_size(mv.tpr)
+            }
+            _ => 0,
+        };
         let (fin_mode, fin_src, fin_nw, fin_n) = match fin {
             Finish::None => (0, 0, 0, 0),
             Finish::Norm(nw) => (1, a.x, nw, h.dim),
             Finish::SwiGlu => (2, a.gu, 0, h.hidden_dim),
             Finish::Argmax => (3, 0, 0, 0),
+            Finish::SwiGluTiles if cluster > 0 => (5, a.gu, 0, h.hidden_dim),
             Finish::SwiGluTiles => (4, a.gu, 0, h.hidden_dim),
         };
         let counter = match fin {
@@ -471,15 +479,31 @@ impl CudaEngine<'_> {
             let mut args = args.clone();
             let (trace, slot) = self.timeline_slot(LaunchLabel::of(role.label(), layer));
             args.ptr(trace).i32(slot);
-            self.gpu.launch_shared(
-                f,
-                mv.grid as u32,
-                MV_THREADS as u32,
-                shared as u32,
-                &mut args,
-            )?;
+            let (grid, threads) = (mv.grid as u32, MV_THREADS as u32);
+            match cluster {
+                0 => self
+                    .gpu
+                    .launch_shared(f, grid, threads, shared as u32, &mut args)?,
+                c => {
+                    let dims = (grid, threads, c as u32);
+                    self.gpu.launch_cluster(f, dims, shared as u32, &mut args)?
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The blocks of one SwiGLU tile (64 rows of stacked gate/up) at `tpr` threads a row, which
+/// `Finish::SwiGluTiles` runs as one cluster where asked (`CudaOptions::swiglu_cluster`): 2 to
+/// 8 (the portable cluster size); 0 where a block holds a whole tile or more (it completes its
+/// tiles alone) or a tile would take more than 8 blocks. A block's rows divide the tile's, so
+/// the grid is whole clusters.
+fn swiglu_cluster_size(tpr: usize) -> usize {
+    let block_rows = MV_THREADS / tpr * MV_R;
+    match 2 * SWIGLU_TILE / block_rows.max(1) {
+        c @ 2..=8 => c,
+        _ => 0,
     }
 }
 
@@ -543,6 +567,22 @@ mod tests {
         assert_eq!(prefetch_ahead(&down, cap), (1 << 30, 992));
         assert_eq!(prefetch_ahead(&down, 0), (0, 0));
         assert_eq!(prefetch_ahead(&mat(GpuType::Q4_0, 0, 0), 1 << 20), (0, 0));
+    }
+
+    /// A SwiGLU tile's blocks as one cluster: 16 threads a row (the 1.5B shape's gate/up
+    /// rule) is two blocks of 32 rows, 32 threads four, 64 eight; 8 threads a row holds a
+    /// whole tile, and 128 would need 16 blocks: no cluster.
+    #[test]
+    fn swiglu_clusters_are_the_blocks_of_one_tile() {
+        let sizes: Vec<usize> = [8, 16, 32, 64, 128, 256]
+            .into_iter()
+            .map(swiglu_cluster_size)
+            .collect();
+        assert_eq!(sizes, [0, 2, 4, 8, 0, 0]);
+        for tpr in [16, 32, 64] {
+            let block_rows = MV_THREADS / tpr * MV_R;
+            assert_eq!(swiglu_cluster_size(tpr) * block_rows, 2 * SWIGLU_TILE);
+        }
     }
 
     /// The prefetch during attention: half the L2 at most (H200: 50 MiB, Orin: 4 MiB), whole

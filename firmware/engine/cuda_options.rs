@@ -57,6 +57,15 @@ pub struct CudaOptions {
     /// output) launched a second time right after the first, which finds its weights in L2
     /// (`bench --ablate repeat-product=ROLE`). None: off.
     pub repeat_product: Option<ProductRole>,
+    /// sm_90: gate/up stacked tile by tile runs as thread block clusters, the blocks of one
+    /// SwiGLU tile each, which push their rows into the tile's first block's shared memory;
+    /// that block makes the tile's SwiGLU after the cluster's barrier (decode.cu,
+    /// FIN_SWIGLU_CLUSTER), where otherwise each block counts itself into the tile (a fence
+    /// and an atomic) and the last reads the tile back from L2. Only where gate/up norms in
+    /// each block and a block holds less than a tile. On by default: +2.5% a step at the 1.5B
+    /// q4_0 shape on an H100, level at q8_0 (docs/HIL.md round 48); `bench --ablate
+    /// no-swiglu-cluster` turns it off.
+    pub swiglu_cluster: bool,
     /// Every kernel of the step writes its start, wait and end times to a slot of a device
     /// buffer (`CudaEngine::timeline_step`, `leanstream gpu-timeline`): a diagnostic, off
     /// for anything timed.
@@ -241,6 +250,7 @@ impl Default for CudaOptions {
             prefetch: false,
             prefetch_ahead: None,
             repeat_product: None,
+            swiglu_cluster: true,
             timeline: false,
             attention_slice: ATTENTION_SLICE,
             attention_threads: 0,

@@ -44,6 +44,8 @@ pub enum Ablation {
     AttentionPrefetch,
     /// CUDA (sm_90): no product pulls the next product's weights into L2.
     NoPrefetchAhead,
+    /// CUDA (sm_90): gate/up's SwiGLU tiles counted through L2, not made in clusters.
+    NoSwigluCluster,
     /// CUDA (sm_90): each product pulls at most N MiB of the next product's weights into L2.
     PrefetchAhead(usize),
     /// CUDA: a diagnostic: each product of a role (q/k/v or gate/up) launched twice.
@@ -108,6 +110,7 @@ pub const ABLATIONS: &[(&str, &str, &str)] = &[
     ("no-prefetch-ahead", "cuda", "sm_90: no product kernel pulls the next product's weights into L2 as it starts"),
     ("prefetch-ahead=N", "cuda", "sm_90: each product kernel pulls at most N MiB of the next product's weights into L2 (rather than a twelfth of the L2)"),
     ("repeat-product=ROLE", "cuda", "a diagnostic, not a speed-up: each product of ROLE (qkv or gate-up) launched a second time right after the first, which finds its weights in L2 (what the product costs from L2)"),
+    ("no-swiglu-cluster", "cuda", "sm_90: gate/up's blocks each count themselves into their SwiGLU tile and the tile's last reads it back from L2, rather than the tile's blocks running as a thread block cluster that hands its rows to the first block in shared memory"),
     ("no-split-attention", "cuda", "each head's attention in one block at any context length"),
     ("attention-slice=N", "cuda", "each head's attention split over one more block every N positions"),
     ("attention-threads=N", "cuda", "decode's attention in blocks of N threads (a multiple of 32 up to 1024) rather than the engine's choice (512 where a head and its group fit, else 1024)"),
@@ -136,7 +139,7 @@ pub fn help() -> String {
 }
 
 /// Every ablation but the ones with a number.
-const PLAIN: [Ablation; 26] = {
+const PLAIN: [Ablation; 27] = {
     use Ablation::*;
     [
         NoDeferredDequant,
@@ -154,6 +157,7 @@ const PLAIN: [Ablation; 26] = {
         NormInBlock,
         AttentionPrefetch,
         NoPrefetchAhead,
+        NoSwigluCluster,
         NoSplitAttention,
         PerHeadAttention,
         GroupedAttention,
@@ -286,6 +290,7 @@ impl Ablation {
             NormInBlock => "norm-in-block".into(),
             AttentionPrefetch => "attention-prefetch".into(),
             NoPrefetchAhead => "no-prefetch-ahead".into(),
+            NoSwigluCluster => "no-swiglu-cluster".into(),
             PrefetchAhead(n) => format!("prefetch-ahead={n}"),
             RepeatProduct(r) => format!("repeat-product={}", r.name()),
             NoSplitAttention => "no-split-attention".into(),
@@ -349,6 +354,7 @@ impl Ablation {
             NormInBlock => o.in_block_norm = InBlockNorm::Always,
             AttentionPrefetch => o.prefetch = true,
             NoPrefetchAhead => o.prefetch_ahead = Some(0),
+            NoSwigluCluster => o.swiglu_cluster = false,
             PrefetchAhead(n) => o.prefetch_ahead = Some(n << 20),
             RepeatProduct(r) => o.repeat_product = Some(r),
             NoSplitAttention => o.attention_slice = 0,

@@ -94,19 +94,19 @@ impl Gpu {
         }
     }
 
-    /// `launch` as clusters of `cluster` consecutive blocks (sm_90: thread block clusters,
-    /// whose blocks run at once and share their shared memory); `grid` is a multiple of it.
+    /// `launch_shared` as clusters of `cluster` consecutive blocks (sm_90: thread block
+    /// clusters, whose blocks run at once and share their shared memory); `grid` is a
+    /// multiple of it.
     pub fn launch_cluster(
         &self,
         f: Function,
-        grid: u32,
-        block: u32,
-        cluster: u32,
+        (grid, block, cluster): (u32, u32, u32),
+        shared: u32,
         args: &mut KernelArgs,
     ) -> CudaResult<()> {
         let mut ptrs = args.pointers();
         let attrs = launch_attributes(self.dependent_launch, cluster);
-        self.launch_ex(f, grid, block, 0, attrs, &mut ptrs)
+        self.launch_ex(f, grid, block, shared, attrs, &mut ptrs)
     }
 
     /// Clusters of `cluster` blocks of `f` (`block` threads) the GPU runs at once.
