@@ -16,7 +16,8 @@ pub(super) enum Finish {
     Norm(u64),
     /// SwiGLU of [gate | up].
     SwiGlu,
-    /// SwiGLU of gate/up stacked tile by tile, each tile by the last block to finish it.
+    /// SwiGLU of gate/up stacked tile by tile, each tile by the last block to finish it, or
+    /// (`CudaOptions::swiglu_cluster`) by its first block once its cluster has its rows.
     SwiGluTiles,
     /// The greedy pick over the logits; advances the step's state.
     Argmax,
