@@ -197,6 +197,17 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// Lane threadIdx.x (< 32) of SwiGLU tile `tile` from its gate and up rows: the output into xf
+// and, with the other lanes, the tile's int8 block of xq (n values), as prep_input's SwiGLU.
+__device__ __forceinline__ void swiglu_tile_out(float g, float u, int tile, int n, float* xf, i8* xq) {
+    float v = silu_mul(g, u);
+    if (xf) xf[tile * SWIGLU_TILE + threadIdx.x] = v;
+    if (xq) {
+        float* xd = (float*)(xq + n);
+        quant_lane(v, tile, xq, xd, (int*)(xd + n / 32));
+    }
+}
+
 // The epilogue after a product's rows are written: `best_v/best_i` = this thread's best row
 // (FIN_ARGMAX, group leaders). Every block counts itself done; the last one prepares the next
 // input from the whole output (FIN_NORM, FIN_SWIGLU), or picks the greedy token from every
@@ -225,12 +236,7 @@ __device__ void finish(int fin, int tpr, float best_v, int best_i, const float* 
         __threadfence();
         if (threadIdx.x == 0) counter[tile] = 0;  // for the next layer
         const float* g = src + tile * 2 * SWIGLU_TILE;
-        float v = silu_mul(__ldcg(g + threadIdx.x), __ldcg(g + SWIGLU_TILE + threadIdx.x));
-        if (xf) xf[tile * SWIGLU_TILE + threadIdx.x] = v;
-        if (xq) {
-            float* xd = (float*)(xq + n);
-            quant_lane(v, tile, xq, xd, (int*)(xd + n / 32));
-        }
+        swiglu_tile_out(__ldcg(g + threadIdx.x), __ldcg(g + SWIGLU_TILE + threadIdx.x), tile, n, xf, xq);
         return;
     }
     int* part_i = (int*)(part + gridDim.x);
@@ -295,12 +301,7 @@ __device__ void swiglu_cluster_tail(const float* tile_rows, int tpr, int n, floa
     cluster_sync();
     if (cluster_rank() != 0 || threadIdx.x >= 32) return;
     int tile = blockIdx.x * (MV_THREADS / tpr * MV_R) / (2 * SWIGLU_TILE);
-    float v = silu_mul(tile_rows[threadIdx.x], tile_rows[SWIGLU_TILE + threadIdx.x]);
-    if (xf) xf[tile * SWIGLU_TILE + threadIdx.x] = v;
-    if (xq) {
-        float* xd = (float*)(xq + n);
-        quant_lane(v, tile, xq, xd, (int*)(xd + n / 32));
-    }
+    swiglu_tile_out(tile_rows[threadIdx.x], tile_rows[SWIGLU_TILE + threadIdx.x], tile, n, xf, xq);
 }
 
 __device__ __forceinline__ int dp4a_lo(u32 w, int a, int acc) {

@@ -476,11 +476,11 @@ impl CudaEngine<'_> {
         let repeat = self.repeat_product == Some(role)
             && matches!(role, ProductRole::Qkv | ProductRole::GateUp)
             && !acc;
+        let (grid, threads) = (mv.grid as u32, MV_THREADS as u32);
         for _ in 0..1 + repeat as usize {
             let mut args = args.clone();
             let (trace, slot) = self.timeline_slot(LaunchLabel::of(role.label(), layer));
             args.ptr(trace).i32(slot);
-            let (grid, threads) = (mv.grid as u32, MV_THREADS as u32);
             match cluster {
                 0 => self
                     .gpu
